@@ -1,0 +1,187 @@
+"""How fast save_state / load_state are, and how much memory they take, against the same bytes written raw.
+
+    python bench/checkpoint_speed.py [--size-mb 512] [--repeats 2] [--reference-python /tmp/ref-venv/bin/python]
+
+Each system runs in its own process: a model of ``--size-mb`` fp32 weights (square Linear layers) with AdamW
+state (two more copies), saved and loaded back from a scratch folder. Systems:
+
+- ``drivetrain``: Accelerator.save_state / load_state (safetensors weights, fsync, sha256 manifest, verified
+  on load);
+- ``raw``: safetensors.torch.save_file(weights) + torch.save(optimizer state), load_file + torch.load (no
+  fsync, no checksum);
+- ``raw+fsync``: the same plus an fsync of each file (what durability costs anyway);
+- ``accelerate``: the reference system's save_state / load_state, run by ``--reference-python`` (an
+  interpreter whose environment has accelerate; never install it into drivetrain's own venv).
+
+Memory is the peak resident set sampled every 2 ms during the operation, minus the resident set before it
+(model, gradients freed, optimizer state already allocated). Target: the extra stays below one largest
+tensor. Times are wall seconds, best of ``--repeats``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+LAYER = 4096  # one Linear(4096, 4096) weight is 64 MiB in fp32: the largest tensor
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakMemory:
+    """Samples the resident set in a thread while the block runs."""
+
+    def __enter__(self) -> PeakMemory:
+        self.base = _rss()
+        self.peak = self.base
+        self._running = True
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while self._running:
+            self.peak = max(self.peak, _rss())
+            time.sleep(0.002)
+
+    def __exit__(self, *exc: object) -> None:
+        self._running = False
+        self._thread.join()
+        self.peak = max(self.peak, _rss())
+
+    @property
+    def extra_mb(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+def _build(size_mb: int):
+    import torch
+
+    torch.manual_seed(0)
+    layers = max(1, round(size_mb * 2**20 / (LAYER * LAYER * 4)))
+    model = torch.nn.Sequential(*[torch.nn.Linear(LAYER, LAYER, bias=False) for _ in range(layers)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for parameter in model.parameters():
+        parameter.grad = torch.full_like(parameter, 1e-3)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return model, optimizer
+
+
+def _fsync_tree(directory: str) -> None:
+    for name in os.listdir(directory):
+        fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+
+
+def _child(system: str, size_mb: int, directory: str, repeats: int) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    model, optimizer = _build(size_mb)
+    nbytes = sum(p.numel() * 4 for p in model.parameters()) * 3
+    if system == "drivetrain":
+        from drivetrain import Accelerator
+
+        accelerator = Accelerator(cpu=True)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        save = lambda: accelerator.save_state(directory)  # noqa: E731
+        load = lambda: accelerator.load_state(directory)  # noqa: E731
+    elif system == "accelerate":
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(cpu=True)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        save = lambda: accelerator.save_state(directory)  # noqa: E731
+        load = lambda: accelerator.load_state(directory)  # noqa: E731
+    else:
+        from safetensors.torch import load_file, save_file
+
+        def save() -> None:
+            os.makedirs(directory, exist_ok=True)
+            save_file(model.state_dict(), os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+            torch.save(optimizer.state_dict(), os.path.join(directory, "optimizer.bin"))
+            if system == "raw+fsync":
+                _fsync_tree(directory)
+
+        def load() -> None:
+            model.load_state_dict(load_file(os.path.join(directory, "model.safetensors")))
+            optimizer.load_state_dict(torch.load(os.path.join(directory, "optimizer.bin"), weights_only=True))
+
+    result = {"system": system, "checkpoint_mb": nbytes / 2**20, "save_s": [], "load_s": [],
+              "save_extra_mb": 0.0, "load_extra_mb": 0.0}
+    for _ in range(repeats):
+        shutil.rmtree(directory, ignore_errors=True)
+        with PeakMemory() as memory:
+            start = time.perf_counter()
+            save()
+            result["save_s"].append(time.perf_counter() - start)
+        result["save_extra_mb"] = max(result["save_extra_mb"], memory.extra_mb)
+        with PeakMemory() as memory:
+            start = time.perf_counter()
+            load()
+            result["load_s"].append(time.perf_counter() - start)
+        result["load_extra_mb"] = max(result["load_extra_mb"], memory.extra_mb)
+    shutil.rmtree(directory, ignore_errors=True)
+    result["largest_tensor_mb"] = LAYER * LAYER * 4 / 2**20
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-mb", type=int, default=512, help="model weights in MiB (fp32)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--reference-python", default="/tmp/ref-venv/bin/python",
+                        help="interpreter with accelerate installed (skipped when missing)")
+    parser.add_argument("--systems", default="drivetrain,raw,raw+fsync,accelerate")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(_child(args.child, args.size_mb, args.dir, args.repeats)))
+        return
+
+    rows = []
+    scratch = tempfile.mkdtemp(prefix="ckpt-bench-", dir=os.environ.get("BENCH_DIR"))
+    try:
+        for system in args.systems.split(","):
+            python = args.reference_python if system == "accelerate" else sys.executable
+            if not os.path.exists(python):
+                print(f"skipping {system}: {python} not found", file=sys.stderr)
+                continue
+            env = {**os.environ, "OMP_NUM_THREADS": "1"}
+            if system == "accelerate":
+                env.pop("PYTHONPATH", None)
+            completed = subprocess.run(
+                [python, os.path.abspath(__file__), "--child", system, "--dir", os.path.join(scratch, system),
+                 "--size-mb", str(args.size_mb), "--repeats", str(args.repeats)],
+                env=env, capture_output=True, text=True,
+            )
+            if completed.returncode != 0:
+                print(f"{system} failed:\n{completed.stderr[-3000:]}", file=sys.stderr)
+                continue
+            rows.append(json.loads(completed.stdout.strip().splitlines()[-1]))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    print(f"checkpoint: {rows[0]['checkpoint_mb']:.0f} MiB (weights + AdamW state); "
+          f"largest tensor {rows[0]['largest_tensor_mb']:.0f} MiB" if rows else "no results")
+    print(f"{'system':<12} {'save s':>8} {'load s':>8} {'save +MiB':>10} {'load +MiB':>10}")
+    for row in rows:
+        print(f"{row['system']:<12} {min(row['save_s']):>8.2f} {min(row['load_s']):>8.2f} "
+              f"{row['save_extra_mb']:>10.0f} {row['load_extra_mb']:>10.0f}")
+
+
+if __name__ == "__main__":
+    main()

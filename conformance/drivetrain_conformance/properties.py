@@ -1,0 +1,92 @@
+"""What the suite checks, when a property applies to a backend, and the tolerances it allows.
+
+A property either runs in the parent process (``static``), inside the launched worker processes
+(``worker``), or is judged from the launch itself (``launch``). A property outside a backend's declared
+capabilities is reported as not applicable, with the reason, never skipped silently.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from drivetrain.plugins import PluginInfo
+
+#: Mixed-precision modes the reference backend ``local`` runs, hence the ones the suite has an oracle for.
+REFERENCE_PRECISIONS = ("no", "bf16", "fp16")
+
+
+@attrs.define(frozen=True)
+class Tolerance:
+    """``|candidate - oracle| <= atol + rtol * |oracle|`` element-wise."""
+
+    rtol: float
+    atol: float
+
+
+#: Allowed difference between N-process training and one process on the combined batch, per precision.
+#: fp32 differs only by summation order (all-reduce vs one big batch); bf16/fp16 round every matmul and,
+#: for backends that compress gradients, the all-reduced gradients too. Measured margins are in
+#: docs/conformance.md.
+TOLERANCES = {
+    "no": Tolerance(rtol=1e-4, atol=1e-5),
+    "bf16": Tolerance(rtol=2e-2, atol=2e-2),
+    "fp16": Tolerance(rtol=5e-3, atol=5e-3),
+}
+
+
+@attrs.define(frozen=True)
+class Property:
+    name: str
+    summary: str
+    #: "static" (parent process), "worker" (inside the launched processes) or "launch" (the launch's outcome)
+    where: str
+
+
+PROPERTIES = (
+    Property("hooks_match_spec", "hook implementations and PLUGIN_INFO validate against the contract", "static"),
+    Property("one_process_matches_local", "one-process training equals the reference backend", "worker"),
+    Property("multi_process_matches_combined_batch",
+             "N-process training equals one process on the combined batch (per-precision tolerance)", "worker"),
+    Property("gradient_accumulation",
+             "accumulate(): steps only at boundaries and at the loader's end; equals the full batch", "worker"),
+    Property("no_sync", "gradients stay local inside no_sync() and on accumulation's non-boundary steps; the "
+             "next synchronised backward averages everything accumulated", "worker"),
+    Property("collectives", "gather, gather_object, broadcast, reduce, pad_across_processes, "
+             "split_between_processes, triggers and gather_for_metrics give their documented results", "worker"),
+    Property("dataloader_modes", "every data loader mode covers the data exactly once", "worker"),
+    Property("checkpoint_resume", "save_state -> load_state -> continue equals the uninterrupted run", "worker"),
+    Property("unwrap_model", "unwrap_model returns the user's module, holding the trained weights", "worker"),
+    Property("autocast", "autocast() computes in the requested dtype; prepared models return fp32", "worker"),
+    Property("second_accelerator", "a second Accelerator in the same process works beside the first", "worker"),
+    Property("clean_exit", "every rank exits with code 0 after end_training()", "launch"),
+)
+PROPERTY_NAMES = tuple(prop.name for prop in PROPERTIES)
+WORKER_PROPERTIES = tuple(prop.name for prop in PROPERTIES if prop.where == "worker")
+
+
+def checked_precisions(info: PluginInfo) -> tuple[str, ...]:
+    """Declared precisions the suite can check (those the reference backend also runs)."""
+    return tuple(p for p in info.capabilities.precisions if p in REFERENCE_PRECISIONS)
+
+
+def not_applicable(name: str, info: PluginInfo, processes: int) -> str | None:
+    """Why property ``name`` does not apply to a backend declaring ``info`` at ``processes``; None if it does."""
+    if name == "hooks_match_spec":
+        return None
+    caps = info.capabilities
+    if processes > 1 and not caps.multi_process:
+        return f"the backend declares multi_process=False; run it with --processes 1 (asked for {processes})"
+    if "cpu" not in caps.devices:
+        return f"the suite runs on CPU and the backend declares devices={list(caps.devices)}"
+    if name == "one_process_matches_local" and processes != 1:
+        return f"checked with --processes 1 (this run uses {processes})"
+    if name == "multi_process_matches_combined_batch":
+        if not caps.multi_process:
+            return "the backend declares multi_process=False"
+        if processes < 2:
+            return "needs --processes 2 or more"
+    if name in ("one_process_matches_local", "multi_process_matches_combined_batch", "autocast"):
+        if not checked_precisions(info):
+            return (f"the backend declares precisions {list(caps.precisions)}, none of which the reference "
+                    f"backend runs ({', '.join(REFERENCE_PRECISIONS)})")
+    return None

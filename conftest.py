@@ -1,0 +1,29 @@
+"""Shared test setup: one thread, and no drivetrain state leaking from one test into the next."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(autouse=True)
+def fresh_drivetrain_state(monkeypatch):
+    """Each test starts with no process state and rediscovers plugins; DRIVETRAIN_* variables from the
+    developer's shell do not leak in."""
+    import torch
+
+    from drivetrain.plugins import reset_plugin_manager
+    from drivetrain.state import reset_state
+
+    for name in list(os.environ):
+        if name.startswith("DRIVETRAIN_"):
+            monkeypatch.delenv(name, raising=False)
+    torch.set_num_threads(1)
+    reset_state()
+    reset_plugin_manager()
+    yield
+    reset_state()
+    reset_plugin_manager()

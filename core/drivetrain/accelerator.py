@@ -1,0 +1,688 @@
+"""The Accelerator: the facade a training script talks to.
+
+It resolves settings, owns the active plugin stack, and turns each call into hook calls. Areas with their own
+files contribute their methods as mixins: checkpoints (``checkpointing.CheckpointingMixin``), experiment
+tracking (``tracking.TrackingMixin``) and profiling (``profiling.ProfilingMixin``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from drivetrain import operations, settings
+from drivetrain.checkpointing import CheckpointingMixin
+from drivetrain.compat import BACKEND_CONFIG_KWARGS
+from drivetrain.configuration import (
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    ProjectConfiguration,
+    TorchDynamoPlugin,
+)
+from drivetrain.enums import DistributedType, RNGType
+from drivetrain.errors import ConfigurationError
+from drivetrain.kwargs_handlers import AutocastKwargs, GradScalerKwargs, InitProcessGroupKwargs, KwargsHandler
+from drivetrain.memory import empty_device_cache
+from drivetrain.modeling import ORIGINAL_FORWARD_ATTRIBUTE, extract_model_from_parallel, remember_original
+from drivetrain.optimizer import AcceleratedOptimizer
+from drivetrain.profiling import ProfilingMixin
+from drivetrain.scheduler import AcceleratedScheduler
+from drivetrain.state import AcceleratorState, GradientState
+from drivetrain.tracking import TrackingMixin, validate_log_with
+
+
+def _backend_config_from(backend_config: Any, named: dict[str, Any], deepspeed_plugins: Any) -> Any:
+    """Merge ``backend_config`` with its Accelerate-style aliases; more than one is an error."""
+    given = {name: value for name, value in named.items() if value is not None}
+    if deepspeed_plugins is not None:
+        given["deepspeed_plugins"] = deepspeed_plugins
+    if backend_config is not None:
+        given["backend_config"] = backend_config
+    if len(given) > 1:
+        raise ConfigurationError(
+            f"several backend configurations were passed ({', '.join(given)}); an Accelerator runs one "
+            "distribution backend, pass only one"
+        )
+    if not given:
+        return None
+    config = next(iter(given.values()))
+    if isinstance(config, dict):
+        # A dict of configurations of one backend (several DeepSpeed models): the backend handles selection.
+        backends = {getattr(value, "backend_name", None) for value in config.values()}
+        if len(backends) != 1 or None in backends:
+            raise ConfigurationError("a dict of backend configurations must hold configurations of one backend")
+        return _ConfigGroup(config, str(backends.pop()))
+    return config
+
+
+class _ConfigGroup(dict):
+    """Several configurations of one backend, keyed by the user's names (e.g. ``deepspeed_plugins``)."""
+
+    def __init__(self, configs: dict[str, Any], backend_name: str) -> None:
+        super().__init__(configs)
+        self.backend_name = backend_name
+
+
+def _patch_forward_with_autocast(model: torch.nn.Module, autocast_context: Callable[[], Any]) -> None:
+    """Run ``model.forward`` under autocast and return fp32 outputs; undone by ``unwrap_model``."""
+    original = model.forward
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with autocast_context():
+            outputs = original(*args, **kwargs)
+        return operations.convert_to_fp32(outputs)
+
+    model.__dict__[ORIGINAL_FORWARD_ATTRIBUTE] = original
+    model.forward = forward  # type: ignore[method-assign]
+
+
+class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
+    """Run one training script unchanged on one CPU, many GPUs or any backend plugin.
+
+    The constructor takes Accelerate's arguments plus ``backend`` (a plugin name), ``backend_config`` (a
+    backend's configuration object; ``fsdp_plugin=``/``deepspeed_plugin=``/``megatron_lm_plugin=`` are
+    aliases) and ``plugins`` (names of feature plugins to activate). Settings not passed here come from
+    ``DRIVETRAIN_*`` environment variables or the config file; a conflict raises (see docs/configuration.md).
+    """
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool | None = None,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        rng_types: list[str | RNGType] | None = None,
+        log_with: Any = None,
+        project_dir: str | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: list[KwargsHandler] | None = None,
+        dynamo_backend: str | None = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+        deepspeed_plugins: Any = None,
+        parallelism_config: Any = None,
+        backend: str | None = None,
+        backend_config: Any = None,
+        plugins: list[str] | tuple[str, ...] = (),
+    ) -> None:
+        named_configs = dict(zip(BACKEND_CONFIG_KWARGS, (deepspeed_plugin, fsdp_plugin, megatron_lm_plugin)))
+        backend_config = _backend_config_from(backend_config, named_configs, deepspeed_plugins)
+        self.parallelism_config = parallelism_config
+        self.kwargs_handlers: list[KwargsHandler] = self._check_kwargs_handlers(kwargs_handlers or [])
+        self.device_placement = device_placement
+
+        # -- settings resolved from the script, the environment and the config file ------------------------
+        if dynamo_plugin is not None and dynamo_backend is not None:
+            raise ConfigurationError("pass either dynamo_backend or dynamo_plugin, not both")
+        if dynamo_plugin is None:
+            dynamo_setting = settings.resolve("dynamo_backend", dynamo_backend, default="no")
+            dynamo_plugin = TorchDynamoPlugin(backend=dynamo_setting.value)
+        init_handler = self._handler(InitProcessGroupKwargs)
+        self.state = AcceleratorState(
+            mixed_precision=mixed_precision,
+            cpu=cpu,
+            backend=backend,
+            backend_config=backend_config,
+            feature_plugins=tuple(plugins),
+            dynamo_plugin=dynamo_plugin,
+            _from_accelerator=True,
+            init_kwargs=init_handler.to_kwargs() if init_handler else {},
+        )
+        self._plugins = self.state.plugins
+
+        if gradient_accumulation_plugin is not None:
+            if gradient_accumulation_steps != 1:
+                raise ConfigurationError(
+                    "pass gradient_accumulation_steps either to the Accelerator or inside the "
+                    "GradientAccumulationPlugin, not both"
+                )
+        else:
+            steps = settings.resolve(
+                "gradient_accumulation_steps",
+                gradient_accumulation_steps if gradient_accumulation_steps != 1 else None,
+                default=1,
+                convert=settings.to_int,
+            ).value
+            if steps < 1:
+                raise ConfigurationError(f"gradient_accumulation_steps must be >= 1, got {steps}")
+            gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=steps)
+        if gradient_accumulation_plugin.num_steps is None:
+            gradient_accumulation_plugin.num_steps = 1
+        self.gradient_state = GradientState(gradient_accumulation_plugin=gradient_accumulation_plugin)
+
+        if dataloader_config is None:
+            dataloader_config = DataLoaderConfiguration()
+        if split_batches is not None:
+            if split_batches != dataloader_config.split_batches and dataloader_config.split_batches:
+                raise ConfigurationError(
+                    "split_batches was passed both to the Accelerator and in dataloader_config with other values"
+                )
+            dataloader_config.split_batches = split_batches
+        self.dataloader_config = dataloader_config
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+
+        if project_config is None:
+            project_config = ProjectConfiguration(project_dir=project_dir)
+        elif project_dir is not None:
+            project_config.set_directories(project_dir)
+        self.project_configuration = project_config
+
+        self.rng_types = self._check_rng_types(rng_types)
+        self.scaler = self._make_grad_scaler()
+
+        # -- what prepare() has seen, in order (checkpointing walks these) ---------------------------------
+        self._models: list[torch.nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[Any] = []
+        self._custom_objects: list[Any] = []
+        self._save_state_pre_hooks: dict[int, Callable] = {}
+        self._load_state_pre_hooks: dict[int, Callable] = {}
+        #: optimizers passed to the prepare() call in progress (DeepSpeed builds its engine from both)
+        self.pending_optimizers: list[torch.optim.Optimizer] = []
+        self.flag_tensor: torch.Tensor | None = None
+        self.step = 0
+
+        validate_log_with(log_with)
+        self._log_with = log_with
+        self.trackers: list[Any] = []
+
+        self._backward_hook = self._plugins.first_callable("backward")
+        self._autocast_kwargs = (self._handler(AutocastKwargs) or AutocastKwargs()).to_kwargs()
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Construction helpers
+    # ---------------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _check_kwargs_handlers(handlers: list[Any]) -> list[KwargsHandler]:
+        seen: set[type] = set()
+        for handler in handlers:
+            if not isinstance(handler, KwargsHandler):
+                raise ConfigurationError(
+                    f"kwargs_handlers accepts KwargsHandler objects (e.g. GradScalerKwargs), got {type(handler).__name__}"
+                )
+            if type(handler) in seen:
+                raise ConfigurationError(f"kwargs_handlers holds two {type(handler).__name__}; pass one")
+            seen.add(type(handler))
+        return list(handlers)
+
+    def _handler(self, handler_class: type) -> Any:
+        """The user's kwargs handler of ``handler_class`` (or a subclass), or None."""
+        for handler in self.kwargs_handlers:
+            if isinstance(handler, handler_class):
+                return handler
+        return None
+
+    @staticmethod
+    def _check_rng_types(rng_types: list[Any] | None) -> list[str]:
+        if rng_types is None:
+            return [RNGType.GENERATOR.value]
+        checked = []
+        for rng_type in rng_types:
+            try:
+                checked.append(RNGType(str(rng_type)).value)
+            except ValueError:
+                raise ConfigurationError(
+                    f"rng_types entry {rng_type!r} is not valid; choose from: {', '.join(RNGType.list())}"
+                ) from None
+        return checked
+
+    def _make_grad_scaler(self) -> Any:
+        if self.state.mixed_precision != "fp16":
+            return None
+        handler = self._handler(GradScalerKwargs)
+        kwargs = handler.to_kwargs() if handler else {}
+        return torch.amp.GradScaler(self.device.type, **kwargs)
+
+    def _dataloader_options(self, device_placement: bool) -> dict[str, Any]:
+        """Keyword arguments of ``drivetrain.data_loader.prepare_data_loader`` for this Accelerator."""
+        config = self.dataloader_config
+        return {
+            "device": self.device,
+            "num_processes": self.num_processes,
+            "process_index": self.process_index,
+            "split_batches": config.split_batches,
+            "put_on_device": device_placement,
+            "rng_types": list(self.rng_types),
+            "dispatch_batches": config.dispatch_batches,
+            "even_batches": config.even_batches,
+            "use_seedable_sampler": config.use_seedable_sampler,
+            "data_seed": config.data_seed,
+            "non_blocking": config.non_blocking,
+            "use_stateful_dataloader": config.use_stateful_dataloader,
+        }
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Where this process stands
+    # ---------------------------------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self.state.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.use_distributed
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.state.mixed_precision
+
+    @property
+    def backend(self) -> str:
+        """The drivetrain backend plugin in charge (``"local"``, ``"ddp"``, ...)."""
+        return self.state.backend_name
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        return self.project_configuration.iteration
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state._set_sync_gradients(value)
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        self.gradient_state.plugin_kwargs["num_steps"] = steps
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
+
+    def __repr__(self) -> str:
+        return f"Accelerator(backend={self.backend!r}, device={self.device}, processes={self.num_processes})"
+
+    # ---------------------------------------------------------------------------------------------------------
+    # prepare
+    # ---------------------------------------------------------------------------------------------------------
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, schedulers and data loaders, returned in the order given.
+
+        Models are prepared first, then optimizers (so they can be rebound to wrapped parameters), then
+        schedulers and data loaders. ``device_placement`` has one flag per argument.
+        """
+        if device_placement is None:
+            device_placement = [None] * len(args)  # type: ignore[list-item]
+        elif len(device_placement) != len(args):
+            raise ConfigurationError(
+                f"device_placement has {len(device_placement)} entries but prepare() got {len(args)} objects"
+            )
+        results = list(args)
+        self.pending_optimizers = [obj for obj in args if isinstance(obj, torch.optim.Optimizer)]
+        try:
+            for kind in ("model", "optimizer", "scheduler", "dataloader"):
+                for index, (obj, placement) in enumerate(zip(args, device_placement)):
+                    if _kind_of(obj) == kind:
+                        results[index] = self._prepare_one(kind, obj, placement)
+        finally:
+            self.pending_optimizers = []
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def _prepare_one(self, kind: str, obj: Any, device_placement: bool | None) -> Any:
+        if kind == "model":
+            return self.prepare_model(obj, device_placement=device_placement)
+        if kind == "optimizer":
+            return self.prepare_optimizer(obj, device_placement=device_placement)
+        if kind == "scheduler":
+            return self.prepare_scheduler(obj)
+        return self.prepare_data_loader(obj, device_placement=device_placement)
+
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
+        """Place ``model`` on the device, apply mixed precision and let the active plugins wrap it."""
+        if device_placement is None:
+            device_placement = self.device_placement
+        original = model
+        backend_info = self._plugins_info(self.backend)
+        spans_devices = len(set(getattr(model, "hf_device_map", {}).values())) > 1
+        if device_placement and not backend_info.places_model and not spans_devices:
+            model = model.to(self.device)
+        if self.mixed_precision in ("fp16", "bf16") and ORIGINAL_FORWARD_ATTRIBUTE not in model.__dict__:
+            _patch_forward_with_autocast(model, self.autocast)
+        model = self._plugins.chain("wrap_model", "model", model, accelerator=self, evaluation_mode=evaluation_mode)
+        remember_original(model, original)
+        dynamo = self.state.dynamo_plugin
+        if dynamo is not None and dynamo.enabled:
+            model = torch.compile(model, **dynamo.to_compile_kwargs())  # type: ignore[assignment]
+        self._models.append(model)
+        return model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> Any:
+        """Let the active plugins rebind ``optimizer``, then wrap it in :class:`AcceleratedOptimizer`."""
+        if isinstance(optimizer, AcceleratedOptimizer):
+            return optimizer
+        optimizer = self._plugins.chain("wrap_optimizer", "optimizer", optimizer, accelerator=self)
+        prepared = optimizer if isinstance(optimizer, AcceleratedOptimizer) else AcceleratedOptimizer(
+            optimizer, scaler=self.scaler
+        )
+        self._optimizers.append(prepared)
+        return prepared
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """Wrap ``scheduler`` so it steps with the optimizer steps that really happened."""
+        if isinstance(scheduler, AcceleratedScheduler):
+            return scheduler
+        wrapped_optimizer = getattr(scheduler, "optimizer", None)
+        optimizers = [
+            optimizer for optimizer in self._optimizers
+            if wrapped_optimizer is optimizer or wrapped_optimizer is optimizer.optimizer
+        ] or list(self._optimizers)
+        prepared = AcceleratedScheduler(
+            scheduler, optimizers, step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+        )
+        self._schedulers.append(prepared)
+        return prepared
+
+    def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None,
+                            slice_fn_for_dispatch: Any = None) -> Any:
+        """Shard ``data_loader`` across processes and move its batches to the device."""
+        if device_placement is None:
+            device_placement = self.device_placement
+        prepared = self._plugins.first(
+            "shard_dataloader", dataloader=data_loader, accelerator=self, device_placement=device_placement
+        )
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def _plugins_info(self, name: str) -> Any:
+        from drivetrain.plugins import get_plugin_manager
+
+        return get_plugin_manager().info(name)
+
+    # ---------------------------------------------------------------------------------------------------------
+    # The training step
+    # ---------------------------------------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Backward pass: divides the loss by the accumulation steps, scales it in fp16, and lets the
+        backend run it (``loss.backward()`` for most, the engine for DeepSpeed)."""
+        steps = self.gradient_state.plugin_kwargs.get("num_steps", 1)
+        if steps > 1:
+            loss = loss / steps
+        self._backward_hook(loss=loss, accelerator=self, backward_kwargs=kwargs)
+
+    def _do_sync(self) -> None:
+        state = self.gradient_state
+        if state.sync_with_dataloader and state.end_of_dataloader:
+            self.step = 0
+            state._set_sync_gradients(True)
+        else:
+            self.step += 1
+            state._set_sync_gradients(self.step % state.num_steps == 0)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """Run one forward/backward of gradient accumulation: gradients synchronise (and the prepared
+        optimizer steps) only every ``gradient_accumulation_steps`` batches and at the end of the loader."""
+        self._do_sync()
+        allow_sync = self.sync_gradients or (self.use_distributed and self.gradient_state.sync_each_batch)
+        with contextlib.ExitStack() as stack:
+            if not allow_sync:
+                for model in models:
+                    stack.enter_context(self.no_sync(model))
+            yield
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        """Skip gradient synchronisation in this block (the backend's ``model.no_sync()`` when it has one)."""
+        context = getattr(model, "no_sync", None) if self.use_distributed else None
+        with context() if context is not None else contextlib.nullcontext():
+            yield
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        """Force gradient synchronisation in the next backward even inside ``no_sync`` (backends whose
+        wrapped model provides ``trigger_sync_in_backward()``; a no-op elsewhere)."""
+        trigger = getattr(model, "trigger_sync_in_backward", None) if self.use_distributed else None
+        with trigger() if trigger is not None else contextlib.nullcontext():
+            yield
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Train on data loaders whose ranks see different numbers of batches (torch's ``Join``)."""
+        if not self.use_distributed:
+            warnings.warn("join_uneven_inputs does nothing in a single process", stacklevel=3)
+            yield
+            return
+        from torch.distributed.algorithms.join import Join
+
+        previous: dict[int, tuple[Any, bool]] = {}
+        if even_batches is not None:
+            for loader in self._dataloaders:
+                sampler: Any = getattr(loader, "batch_sampler", None)
+                if hasattr(sampler, "even_batches"):
+                    previous[id(sampler)] = (sampler, sampler.even_batches)
+                    sampler.even_batches = even_batches
+        try:
+            with Join(joinables):
+                yield
+        finally:
+            for sampler, value in previous.values():
+                sampler.even_batches = value
+
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Any:
+        """Context manager: run the block in the Accelerator's mixed precision."""
+        kwargs = autocast_handler.to_kwargs() if autocast_handler is not None else self._autocast_kwargs
+        return self._plugins.first("autocast", accelerator=self, autocast_kwargs=kwargs)
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Divide gradients by the fp16 loss scale (before clipping or inspecting them)."""
+        if self.scaler is None:
+            return
+        optimizers = [optimizer] if optimizer is not None and not isinstance(optimizer, list) else (
+            optimizer or self._optimizers
+        )
+        for each in optimizers:
+            self.scaler.unscale_(each.optimizer if isinstance(each, AcceleratedOptimizer) else each)
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
+        """Clip gradients by their global norm (across shards and processes); returns the norm."""
+        if isinstance(parameters, torch.Tensor):
+            parameters = [parameters]
+        parameters = list(parameters)
+        if self.sync_gradients:
+            self.unscale_gradients()
+        return self._plugins.first(
+            "clip_grad_norm", parameters=parameters, max_norm=max_norm, norm_type=norm_type, accelerator=self
+        )
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Clamp every gradient to ``[-clip_value, clip_value]``."""
+        if self.sync_gradients:
+            self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True,
+                     keep_torch_compile: bool = True) -> torch.nn.Module:
+        """The user's own module inside whatever the plugins (and torch.compile) wrapped it in."""
+        return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Collectives and process control (thin: the work is in operations.py and state.py)
+    # ---------------------------------------------------------------------------------------------------------
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate ``tensor`` (or a nested structure of tensors) from every process along dim 0."""
+        return operations.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Like :meth:`gather`, minus the samples duplicated to even out the last batch."""
+        return operations.gather_for_metrics(
+            input_data, use_gather_object=use_gather_object, state=self.state.partial_state,
+            gradient_state=self.gradient_state,
+        )
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        return operations.reduce(tensor, reduction=reduction, scale=scale)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        return operations.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Any:
+        return self.state.partial_state.split_between_processes(inputs, apply_padding=apply_padding)
+
+    def wait_for_everyone(self) -> None:
+        self.state.partial_state.wait_for_everyone()
+
+    def main_process_first(self) -> Any:
+        return self.state.partial_state.main_process_first()
+
+    def local_main_process_first(self) -> Any:
+        return self.state.partial_state.local_main_process_first()
+
+    def on_main_process(self, function: Callable) -> Callable:
+        return self.state.partial_state.on_main_process(function)
+
+    def on_local_main_process(self, function: Callable) -> Callable:
+        return self.state.partial_state.on_local_main_process(function)
+
+    def on_last_process(self, function: Callable) -> Callable:
+        return self.state.partial_state.on_last_process(function)
+
+    def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
+        return self.state.partial_state.on_process(function, process_index=process_index)
+
+    def on_local_process(self, function: Callable | None = None, local_process_index: int | None = None) -> Callable:
+        return self.state.partial_state.on_local_process(function, local_process_index=local_process_index)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` once per machine."""
+        self.state.partial_state.print(*args, **kwargs)
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process that :meth:`check_trigger` sees on every process."""
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """True on every process when any process called :meth:`set_trigger` (then lowers the flag)."""
+        if self.flag_tensor is None:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+        flags = operations.reduce(self.flag_tensor, reduction="sum")
+        if int(flags.item()) >= 1:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+            return True
+        return False
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Data and memory
+    # ---------------------------------------------------------------------------------------------------------
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """A data loader that starts ``num_batches`` batches into ``dataloader`` (resume mid-epoch)."""
+        from drivetrain.data_loader import skip_first_batches
+
+        return skip_first_batches(dataloader, num_batches=num_batches)
+
+    def free_memory(self, *objects: Any) -> list[Any]:
+        """Forget every prepared object (and ``objects``), then free cached device memory."""
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self.step = 0
+        released = [None for _ in objects]
+        gc.collect()
+        empty_device_cache()
+        return released
+
+    def clear(self, *objects: Any) -> list[Any]:
+        """Alias of :meth:`free_memory`."""
+        return self.free_memory(*objects)
+
+    def verify_device_map(self, model: torch.nn.Module) -> bool:
+        """True when ``model`` was dispatched across several devices with a device map (such a model must
+        not be wrapped for data parallel training)."""
+        for module in model.modules():
+            device_map = getattr(module, "hf_device_map", None)
+            if device_map is not None and len(set(device_map.values())) > 1:
+                return True
+        return False
+
+    @contextlib.contextmanager
+    def maybe_context_parallel(self, buffers: Any = None, buffer_seq_dims: Any = None,
+                               no_restore_buffers: Any = None) -> Iterator[None]:
+        """Context parallelism where a backend supports it; a no-op otherwise."""
+        yield
+
+    def end_training(self) -> None:
+        """Finish every tracker, then meet the other processes and tear the process group down (a run that
+        ends without it may abort at exit with gloo). Call once, at the end of a script."""
+        super().end_training()
+        self.state.partial_state.destroy_process_group()
+
+
+def _kind_of(obj: Any) -> str | None:
+    if isinstance(obj, torch.nn.Module):
+        return "model"
+    if isinstance(obj, torch.optim.Optimizer):
+        return "optimizer"
+    if isinstance(obj, torch.utils.data.DataLoader):
+        return "dataloader"
+    if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+        hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "state_dict")
+    ):
+        return "scheduler"
+    return None

@@ -1,0 +1,74 @@
+"""Big model inference: build a model without memory, load a checkpoint straight to its devices, run it
+across GPUs, CPU and disk.
+
+The kernel plans and loads (sizes, device maps, checkpoint streaming). Running a model whose weights are
+offloaded or spread over devices needs the offload plugin (``pip install drivetrain-offload``), which
+provides the module hooks, ``cpu_offload``, ``disk_offload`` and friends; they are importable from here too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drivetrain.big_modeling.device_map import (
+    check_device_map,
+    clean_device_map,
+    find_tied_parameters,
+    infer_auto_device_map,
+)
+from drivetrain.big_modeling.dispatch import dispatch_model, load_checkpoint_and_dispatch
+from drivetrain.big_modeling.empty_init import init_empty_weights, init_on_device
+from drivetrain.big_modeling.loading import LoadResult, load_checkpoint_in_model
+from drivetrain.big_modeling.sizes import (
+    compute_module_sizes,
+    get_balanced_memory,
+    get_max_memory,
+    parse_size,
+)
+
+# Provided by the offload plugin (drivetrain-offload), resolved on first use.
+PLUGIN_NAMES = (
+    "cpu_offload",
+    "cpu_offload_with_hook",
+    "disk_offload",
+    "UserCpuOffloadHook",
+    "ModelHook",
+    "SequentialHook",
+    "AlignDevicesHook",
+    "add_hook_to_module",
+    "remove_hook_from_module",
+    "remove_hook_from_submodules",
+    "attach_align_device_hook",
+    "attach_align_device_hook_on_blocks",
+    "attach_execution_device_hook",
+    "has_offloaded_params",
+    "align_module_device",
+)
+
+__all__ = [
+    "LoadResult",
+    "check_device_map",
+    "clean_device_map",
+    "compute_module_sizes",
+    "dispatch_model",
+    "find_tied_parameters",
+    "get_balanced_memory",
+    "get_max_memory",
+    "infer_auto_device_map",
+    "init_empty_weights",
+    "init_on_device",
+    "load_checkpoint_and_dispatch",
+    "load_checkpoint_in_model",
+    "parse_size",
+    *PLUGIN_NAMES,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in PLUGIN_NAMES:
+        from drivetrain.plugins import resolve_export
+
+        value = resolve_export(name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

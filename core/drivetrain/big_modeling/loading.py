@@ -1,0 +1,423 @@
+"""Loading a checkpoint into a model, tensor by tensor, straight to the device each tensor belongs on.
+
+Safetensors files are memory-mapped (``safe_open``): a tensor is copied once, from the page cache into its
+final place, and the mapped pages are released right after, so host memory never holds a second copy of the
+model. Tensors mapped to ``"disk"`` are not read at all: the offload index points at them in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import mmap
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import torch
+from safetensors import safe_open
+
+from drivetrain.big_modeling.device_map import check_device_map, device_for, normalize_device
+from drivetrain.big_modeling.offload_index import save_offload_index, write_offloaded_weights
+from drivetrain.big_modeling.sizes import to_dtype
+from drivetrain.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+from drivetrain.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+
+class LoadResult(NamedTuple):
+    """Names the checkpoint did not provide, and names it had that the model does not."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Finding the files
+# ---------------------------------------------------------------------------------------------------------
+
+
+def checkpoint_files(checkpoint: str | os.PathLike) -> list[str]:
+    """The weight files of a checkpoint: a single file, an index ``.json``, or a folder holding either."""
+    path = os.fspath(checkpoint)
+    if os.path.isdir(path):
+        for name in (SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME):
+            if os.path.isfile(os.path.join(path, name)):
+                return checkpoint_files(os.path.join(path, name))
+        indexes = [n for n in os.listdir(path) if n.endswith(".json") and "index" in n]
+        weights = [n for n in os.listdir(path) if n.endswith((".safetensors", ".bin", ".pt", ".pth"))]
+        if len(indexes) == 1:
+            return checkpoint_files(os.path.join(path, indexes[0]))
+        if len(weights) == 1:
+            return [os.path.join(path, weights[0])]
+        raise CheckpointError(
+            f"cannot tell which weights to load from folder {path}: expected {SAFE_WEIGHTS_INDEX_NAME}, "
+            f"{WEIGHTS_INDEX_NAME}, {SAFE_WEIGHTS_NAME}, {WEIGHTS_NAME}, one '*index*.json' or one weights "
+            f"file; found {sorted(os.listdir(path))}"
+        )
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if path.endswith(".json"):
+        try:
+            with open(path) as handle:
+                index = json.load(handle)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"cannot read checkpoint index {path}: {exc}") from exc
+        # Transformers' format nests the map under "weight_map"; Accelerate's docs show the bare map.
+        weight_map = index.get("weight_map", index) if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointError(f"checkpoint index {path} must map tensor names to file names")
+        folder = os.path.dirname(path)
+        files = list(dict.fromkeys(os.path.join(folder, name) for name in weight_map.values()))
+        absent = [f for f in files if not os.path.isfile(f)]
+        if absent:
+            raise CheckpointError(f"checkpoint index {path} names shard(s) that do not exist: {absent}")
+        return files
+    return [path]
+
+
+def is_safetensors(path: str) -> bool:
+    return path.endswith(".safetensors")
+
+
+@contextlib.contextmanager
+def open_weights(path: str) -> Iterator[Any]:
+    """Open one weights file; yields an object with ``keys()`` and ``get_tensor(name)``.
+
+    A damaged or truncated file raises CheckpointError naming it.
+    """
+    try:
+        if is_safetensors(path):
+            handle: Any = safe_open(path, framework="pt", device="cpu")
+        else:
+            handle = _TorchFile(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+    except Exception as exc:
+        size = os.path.getsize(path) if os.path.exists(path) else 0
+        raise CheckpointError(
+            f"checkpoint file {path} ({size} bytes) is damaged or truncated and cannot be read: "
+            f"{type(exc).__name__}: {exc}. Write or download it again"
+        ) from exc
+    yield handle
+
+
+class _TorchFile:
+    """A ``torch.save`` state dict behind the same interface as ``safe_open``."""
+
+    def __init__(self, state_dict: Any) -> None:
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"expected a state dict, found {type(state_dict).__name__}")
+        self._state_dict = state_dict
+
+    def keys(self) -> list[str]:
+        return list(self._state_dict)
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        return self._state_dict[name]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Releasing mapped pages
+# ---------------------------------------------------------------------------------------------------------
+
+_PAGE = mmap.PAGESIZE
+_MADV_DONTNEED = 4
+_MADV_WILLNEED = 3
+try:
+    _madvise = ctypes.CDLL(None, use_errno=True).madvise
+    _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+except (OSError, AttributeError):  # pragma: no cover - not Linux/macOS
+    _madvise = None
+
+
+def _advise(tensor: torch.Tensor, advice: int) -> None:
+    if _madvise is None or tensor.device.type != "cpu":
+        return
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    first = -(-start // _PAGE) * _PAGE
+    last = end // _PAGE * _PAGE
+    if last > first:
+        _madvise(first, last - first, advice)
+
+
+def prefetch_pages(tensor: torch.Tensor) -> None:
+    """Ask the kernel to read a memory-mapped tensor's pages ahead (one large read instead of a page fault
+    per 4 KiB)."""
+    _advise(tensor, _MADV_WILLNEED)
+
+
+def release_pages(tensor: torch.Tensor) -> None:
+    """Drop the resident pages of a memory-mapped CPU tensor we are done with (they stay in the page cache,
+    but no longer count in this process's memory)."""
+    if _madvise is None or tensor.device.type != "cpu":
+        return
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    first = -(-start // _PAGE) * _PAGE
+    last = end // _PAGE * _PAGE
+    if last > first:
+        _madvise(first, last - first, _MADV_DONTNEED)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Where each tensor of the model lives
+# ---------------------------------------------------------------------------------------------------------
+
+
+class TensorSlots:
+    """Every parameter and buffer of a model by name, with the other names a tied tensor goes by."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.canonical: dict[str, str] = {}  # any name -> first name of the same tensor
+        self.places: dict[str, list[tuple[torch.nn.Module, str, bool]]] = {}  # first name -> (owner, attr, is_param)
+        first_by_id: dict[int, str] = {}
+        for module_name, module in model.named_modules(remove_duplicate=False):
+            for attr, tensor in [*module._parameters.items(), *module._buffers.items()]:
+                if tensor is None:
+                    continue
+                name = f"{module_name}.{attr}" if module_name else attr
+                is_param = attr in module._parameters
+                first = first_by_id.setdefault(id(tensor), name)
+                self.canonical[name] = first
+                places = self.places.setdefault(first, [])
+                if (module, attr, is_param) not in [(m, a, p) for m, a, p in places]:
+                    places.append((module, attr, is_param))
+        self.non_persistent = {
+            f"{module_name}.{attr}" if module_name else attr
+            for module_name, module in model.named_modules()
+            for attr in module._non_persistent_buffers_set
+        }
+
+    def get(self, name: str) -> torch.Tensor:
+        module, attr, is_param = self.places[self.canonical[name]][0]
+        return (module._parameters if is_param else module._buffers)[attr]
+
+    def names(self, first: str) -> list[str]:
+        return [name for name, canonical in self.canonical.items() if canonical == first]
+
+    def set(self, name: str, value: torch.Tensor) -> None:
+        """Put ``value`` in place of the tensor ``name``, under every name it is tied to."""
+        old = self.get(name)
+        if isinstance(old, torch.nn.Parameter) and not isinstance(value, torch.nn.Parameter):
+            new: torch.Tensor = type(old)(value, requires_grad=old.requires_grad) if type(old) is torch.nn.Parameter else old.__class__(value, requires_grad=old.requires_grad, **old.__dict__)
+            new.__dict__.update(old.__dict__)
+        else:
+            new = value
+        for module, attr, is_param in self.places[self.canonical[name]]:
+            (module._parameters if is_param else module._buffers)[attr] = new
+
+
+def _target_dtype(
+    name: str,
+    value: torch.Tensor,
+    current: torch.Tensor,
+    dtype: torch.dtype | None,
+    keep_in_fp32_modules: list[str],
+) -> torch.dtype:
+    if not value.is_floating_point():
+        return value.dtype
+    parts = name.split(".")
+    if any(module in parts or name.startswith(module + ".") for module in keep_in_fp32_modules):
+        return torch.float32
+    if dtype is not None:
+        return dtype
+    return current.dtype if current.is_floating_point() else value.dtype
+
+
+def _to_device(device: Any) -> torch.device:
+    device = normalize_device(device)
+    return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The loader
+# ---------------------------------------------------------------------------------------------------------
+
+
+def load_checkpoint_in_model(
+    model: torch.nn.Module,
+    checkpoint: str | os.PathLike,
+    device_map: dict[str, Any] | None = None,
+    offload_folder: str | os.PathLike | None = None,
+    dtype: torch.dtype | str | None = None,
+    offload_state_dict: bool = False,
+    offload_buffers: bool = False,
+    keep_in_fp32_modules: list[str] | None = None,
+    offload_8bit_bnb: bool = False,
+    strict: bool = False,
+) -> LoadResult:
+    """Load the weights of ``checkpoint`` into ``model`` (which may be on the meta device).
+
+    ``checkpoint`` is a ``.safetensors``/``.bin`` file, a sharded checkpoint's index ``.json``, or a folder
+    holding one. Each tensor goes to the device ``device_map`` gives it (CPU when there is no map and the
+    model is on meta). Tensors mapped to ``"disk"`` are recorded in ``offload_folder/index.json`` and left on
+    the meta device; safetensors checkpoints are referenced in place, other formats are written once as
+    safetensors into the folder. Floating tensors are cast to ``dtype`` (default: the model's dtype), except
+    those in ``keep_in_fp32_modules``, kept in float32. ``offload_state_dict`` parks the weights going to
+    the CPU on disk until the other shards are loaded (only matters for ``.bin`` shards, which are read
+    whole). With ``strict`` a missing or unexpected tensor raises CheckpointError listing them.
+    """
+    del offload_8bit_bnb  # accepted for Accelerate compatibility; 8-bit weights are not handled here
+    dtype = to_dtype(dtype)
+    keep_fp32 = list(keep_in_fp32_modules or [])
+    if device_map is not None:
+        check_device_map(model, device_map)
+        if any(normalize_device(d) == "disk" for d in device_map.values()) and offload_folder is None:
+            raise ValueError(
+                "the device_map puts some weights on 'disk' but no offload_folder was given; pass "
+                "offload_folder='path/to/folder' (weights that are already safetensors are not copied there)"
+            )
+    files = checkpoint_files(checkpoint)
+    slots = TensorSlots(model)
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    disk_index: dict[str, dict[str, Any]] = {}
+    deferred: list[tuple[str, str, str]] = []  # (tensor name, safetensors file, key) loaded at the end
+    parking: tempfile.TemporaryDirectory | None = None
+
+    def device_of(name: str) -> Any:
+        if device_map is not None:
+            return normalize_device(device_for(name, device_map))
+        current = slots.get(name)
+        return "cpu" if current.device.type == "meta" else current.device
+
+    def place(name: str, value: torch.Tensor, device: Any) -> None:
+        current = slots.get(name)
+        target_dtype = _target_dtype(name, value, current, dtype, keep_fp32)
+        if tuple(value.shape) != tuple(current.shape):
+            raise CheckpointError(
+                f"tensor {name!r} has shape {tuple(value.shape)} in the checkpoint but {tuple(current.shape)} "
+                "in the model"
+            )
+        target = _to_device(device)
+        prefetch_pages(value)
+        if current.device == target and current.dtype == target_dtype and current.device.type != "meta":
+            with torch.no_grad():
+                current.copy_(value)
+        else:
+            out = torch.empty(value.shape, dtype=target_dtype, device=target)
+            out.copy_(value)
+            slots.set(name, out)
+        release_pages(value)
+
+    for path in files:
+        safetensors_file = is_safetensors(path)
+        to_disk: dict[str, torch.Tensor] = {}
+        to_park: dict[str, torch.Tensor] = {}
+        with open_weights(path) as weights:
+            for key in weights.keys():
+                if key not in slots.canonical:
+                    unexpected.append(key)
+                    continue
+                first = slots.canonical[key]
+                if first in loaded:
+                    continue
+                loaded.add(first)
+                device = device_of(first)
+                current = slots.get(first)
+                if device == "disk":
+                    if safetensors_file:
+                        info = _slice_info(weights, key)
+                        target_dtype = _target_dtype(first, info, current, dtype, keep_fp32)
+                        for name in slots.names(first):
+                            disk_index[name] = {
+                                "safetensors_file": os.path.abspath(path),
+                                "weight_name": key,
+                                "dtype": str(target_dtype).removeprefix("torch."),
+                            }
+                        slots.set(first, torch.empty(info.shape, dtype=target_dtype, device="meta"))
+                    else:
+                        value = weights.get_tensor(key)
+                        target_dtype = _target_dtype(first, value, current, dtype, keep_fp32)
+                        to_disk[first] = value.to(target_dtype)
+                        slots.set(first, torch.empty(value.shape, dtype=target_dtype, device="meta"))
+                    continue
+                if offload_state_dict and device == "cpu":
+                    if safetensors_file:
+                        deferred.append((first, path, key))
+                    else:
+                        to_park[first] = weights.get_tensor(key)
+                    continue
+                try:
+                    value = weights.get_tensor(key)
+                    place(first, value, device)
+                except CheckpointError:
+                    raise
+                except Exception as exc:
+                    raise CheckpointError(
+                        f"cannot read tensor {key!r} from checkpoint file {path}: {type(exc).__name__}: {exc}"
+                    ) from exc
+        if to_disk:
+            stem = os.path.splitext(os.path.basename(path))[0]
+            entries = write_offloaded_weights(offload_folder, to_disk, f"offload-{stem}.safetensors")  # type: ignore[arg-type]
+            for first, entry in entries.items():
+                for name in slots.names(first):
+                    disk_index[name] = dict(entry)
+        if to_park:
+            parking = parking or tempfile.TemporaryDirectory(prefix="drivetrain-parked-")
+            park_file = os.path.join(parking.name, f"parked-{len(deferred)}.safetensors")
+            write_offloaded_weights(parking.name, to_park, os.path.basename(park_file))
+            deferred.extend((first, park_file, first) for first in to_park)
+        del to_disk, to_park
+
+    for first, path, key in deferred:
+        with open_weights(path) as weights:
+            place(first, weights.get_tensor(key), "cpu")
+    if parking is not None:
+        parking.cleanup()
+    if disk_index:
+        save_offload_index(offload_folder, disk_index)  # type: ignore[arg-type]
+
+    missing = [
+        first
+        for first in slots.places
+        if first not in loaded and first not in slots.non_persistent
+    ]
+    if strict and (missing or unexpected):
+        raise CheckpointError(
+            f"checkpoint {os.fspath(checkpoint)} does not match the model (strict=True): "
+            f"missing {missing or 'nothing'}; unexpected {unexpected or 'nothing'}"
+        )
+    still_empty = [name for name in missing if slots.get(name).device.type == "meta"]
+    if still_empty:
+        logger.warning(
+            "checkpoint %s has no weights for %s; they stay on the meta device and must be set before use",
+            os.fspath(checkpoint),
+            still_empty,
+        )
+    return LoadResult(missing_keys=missing, unexpected_keys=unexpected)
+
+
+class _SliceInfo(NamedTuple):
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_floating_point
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def _slice_info(weights: Any, key: str) -> _SliceInfo:
+    """Shape and dtype of a safetensors tensor, read from the header without touching its data."""
+    view = weights.get_slice(key)
+    dtype_name = view.get_dtype()
+    dtype = _SAFETENSORS_DTYPES.get(dtype_name) or getattr(torch, dtype_name.lower().replace("f8_", "float8_"))
+    return _SliceInfo(tuple(view.get_shape()), dtype)

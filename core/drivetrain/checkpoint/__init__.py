@@ -1,0 +1,9 @@
+"""Checkpoints that never lose work. ``drivetrain.checkpointing`` re-exports the public names.
+
+files.py            durable, hashed file writes
+serialization.py    safetensors streaming, safe unpickling, shard planning
+manifest.py         manifests, sealing by rename, picking and pruning checkpoints
+training_objects.py which object goes in which file, and the reference backend's save/load
+model_files.py      save_model's single-file / sharded layout
+mixin.py            the Accelerator methods
+"""

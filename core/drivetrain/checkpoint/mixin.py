@@ -1,0 +1,276 @@
+"""The Accelerator's checkpoint methods: save_state / load_state and what they call around the backend.
+
+The order of a save: pre-hooks see the state dicts; the backend's ``save_state`` hook writes models,
+optimizers and schedulers into a temporary folder; the kernel adds RNG states, the GradScaler, data loader
+positions and registered objects; after a barrier the writing process lists every file in a manifest and
+renames the folder into place; then old automatic checkpoints are pruned.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from drivetrain.checkpoint import files
+from drivetrain.checkpoint import manifest as manifests
+from drivetrain.checkpoint.files import atomic_write, take_records
+from drivetrain.checkpoint.model_files import write_model_files
+from drivetrain.checkpoint.serialization import deduplicate_shared, save_safetensors
+from drivetrain.checkpoint.training_objects import (
+    read_kernel_objects,
+    write_kernel_objects,
+    writes_shared_files,
+)
+from drivetrain.errors import CheckpointError, ConfigurationError
+
+CHECKPOINTS_FOLDER = "checkpoints"
+
+
+def _weakrefable(hooks: dict) -> dict:
+    """RemovableHandle keeps a weak reference to the hook dict, which a plain dict does not allow."""
+    return hooks if type(hooks) is not dict else OrderedDict(hooks)
+
+
+class CheckpointingMixin:
+    """Checkpoint methods of :class:`~drivetrain.Accelerator` (see docs/checkpointing.md).
+
+    Relies on the Accelerator's ``_models``, ``_optimizers``, ``_schedulers``, ``_dataloaders``,
+    ``_custom_objects``, ``_save_state_pre_hooks``, ``_load_state_pre_hooks``, ``scaler``, ``step``,
+    ``project_configuration``, ``_plugins``, ``device``, ``process_index`` and ``unwrap_model``.
+    """
+
+    # -- registration ------------------------------------------------------------------------------------
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and load ``objects`` with every checkpoint (each needs ``state_dict`` and ``load_state_dict``)."""
+        invalid = [
+            f"item {index} ({type(obj).__name__})"
+            for index, obj in enumerate(objects)
+            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))
+        ]
+        if invalid:
+            raise ValueError(
+                "register_for_checkpointing needs objects with both a state_dict() and a load_state_dict() "
+                f"method; these lack one: {', '.join(invalid)}"
+            )
+        self._custom_objects.extend(objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` in :meth:`save_state` before anything is written.
+        ``weights`` holds the models' state dicts; remove one to keep that model out of the checkpoint."""
+        self._save_state_pre_hooks = _weakrefable(self._save_state_pre_hooks)
+        handle = RemovableHandle(self._save_state_pre_hooks)
+        self._save_state_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` in :meth:`load_state` before anything is read; remove a model from
+        ``models`` to keep it from being loaded."""
+        self._load_state_pre_hooks = _weakrefable(self._load_state_pre_hooks)
+        handle = RemovableHandle(self._load_state_pre_hooks)
+        self._load_state_pre_hooks[handle.id] = hook
+        return handle
+
+    # -- where checkpoints go ------------------------------------------------------------------------------
+    def _checkpoints_root(self) -> str:
+        project_dir = self.project_configuration.project_dir
+        if project_dir is None:
+            raise ConfigurationError(
+                "automatic_checkpoint_naming needs a project directory: pass project_dir= to the Accelerator "
+                "or ProjectConfiguration(project_dir=...)"
+            )
+        return os.path.join(os.path.abspath(project_dir), CHECKPOINTS_FOLDER)
+
+    def _save_location(self, output_dir: str | os.PathLike | None) -> str:
+        config = self.project_configuration
+        if config.automatic_checkpoint_naming:
+            location = os.path.join(self._checkpoints_root(), f"checkpoint_{config.iteration}")
+            if os.path.exists(location):
+                raise CheckpointError(
+                    f"checkpoint folder {location} already exists; set "
+                    "accelerator.project_configuration.iteration to the number to continue from"
+                )
+            return location
+        if output_dir is None:
+            raise ValueError(
+                "save_state() needs output_dir, unless ProjectConfiguration(automatic_checkpoint_naming=True)"
+            )
+        return os.fspath(output_dir)
+
+    def _gather(self, value: Any) -> list[Any]:
+        return self.state.collectives.all_gather_object(value)
+
+    # -- save ----------------------------------------------------------------------------------------------
+    def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
+                   **save_model_func_kwargs: Any) -> str:
+        """Save models, optimizers, schedulers, GradScaler, RNG states, data loader positions and registered
+        objects into one folder, atomically; returns the folder. ``save_model_func_kwargs`` are passed on to
+        backends that take them (``accelerator._save_model_func_kwargs``)."""
+        location = os.path.abspath(self._save_location(output_dir))
+        writer = writes_shared_files(self)
+        if writer:
+            os.makedirs(os.path.dirname(location), exist_ok=True)
+            manifests.start_incomplete(location)
+        self.wait_for_everyone()
+        temporary = manifests.incomplete_path(location)
+
+        models = list(self._models)
+        weights = [self.get_state_dict(model, unwrap=True) for model in models]
+        pairs = list(zip(models, weights))
+        for hook in list(self._save_state_pre_hooks.values()):
+            hook(models, weights, location)
+        # A hook drops a model from the checkpoint by removing its state dict from ``weights``.
+        kept = {id(state) for state in weights}
+        pending = {id(model): state for model, state in pairs if id(state) in kept}
+        models_to_save = [model for model in self._models if id(model) in pending]
+
+        self._checkpoint_weights = pending
+        self._save_model_func_kwargs = save_model_func_kwargs
+        try:
+            written = self._plugins.first(
+                "save_state", output_dir=temporary, accelerator=self, models=models_to_save,
+                optimizers=list(self._optimizers), schedulers=list(self._schedulers),
+                safe_serialization=safe_serialization,
+            )
+        finally:
+            self._checkpoint_weights = None
+            self._save_model_func_kwargs = {}
+        if not written:
+            raise CheckpointError("no plugin wrote the checkpoint (every save_state hook returned None)")
+        write_kernel_objects(temporary, self)
+        files.on_stage("objects_written", temporary)
+
+        records: dict[str, Any] = {}
+        for part in self._gather(take_records(temporary)):
+            records.update(part)
+        if writer:
+            metadata = {"step": self.step, "num_processes": self.num_processes,
+                        "iteration": self.project_configuration.iteration,
+                        "safe_serialization": safe_serialization}
+            manifests.write_manifest(temporary, records, metadata)
+            manifests.seal(temporary, location)
+            limit = self.project_configuration.total_limit
+            if self.project_configuration.automatic_checkpoint_naming and limit is not None:
+                manifests.prune(os.path.dirname(location), limit, keep=location)
+        self.wait_for_everyone()
+        self.project_configuration.iteration += 1
+        return location
+
+    # -- load ----------------------------------------------------------------------------------------------
+    def _resolve_checkpoint(self, input_dir: str | None, verify_manifest: bool) -> tuple[str | None, Any]:
+        """(folder, manifest metadata) on a process that checks files; raises CheckpointError."""
+        if input_dir is None:
+            root = self._checkpoints_root()
+            complete = manifests.complete_checkpoints(root)
+            if not complete:
+                raise CheckpointError(
+                    f"no complete checkpoint under {root} (a folder counts once its {manifests.MANIFEST_NAME} "
+                    "lists files that are all present)"
+                )
+            input_dir = complete[-1]
+        manifests.recover(input_dir)
+        if not verify_manifest:
+            if not os.path.isdir(input_dir):
+                raise CheckpointError(f"checkpoint folder {input_dir} does not exist")
+            return input_dir, {}
+        return input_dir, manifests.verify(input_dir).get("metadata", {})
+
+    def load_state(self, input_dir: str | os.PathLike | None = None, load_kwargs: dict[str, Any] | None = None,
+                   **load_model_func_kwargs: Any) -> str:
+        """Restore everything :meth:`save_state` wrote; returns the folder loaded.
+
+        With no ``input_dir``, picks the newest complete ``project_dir/checkpoints/checkpoint_<n>``
+        (``automatic_checkpoint_naming``). Every file is checked against the manifest (size and sha256)
+        first. ``map_location`` ("cpu" by default, "on_device" for this process's device) places loaded
+        optimizer states; ``load_kwargs`` go to ``torch.load`` — ``{"weights_only": False}`` is the explicit
+        opt-out of safe unpickling, for checkpoints you trust. ``verify_manifest=False`` loads a folder
+        without a manifest (e.g. written by another tool).
+        """
+        verify_manifest = bool(load_model_func_kwargs.pop("verify_manifest", True))
+        map_location = load_model_func_kwargs.pop("map_location", None)
+        if input_dir is None and not self.project_configuration.automatic_checkpoint_naming:
+            raise ValueError(
+                "load_state() needs input_dir, unless ProjectConfiguration(automatic_checkpoint_naming=True)"
+            )
+        if input_dir is not None:
+            input_dir = os.path.abspath(os.fspath(input_dir))
+
+        outcome: tuple[str | None, Any, str | None] = (None, None, None)
+        if writes_shared_files(self):
+            try:
+                outcome = (*self._resolve_checkpoint(input_dir, verify_manifest), None)
+            except CheckpointError as exc:
+                outcome = (None, None, str(exc))
+        gathered = self._gather(outcome)
+        errors = [error for _, _, error in gathered if error]
+        if errors:
+            raise CheckpointError(errors[0])
+        location, metadata = gathered[0][0], gathered[0][1] or {}
+
+        if map_location is None or map_location == "on_device":
+            map_location = self.device if map_location == "on_device" else "cpu"
+        models = list(self._models)
+        for hook in list(self._load_state_pre_hooks.values()):
+            hook(models, location)
+        self._checkpoint_load_kwargs = dict(load_kwargs or {})
+        try:
+            loaded = self._plugins.first(
+                "load_state", input_dir=location, accelerator=self, models=models,
+                optimizers=list(self._optimizers), schedulers=list(self._schedulers), map_location=map_location,
+            )
+            if not loaded:
+                raise CheckpointError("no plugin loaded the checkpoint (every load_state hook returned None)")
+            read_kernel_objects(location, self, map_location)
+        finally:
+            self._checkpoint_load_kwargs = None
+        if "step" in metadata:
+            self.step = int(metadata["step"])
+        number = manifests.checkpoint_number(location)
+        config = self.project_configuration
+        if config.automatic_checkpoint_naming and number is not None and config.project_dir is not None and (
+            os.path.dirname(location) == os.path.abspath(self._checkpoints_root())
+        ):
+            config.iteration = number + 1
+        return location
+
+    # -- single objects and models ---------------------------------------------------------------------------
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The state dict of a prepared model; ``unwrap`` takes the user's module's (no ``module.`` prefix)."""
+        if unwrap:
+            model = self.unwrap_model(model)
+        return model.state_dict()
+
+    def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike,
+                   max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
+        """Write ``model``'s weights (wrapped or not) into ``save_directory`` for ``load_checkpoint_in_model``
+        or transformers: ``model.safetensors``, or shards of at most ``max_shard_size`` with
+        ``model.safetensors.index.json`` (``pytorch_model*.bin`` names without ``safe_serialization``)."""
+        save_directory = os.fspath(save_directory)
+        if os.path.isfile(save_directory):
+            raise ValueError(f"save_directory {save_directory} is a file; save_model needs a directory")
+        state_dict = self.get_state_dict(model, unwrap=True)
+        if writes_shared_files(self):
+            write_model_files(state_dict, save_directory, max_shard_size, safe_serialization)
+
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """``torch.save`` (or safetensors for a dict of tensors) once per machine set, atomically: the main
+        process writes, or every machine's local main process with ``save_on_each_node``."""
+        if not writes_shared_files(self):
+            return
+        if safe_serialization:
+            tensors, _aliases = deduplicate_shared(obj)
+            if not isinstance(f, (str, os.PathLike)):
+                raise ValueError("save(..., safe_serialization=True) needs a file path, not a file object")
+            path = os.fspath(f)
+            temporary = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.partial")
+            save_safetensors(tensors, temporary, metadata={"format": "pt"})
+            os.replace(temporary, path)
+        elif isinstance(f, (str, os.PathLike)):
+            atomic_write(os.fspath(f), lambda out: torch.save(obj, out))
+        else:
+            torch.save(obj, f)
+

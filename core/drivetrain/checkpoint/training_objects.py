@@ -1,0 +1,198 @@
+"""Which file holds which training object inside a checkpoint folder, and how each is written and read.
+
+The names are Accelerate's (``model.safetensors``, ``optimizer.bin``, ``scheduler.bin``, ``scaler.pt``,
+``random_states_<rank>.pkl``, ``dl_state_dict.bin``, ``custom_checkpoint_<i>.pkl``; an ``_<i>`` suffix for
+the second and later object of a kind) so tools that know them find their way. Model weights are saved
+unwrapped (no ``module.`` prefix), so a checkpoint loads under any number of processes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from drivetrain.checkpoint.files import durable_writer
+from drivetrain.checkpoint.serialization import (
+    deduplicate_shared,
+    load_safetensors_into_module,
+    safe_load,
+    save_safetensors,
+)
+from drivetrain.constants import (
+    MODEL_NAME,
+    OPTIMIZER_NAME,
+    RNG_STATE_NAME,
+    SAFE_WEIGHTS_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+    WEIGHTS_NAME,
+)
+from drivetrain.errors import CheckpointError
+
+DATALOADER_STATE_NAME = "dl_state_dict"
+CUSTOM_OBJECT_NAME = "custom_checkpoint"
+
+
+def _suffixed(stem: str, index: int, extension: str) -> str:
+    return f"{stem}{'' if index == 0 else f'_{index}'}.{extension}"
+
+
+def model_file_name(index: int, safe_serialization: bool) -> str:
+    """``model.safetensors`` / ``model_1.safetensors`` ..., or ``pytorch_model.bin`` / ``pytorch_model_1.bin``."""
+    if safe_serialization:
+        stem, extension = SAFE_WEIGHTS_NAME.rsplit(".", 1)
+        return _suffixed(stem, index, extension)
+    return _suffixed(MODEL_NAME, index, WEIGHTS_NAME.rsplit(".", 1)[1])
+
+
+def optimizer_file_name(index: int) -> str:
+    return _suffixed(OPTIMIZER_NAME, index, "bin")
+
+
+def scheduler_file_name(index: int) -> str:
+    return _suffixed(SCHEDULER_NAME, index, "bin")
+
+
+def dataloader_file_name(index: int) -> str:
+    return _suffixed(DATALOADER_STATE_NAME, index, "bin")
+
+
+def rng_file_name(process_index: int) -> str:
+    return f"{RNG_STATE_NAME}_{process_index}.pkl"
+
+
+def custom_object_file_name(index: int) -> str:
+    return f"{CUSTOM_OBJECT_NAME}_{index}.pkl"
+
+
+def writes_shared_files(accelerator: Any) -> bool:
+    """Whether this process writes the files every process shares (weights, optimizer ...): the main
+    process, or each machine's local main process with ``save_on_each_node``."""
+    config = getattr(accelerator, "project_configuration", None)
+    if config is not None and config.save_on_each_node:
+        return bool(accelerator.is_local_main_process)
+    return bool(accelerator.is_main_process)
+
+
+def torch_save_durable(obj: Any, path: str) -> None:
+    """``torch.save`` through a hashing, fsyncing writer."""
+    with durable_writer(path) as out:
+        torch.save(obj, out)
+
+
+def _load_kwargs(accelerator: Any) -> dict[str, Any]:
+    """The ``load_kwargs`` of the ``load_state`` call in progress (``weights_only=False`` is the opt-out)."""
+    return dict(getattr(accelerator, "_checkpoint_load_kwargs", None) or {})
+
+
+def _state_dict_to_save(model: torch.nn.Module, accelerator: Any) -> dict[str, torch.Tensor]:
+    # save_state pre-hooks may have edited the state dicts; save_state leaves them here for us.
+    pending = getattr(accelerator, "_checkpoint_weights", None) or {}
+    if id(model) in pending:
+        return pending[id(model)]
+    if hasattr(accelerator, "get_state_dict"):
+        return accelerator.get_state_dict(model, unwrap=True)
+    return model.state_dict()
+
+
+def write_model_weights(state_dict: dict[str, torch.Tensor], path: str, safe_serialization: bool) -> None:
+    """One model's weights in one file: safetensors (tied weights stored once) or a pickle."""
+    if safe_serialization:
+        tensors, _aliases = deduplicate_shared(state_dict)
+        save_safetensors(tensors, path, metadata={"format": "pt"})
+    else:
+        torch_save_durable(state_dict, path)
+
+
+def write_training_objects(output_dir: str, models: list, optimizers: list, schedulers: list,
+                           safe_serialization: bool, accelerator: Any) -> None:
+    """The reference backend's ``save_state``: every model, optimizer and scheduler, written by the process
+    that writes shared files (all processes hold the same replicated state)."""
+    if not writes_shared_files(accelerator):
+        return
+    for index, model in enumerate(models):
+        path = os.path.join(output_dir, model_file_name(index, safe_serialization))
+        write_model_weights(_state_dict_to_save(model, accelerator), path, safe_serialization)
+    for index, optimizer in enumerate(optimizers):
+        torch_save_durable(optimizer.state_dict(), os.path.join(output_dir, optimizer_file_name(index)))
+    for index, scheduler in enumerate(schedulers):
+        torch_save_durable(scheduler.state_dict(), os.path.join(output_dir, scheduler_file_name(index)))
+
+
+def _require(path: str, what: str) -> str:
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path} not found: the checkpoint has no {what} (was it saved with the same "
+                              "number of prepared objects?)")
+    return path
+
+
+def read_model_weights(model: torch.nn.Module, input_dir: str, index: int, map_location: Any,
+                       load_kwargs: dict[str, Any]) -> None:
+    """Load model ``index`` of a checkpoint folder, from safetensors when present, else from the pickle."""
+    safe_path = os.path.join(input_dir, model_file_name(index, True))
+    if os.path.isfile(safe_path):
+        load_safetensors_into_module(model, [safe_path])
+        return
+    path = _require(os.path.join(input_dir, model_file_name(index, False)), f"weights for model {index}")
+    model.load_state_dict(safe_load(path, map_location=map_location, **load_kwargs))
+
+
+def read_training_objects(input_dir: str, models: list, optimizers: list, schedulers: list, map_location: Any,
+                          accelerator: Any) -> None:
+    """The reference backend's ``load_state``: every model, optimizer and scheduler, on every process."""
+    load_kwargs = _load_kwargs(accelerator)
+    for index, model in enumerate(models):
+        unwrapped = accelerator.unwrap_model(model) if hasattr(accelerator, "unwrap_model") else model
+        read_model_weights(unwrapped, input_dir, index, map_location, load_kwargs)
+    for index, optimizer in enumerate(optimizers):
+        path = _require(os.path.join(input_dir, optimizer_file_name(index)), f"state for optimizer {index}")
+        optimizer.load_state_dict(safe_load(path, map_location=map_location, **load_kwargs))
+    for index, scheduler in enumerate(schedulers):
+        path = _require(os.path.join(input_dir, scheduler_file_name(index)), f"state for scheduler {index}")
+        scheduler.load_state_dict(safe_load(path, map_location=map_location, **load_kwargs))
+
+
+def write_kernel_objects(output_dir: str, accelerator: Any) -> None:
+    """What the kernel saves beside the backend's files: every process's RNG states, and (once) the
+    GradScaler, each prepared data loader's position and each registered object."""
+    from drivetrain.random import capture_rng_state
+
+    torch_save_durable(capture_rng_state(), os.path.join(output_dir, rng_file_name(accelerator.process_index)))
+    if not writes_shared_files(accelerator):
+        return
+    if accelerator.scaler is not None:
+        torch_save_durable(accelerator.scaler.state_dict(), os.path.join(output_dir, SCALER_NAME))
+    for index, loader in enumerate(accelerator._dataloaders):
+        if callable(getattr(loader, "state_dict", None)):
+            torch_save_durable(loader.state_dict(), os.path.join(output_dir, dataloader_file_name(index)))
+    for index, obj in enumerate(accelerator._custom_objects):
+        torch_save_durable(obj.state_dict(), os.path.join(output_dir, custom_object_file_name(index)))
+
+
+def read_kernel_objects(input_dir: str, accelerator: Any, map_location: Any) -> None:
+    """Restore what :func:`write_kernel_objects` saved. A data loader whose state is absent (the checkpoint
+    predates it) starts from its beginning, as in Accelerate; every other missing file is an error."""
+    from drivetrain.random import restore_rng_state
+
+    load_kwargs = _load_kwargs(accelerator)
+    if accelerator.scaler is not None:
+        path = _require(os.path.join(input_dir, SCALER_NAME), "GradScaler state")
+        accelerator.scaler.load_state_dict(safe_load(path, map_location=map_location, **load_kwargs))
+    for index, loader in enumerate(accelerator._dataloaders):
+        path = os.path.join(input_dir, dataloader_file_name(index))
+        if os.path.isfile(path) and callable(getattr(loader, "load_state_dict", None)):
+            loader.load_state_dict(safe_load(path, map_location="cpu", **load_kwargs))
+    for index, obj in enumerate(accelerator._custom_objects):
+        path = _require(os.path.join(input_dir, custom_object_file_name(index)), f"registered object {index}")
+        obj.load_state_dict(safe_load(path, map_location=map_location, **load_kwargs))
+    rng_path = os.path.join(input_dir, rng_file_name(accelerator.process_index))
+    if os.path.isfile(rng_path):
+        restore_rng_state(safe_load(rng_path, map_location="cpu", **load_kwargs))
+    else:
+        # Resuming under more processes than saved: the extra ranks keep their seeded state.
+        import warnings
+
+        warnings.warn(f"{rng_path} not found: process {accelerator.process_index} keeps its current RNG state",
+                      stacklevel=3)

@@ -1,0 +1,58 @@
+"""Checkpointing: ``Accelerator.save_state`` / ``load_state`` / ``save_model`` and the functions behind them.
+
+The code lives in :mod:`drivetrain.checkpoint`; this module is the stable import path (the Accelerator
+inherits :class:`CheckpointingMixin`, the reference backend calls the two ``*_training_objects`` functions).
+See docs/checkpointing.md.
+"""
+
+from __future__ import annotations
+
+from drivetrain.checkpoint.files import atomic_write, sha256_of_file
+from drivetrain.checkpoint.manifest import (
+    MANIFEST_NAME,
+    complete_checkpoints,
+    is_complete,
+    read_manifest,
+    verify,
+)
+from drivetrain.checkpoint.mixin import CHECKPOINTS_FOLDER, CheckpointingMixin
+from drivetrain.checkpoint.model_files import write_model_files
+from drivetrain.checkpoint.serialization import (
+    UNSAFE_OPT_OUT,
+    deduplicate_shared,
+    load_safetensors_into_module,
+    parse_size,
+    safe_load,
+    save_safetensors,
+)
+from drivetrain.checkpoint.training_objects import (
+    read_training_objects,
+    write_model_weights,
+    write_training_objects,
+)
+
+#: Accelerate's name for verifying a checkpoint folder (kept for scripts that call it).
+verify_checkpoint = verify
+
+__all__ = [
+    "CHECKPOINTS_FOLDER",
+    "MANIFEST_NAME",
+    "UNSAFE_OPT_OUT",
+    "CheckpointingMixin",
+    "atomic_write",
+    "complete_checkpoints",
+    "deduplicate_shared",
+    "is_complete",
+    "load_safetensors_into_module",
+    "parse_size",
+    "read_manifest",
+    "read_training_objects",
+    "safe_load",
+    "save_safetensors",
+    "sha256_of_file",
+    "verify",
+    "verify_checkpoint",
+    "write_model_files",
+    "write_model_weights",
+    "write_training_objects",
+]

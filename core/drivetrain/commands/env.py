@@ -1,0 +1,95 @@
+"""``drivetrain env``: what to paste in a bug report — versions, plugins, the config in effect, hardware."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from typing import Any
+
+from drivetrain.commands.main import add_option
+
+HELP = "Show versions, plugins, the config file in effect and the hardware (paste it in bug reports)."
+
+
+def register_parser(parser: argparse.ArgumentParser) -> None:
+    add_option(parser, "--config_file", metavar="PATH", help="config file to show (default: the user's)")
+    add_option(parser, "--json", action="store_true", help="print JSON")
+
+
+def _memory_gib() -> float | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 2)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def collect(config_file: str | None) -> dict[str, Any]:
+    import numpy
+    import torch
+
+    from drivetrain import __version__
+    from drivetrain.commands.plugins import plugin_records
+    from drivetrain.config_file import default_config_path, load_config
+
+    config = load_config(config_file)
+    cuda = torch.cuda.is_available()
+    report: dict[str, Any] = {
+        "drivetrain": __version__,
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "numpy": numpy.__version__,
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cpu_count": os.cpu_count(),
+        "memory_gib": _memory_gib(),
+        "cuda_available": cuda,
+        "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
+        "config_file": str(config.path) if config.path else None,
+        "config_file_searched": str(config_file or default_config_path()),
+        "config_format": config.format if config.path else None,
+        "config": config.values,
+        "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("DRIVETRAIN_")},
+        "plugins": [
+            {key: entry[key] for key in ("name", "distribution", "version", "kind", "available", "problem")}
+            for entry in plugin_records()
+        ],
+    }
+    return report
+
+
+def run(args: argparse.Namespace) -> int:
+    report = collect(args.config_file)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    lines = [
+        "Copy-and-paste the text below in your issue.",
+        "",
+        f"- drivetrain version: {report['drivetrain']}",
+        f"- Platform: {report['platform']}",
+        f"- Python version: {report['python']}",
+        f"- Numpy version: {report['numpy']}",
+        f"- PyTorch version (CUDA?): {report['torch']} ({report['cuda_available']})",
+        f"- CPU count: {report['cpu_count']}",
+        f"- System RAM: {report['memory_gib']} GiB",
+    ]
+    for index, name in enumerate(report["cuda_devices"]):
+        lines.append(f"- CUDA device {index}: {name}")
+    lines.append("- Plugins:")
+    for entry in report["plugins"]:
+        state = "ok" if entry["available"] else f"unavailable ({entry['problem']})"
+        lines.append(f"\t- {entry['name']} ({entry['distribution']} {entry['version']}, {entry['kind']}): {state}")
+    if report["config_file"]:
+        lines.append(f"- Config file: {report['config_file']} ({report['config_format']} format)")
+        for key, value in report["config"].items():
+            lines.append(f"\t- {key}: {value}")
+    else:
+        lines.append(f"- Config file: none (looked for {report['config_file_searched']})")
+    if report["environment"]:
+        lines.append("- DRIVETRAIN_* environment:")
+        lines += [f"\t- {key}={value}" for key, value in report["environment"].items()]
+    print("\n".join(lines))
+    return 0

@@ -1,0 +1,549 @@
+"""``drivetrain launch``: start a script in N processes on M machines through torch's elastic launcher.
+
+Each setting comes from, highest first: the command-line flag, the SLURM allocation (machine count, rank
+and main address only, inside ``srun``), the config file, the default. The settings the user chose are
+exported to the processes as ``DRIVETRAIN_*`` variables, which the kernel reads (see settings.py); a
+script's own ``Accelerator(...)`` argument that contradicts one is an error naming both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from drivetrain.commands.main import USAGE_ERROR, ArgumentParser, UsageError, add_option, error_line
+from drivetrain.config_file import KEYS, PRECISIONS, RDZV_BACKENDS, ConfigFile, load_config
+from drivetrain.errors import ConfigurationError, DrivetrainError, PluginError
+
+HELP = "Launch a script in several processes and machines (torch's elastic launcher)."
+DEFAULT_MULTI_NODE_PORT = 29500
+
+#: Accelerate's backend switches: each is ``--backend <name>``.
+ACCELERATE_BACKEND_FLAGS = {
+    "use_deepspeed": "deepspeed",
+    "use_fsdp": "fsdp",
+    "use_megatron_lm": "megatron",
+    "tpu": "xla",
+}
+#: launch setting -> the environment variable the kernel reads.
+EXPORTED = {
+    "backend": "DRIVETRAIN_BACKEND",
+    "mixed_precision": "DRIVETRAIN_MIXED_PRECISION",
+    "gradient_accumulation_steps": "DRIVETRAIN_GRADIENT_ACCUMULATION_STEPS",
+    "use_cpu": "DRIVETRAIN_CPU",
+    "dynamo_backend": "DRIVETRAIN_DYNAMO_BACKEND",
+    "debug": "DRIVETRAIN_DEBUG_MODE",
+}
+
+
+# -- the parser ------------------------------------------------------------------------------------------------
+def register_parser(parser: argparse.ArgumentParser) -> None:
+    script = parser.add_argument_group("script")
+    script.add_argument("training_script", help="the script to run (a module name with -m, a program with "
+                        "--no_python), then its own arguments")
+    script.add_argument("training_script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    add_option(script, "-m", "--module", action="store_true",
+               help="run the script as a Python module, like `python -m`")
+    add_option(script, "--no_python", action="store_true",
+               help="run the script directly, without `python` in front (any program)")
+    add_option(script, "--config_file", metavar="PATH",
+               help="config file with the default values (default: the one `drivetrain config` wrote)")
+    add_option(script, "--env", action="append", default=[], metavar="KEY=VALUE",
+               help="set an environment variable in every process (repeatable)")
+    add_option(script, "--debug", action="store_true", default=None,
+               help="debug mode: check collectives' shapes across processes, show full launcher errors")
+    add_option(script, "-q", "--quiet", action="store_true", help="no start banner")
+
+    hardware = parser.add_argument_group("hardware and backend")
+    add_option(hardware, "--backend", metavar="NAME", help="distribution backend plugin (default: `local` for "
+               "one process, the installed multi-process backend for several)")
+    add_option(hardware, "--cpu", action="store_true", default=None, help="compute on the CPU even if a GPU is there")
+    add_option(hardware, "--multi_gpu", action="store_true", help="Accelerate's flag; processes use the GPUs")
+    for flag, backend in ACCELERATE_BACKEND_FLAGS.items():
+        add_option(hardware, f"--{flag}", action="store_true", help=f"Accelerate's flag: same as --backend {backend}")
+    add_option(hardware, "--gpu_ids", metavar="IDS", help="comma-separated GPU ids to use on this machine")
+
+    resources = parser.add_argument_group("processes and precision")
+    add_option(resources, "--num_processes", type=_int_option("--num_processes", 1), metavar="N",
+               help="total processes over all machines (default: one per GPU, else 1)")
+    add_option(resources, "--mixed_precision", type=_choice_option("--mixed_precision", PRECISIONS),
+               metavar="{" + ",".join(PRECISIONS) + "}", help="mixed precision mode")
+    add_option(resources, "--gradient_accumulation_steps", type=_int_option("--gradient_accumulation_steps", 1),
+               metavar="N", help="steps to accumulate gradients over")
+    add_option(resources, "--dynamo_backend", metavar="NAME", help="torch.compile backend (e.g. inductor)")
+    add_option(resources, "--num_cpu_threads_per_process", type=_int_option("--num_cpu_threads_per_process", 1),
+               metavar="N", help="OMP_NUM_THREADS of each process")
+
+    machines = parser.add_argument_group("multi-node (read from SLURM inside srun when unset)")
+    add_option(machines, "--num_machines", type=_int_option("--num_machines", 1), metavar="M",
+               help="number of machines (default 1)")
+    add_option(machines, "--machine_rank", type=_int_option("--machine_rank", 0), metavar="R",
+               help="this machine's rank, 0 on the main machine")
+    add_option(machines, "--main_process_ip", metavar="IP", help="address of the machine of rank 0")
+    add_option(machines, "--main_process_port", type=_int_option("--main_process_port", 1, 65535), metavar="PORT",
+               help=f"port on the main machine (default: a free port on one machine, {DEFAULT_MULTI_NODE_PORT} on several)")
+    add_option(machines, "--rdzv_backend", type=_choice_option("--rdzv_backend", RDZV_BACKENDS),
+               metavar="{static,c10d}", help="rendezvous: c10d (default on one machine or with --max_restarts) or static (fixed "
+               "ranks, default on several machines)")
+    add_option(machines, "--rdzv_conf", metavar="K=V,...", help="extra rendezvous settings")
+    add_option(machines, "--same_network", action="store_true", default=None,
+               help="Accelerate's flag: all machines are on one network (informational)")
+
+    faults = parser.add_argument_group("fault tolerance and logs")
+    add_option(faults, "--max_restarts", type=_int_option("--max_restarts", 0), metavar="N",
+               help="restart the whole process group up to N times when a process fails (default 0)")
+    add_option(faults, "--monitor_interval", type=_float_option("--monitor_interval"), metavar="SECONDS",
+               help="how often the launcher checks on the processes (default 0.1)")
+    add_option(faults, "--role", metavar="NAME", help="name of the worker role in launcher logs")
+    add_option(faults, "-t", "--tee", metavar="{0,1,2,3}", help="also copy process stdout(1)/stderr(2)/both(3) "
+               "to files under --log_dir")
+    add_option(faults, "--log_dir", metavar="DIR", help="directory for the launcher's per-process log files")
+
+    _add_plugin_options(parser)
+
+
+def _int_option(flag: str, minimum: int, maximum: int | None = None):
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} expects a whole number, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+            raise argparse.ArgumentTypeError(f"{flag} must be {bound}, got {value}")
+        return value
+
+    return convert
+
+
+def _float_option(flag: str):
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{flag} expects a number of seconds > 0, got {text!r}")
+        return value
+
+    return convert
+
+
+def _choice_option(flag: str, choices: Sequence[str]):
+    def convert(text: str) -> str:
+        if text.lower() not in choices:
+            raise argparse.ArgumentTypeError(f"{flag} must be one of {', '.join(choices)}, got {text!r}")
+        return text.lower()
+
+    return convert
+
+
+def _add_plugin_options(parser: argparse.ArgumentParser) -> None:
+    """Options plugins add through ``registry.add_launch_options``; each plugin gets its own help section.
+    The destinations each plugin added are remembered, so their values can be handed to that plugin."""
+    from drivetrain.plugins import get_plugin_manager
+
+    manager = get_plugin_manager()
+    for name in manager.names():
+        try:
+            manager.load(name)
+        except PluginError:
+            continue  # `drivetrain plugins` says why; launching without it may still be what the user wants
+    owners: dict[str, str] = {}
+    defaults: dict[str, Any] = {}
+    for plugin, add_arguments in manager.extensions.launch_options:
+        group = parser.add_argument_group(f"options of plugin {plugin}")
+        before = {action.dest for action in parser._actions}
+        add_arguments(group)
+        for action in parser._actions:
+            if action.dest not in before:
+                owners[action.dest] = plugin
+                defaults[action.dest] = action.default
+    parser.set_defaults(_plugin_option_owners=owners, _plugin_option_defaults=defaults)
+
+
+# -- resolving the settings --------------------------------------------------------------------------------------
+@attrs.define
+class LaunchPlan:
+    """Everything needed to start the processes, after flags, SLURM, the config file and defaults."""
+
+    script: str
+    script_args: list[str]
+    #: settings the user chose (flag or file), exported to the processes
+    chosen: dict[str, Any]
+    num_processes: int
+    num_machines: int
+    machine_rank: int
+    main_process_ip: str
+    main_process_port: int
+    rdzv_backend: str
+    rdzv_conf: str | None = None
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    module: bool = False
+    no_python: bool = False
+    role: str | None = None
+    tee: str | None = None
+    log_dir: str | None = None
+    backend_label: str = "local"
+    device: str = "cpu"
+    env: dict[str, str] = attrs.Factory(dict)
+    plugin_options: dict[str, dict[str, Any]] = attrs.Factory(dict)
+    config_path: str | None = None
+    quiet: bool = False
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.num_processes // self.num_machines
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: ``node[07-09,12],gpu1`` -> ``node07``."""
+    match = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
+    if not match:
+        raise ConfigurationError(f"cannot read a host name from the SLURM node list {nodelist!r}")
+    prefix, _, ranges = match.groups()
+    if not ranges:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def slurm_settings(environ: dict[str, str]) -> dict[str, Any]:
+    """Machine count, this machine's rank and the main address inside an ``srun`` step; empty elsewhere
+    (in the batch script itself every line runs on the first node only, so nothing is read there)."""
+    if "SLURM_STEP_ID" not in environ or "SLURM_NNODES" not in environ:
+        return {}
+    found: dict[str, Any] = {"num_machines": int(environ["SLURM_NNODES"])}
+    rank = environ.get("SLURM_NODEID", environ.get("SLURM_PROCID"))
+    if rank is not None:
+        found["machine_rank"] = int(rank)
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+    if nodelist:
+        found["main_process_ip"] = first_host(nodelist)
+    return found
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host if host in ("127.0.0.1", "localhost", "0.0.0.0") else "", 0))
+        return sock.getsockname()[1]
+
+
+def _parse_env(pairs: Sequence[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise UsageError(f"--env expects KEY=VALUE with a valid variable name, got {pair!r}")
+        env[key] = value
+    return env
+
+
+def _check_backend(name: str, source: str) -> None:
+    from drivetrain.plugins import get_plugin_manager, unknown_plugin_message
+
+    manager = get_plugin_manager()
+    if name not in manager.discovered():
+        raise UsageError(f"{source}: {unknown_plugin_message(name, manager.discovered())}")
+    kind = manager.info(name).kind
+    if kind != "backend":
+        raise UsageError(
+            f"{source}: plugin {name!r} is a {kind} plugin, not a distribution backend; backends installed: "
+            f"{', '.join(manager.plugins_of_kind('backend'))}"
+        )
+
+
+def _automatic_backend(world_size: int) -> str:
+    """What the kernel will select when nothing names a backend (mirrors state.select_backend)."""
+    from drivetrain.plugins import REFERENCE_BACKEND, get_plugin_manager
+
+    if world_size <= 1:
+        return REFERENCE_BACKEND
+    manager = get_plugin_manager()
+    candidates = sorted(n for n in manager.plugins_of_kind("backend") if manager.info(n).select_for_multiprocess)
+    if not candidates:
+        raise UsageError(
+            f"{world_size} processes need a multi-process backend, and none is installed "
+            "(pip install drivetrain-ddp)"
+        )
+    return candidates[0]
+
+
+def resolve_plan(args: argparse.Namespace, environ: dict[str, str] | None = None) -> LaunchPlan:
+    """Merge flags, SLURM, the config file and defaults into a :class:`LaunchPlan`; raise on bad values."""
+    environ = dict(os.environ if environ is None else environ)
+    config: ConfigFile = load_config(args.config_file)
+    slurm = slurm_settings(environ)
+
+    flag_backends = [backend for flag, backend in ACCELERATE_BACKEND_FLAGS.items() if getattr(args, flag, False)]
+    if args.backend is not None:
+        flag_backends.insert(0, args.backend)
+    if len(set(flag_backends)) > 1:
+        raise UsageError(f"conflicting backend flags: {', '.join(sorted(set(flag_backends)))}; choose one")
+
+    flags: dict[str, Any] = {
+        "backend": flag_backends[0] if flag_backends else None,
+        "use_cpu": args.cpu,
+        "debug": args.debug,
+    }
+    for key in ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port",
+                "rdzv_backend", "rdzv_conf", "max_restarts", "monitor_interval", "mixed_precision",
+                "gradient_accumulation_steps", "dynamo_backend", "gpu_ids", "num_cpu_threads_per_process",
+                "same_network"):
+        flags[key] = getattr(args, key)
+    if flags["dynamo_backend"] is not None:
+        try:
+            flags["dynamo_backend"] = KEYS["dynamo_backend"](flags["dynamo_backend"])
+        except ValueError as exc:
+            raise UsageError(f"--dynamo_backend: {exc}, got {args.dynamo_backend!r}") from None
+
+    def pick(key: str, default: Any = None, use_slurm: bool = False) -> tuple[Any, str]:
+        if flags.get(key) is not None:
+            return flags[key], "flag"
+        if use_slurm and key in slurm:
+            return slurm[key], "slurm"
+        if config.get(key) is not None:
+            return config.get(key), "file"
+        return default, "default"
+
+    chosen: dict[str, Any] = {}
+    for key in EXPORTED:
+        value, source = pick(key)
+        if source != "default":
+            chosen[key] = value
+    if "backend" in chosen:
+        _check_backend(chosen["backend"], "--backend" if flags["backend"] else f"config file {config.path}")
+
+    import torch
+
+    cpu = bool(chosen.get("use_cpu", False))
+    gpu_ids, _ = pick("gpu_ids")
+    gpus = 0 if cpu or not torch.cuda.is_available() else torch.cuda.device_count()
+    if gpu_ids not in (None, "all") and gpus:
+        gpus = len([part for part in str(gpu_ids).split(",") if part.strip()])
+    num_machines, _ = pick("num_machines", 1, use_slurm=True)
+    machine_rank, _ = pick("machine_rank", 0, use_slurm=True)
+    num_processes, _ = pick("num_processes", max(gpus, 1) * num_machines)
+    if num_processes % num_machines:
+        raise UsageError(
+            f"--num_processes {num_processes} is the total over all machines and must be a multiple of "
+            f"--num_machines {num_machines}"
+        )
+    if machine_rank >= num_machines:
+        raise UsageError(f"--machine_rank {machine_rank} must be below --num_machines {num_machines}")
+    main_ip, ip_source = pick("main_process_ip", None, use_slurm=True)
+    if num_machines > 1 and main_ip is None:
+        raise UsageError(
+            f"--num_machines {num_machines} needs --main_process_ip (the address of the machine of rank 0)"
+        )
+    main_ip = main_ip or "127.0.0.1"
+    port, _ = pick("main_process_port")
+    if port is None:
+        port = DEFAULT_MULTI_NODE_PORT if num_machines > 1 else free_port(main_ip)
+    max_restarts, _ = pick("max_restarts", 0)
+    # A static rendezvous cannot form the group again after a failure; c10d can (torchrun --standalone
+    # uses it on one machine too), so it is the default wherever it needs no extra setup or restarts are on.
+    rdzv_backend, rdzv_source = pick("rdzv_backend", "c10d" if num_machines == 1 or max_restarts else "static")
+    if rdzv_backend == "static" and max_restarts and rdzv_source != "default":
+        raise UsageError(f"--max_restarts {max_restarts} needs --rdzv_backend c10d: a static rendezvous cannot "
+                         "form the process group again after a failure")
+    monitor_interval, _ = pick("monitor_interval", 0.1)
+
+    env = {str(k): str(v) for k, v in (config.get("env") or {}).items()}
+    env.update(_parse_env(args.env))
+    threads, _ = pick("num_cpu_threads_per_process")
+    if threads is not None:
+        env.setdefault("OMP_NUM_THREADS", str(threads))
+    if gpu_ids not in (None, "all") and not cpu:
+        env.setdefault("CUDA_VISIBLE_DEVICES", str(gpu_ids))
+
+    backend = chosen.get("backend")
+    backend_label = backend or f"{_automatic_backend(num_processes)} (automatic)"
+    plugin_options = _plugin_option_values(args)
+    backend_config = dict(config.get("backend_config") or {})
+    for plugin, values in plugin_options.items():
+        _check_plugin_options(plugin, values, backend or _automatic_backend(num_processes))
+        if plugin == (backend or _automatic_backend(num_processes)):
+            backend_config.update(values)
+    if backend_config:
+        if backend is None and config.get("backend_config"):
+            raise UsageError(
+                f"config file {config.path} has a backend_config section but names no backend; add `backend:`"
+            )
+        chosen["backend_config"] = backend_config
+
+    return LaunchPlan(
+        script=args.training_script,
+        script_args=list(args.training_script_args),
+        chosen=chosen,
+        num_processes=num_processes,
+        num_machines=num_machines,
+        machine_rank=machine_rank,
+        main_process_ip=main_ip,
+        main_process_port=port,
+        rdzv_backend=rdzv_backend,
+        rdzv_conf=pick("rdzv_conf")[0],
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval,
+        module=args.module,
+        no_python=args.no_python,
+        role=args.role,
+        tee=args.tee,
+        log_dir=args.log_dir,
+        backend_label=backend_label,
+        device="cpu" if not gpus else "cuda",
+        env=env,
+        plugin_options=plugin_options,
+        config_path=str(config.path) if config.path else None,
+        quiet=args.quiet,
+    )
+
+
+def _plugin_option_values(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Values the user set for options that plugins added, by plugin."""
+    found: dict[str, dict[str, Any]] = {}
+    defaults = getattr(args, "_plugin_option_defaults", {})
+    for dest, plugin in getattr(args, "_plugin_option_owners", {}).items():
+        value = getattr(args, dest, None)
+        if value is not None and value != defaults.get(dest):
+            found.setdefault(plugin, {})[dest] = value
+    return found
+
+
+def _check_plugin_options(plugin: str, values: dict[str, Any], backend: str) -> None:
+    from drivetrain.plugins import get_plugin_manager
+
+    if get_plugin_manager().info(plugin).kind == "backend" and plugin != backend:
+        names = ", ".join("--" + dest for dest in values)
+        raise UsageError(f"{names}: option(s) of backend {plugin!r}, but the backend is {backend!r}; "
+                         f"add --backend {plugin}")
+
+
+# -- running -------------------------------------------------------------------------------------------------------
+def environment_for(plan: LaunchPlan) -> dict[str, str]:
+    """The variables the launcher adds to the processes' environment."""
+    env: dict[str, str] = {}
+    for key, variable in EXPORTED.items():
+        if key in plan.chosen:
+            value = plan.chosen[key]
+            env[variable] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+    if "backend_config" in plan.chosen:
+        env["DRIVETRAIN_BACKEND_CONFIG"] = json.dumps(plan.chosen["backend_config"], sort_keys=True)
+    if plan.plugin_options:
+        env["DRIVETRAIN_PLUGIN_OPTIONS"] = json.dumps(plan.plugin_options, sort_keys=True, default=str)
+    env.update(plan.env)
+    return env
+
+
+def torchrun_arguments(plan: LaunchPlan) -> list[str]:
+    """The same job as torchrun's command line (parsed by torch.distributed.run itself)."""
+    argv = [
+        f"--nnodes={plan.num_machines}",
+        f"--nproc_per_node={plan.nproc_per_node}",
+        f"--rdzv_backend={plan.rdzv_backend}",
+        f"--max_restarts={plan.max_restarts}",
+        f"--monitor_interval={plan.monitor_interval}",
+    ]
+    if plan.rdzv_backend == "static":
+        argv += [f"--node_rank={plan.machine_rank}", f"--master_addr={plan.main_process_ip}",
+                 f"--master_port={plan.main_process_port}"]
+    else:
+        run_id = os.environ.get("SLURM_JOB_ID", "drivetrain")
+        argv += [f"--rdzv_endpoint={plan.main_process_ip}:{plan.main_process_port}", f"--rdzv_id={run_id}"]
+    if plan.rdzv_conf:
+        argv.append(f"--rdzv_conf={plan.rdzv_conf}")
+    if plan.role:
+        argv.append(f"--role={plan.role}")
+    if plan.tee:
+        argv.append(f"--tee={plan.tee}")
+    if plan.log_dir:
+        argv.append(f"--log_dir={plan.log_dir}")
+    if plan.module:
+        argv.append("--module")
+    if plan.no_python:
+        argv.append("--no_python")
+    return [*argv, plan.script, *plan.script_args]
+
+
+def banner(plan: LaunchPlan) -> str:
+    total = plan.num_processes
+    machines = f"{plan.num_machines} machine{'s' if plan.num_machines > 1 else ''}"
+    where = f", this is machine {plan.machine_rank}" if plan.num_machines > 1 else ""
+    precision = plan.chosen.get("mixed_precision", "no (unless the script asks)")
+    config = f", config {plan.config_path}" if plan.config_path else ""
+    return (f"drivetrain launch: backend {plan.backend_label}, {total} process{'es' if total > 1 else ''} on "
+            f"{machines} ({plan.nproc_per_node} here, {plan.device}){where}, precision {precision}{config}")
+
+
+def launch(plan: LaunchPlan, args: argparse.Namespace | None = None) -> int:
+    """Start the processes and wait for them; return the exit code."""
+    backend = plan.chosen.get("backend")
+    if backend is not None:
+        from drivetrain.plugins import get_plugin_manager
+
+        launcher = get_plugin_manager().extensions.launchers.get(backend)
+        if launcher is not None:
+            os.environ.update(environment_for(plan))
+            code = launcher[1](args if args is not None else plan, [plan.script, *plan.script_args])
+            if code is not None:
+                return int(code)
+    if not plan.quiet:
+        print(banner(plan), file=sys.stderr, flush=True)
+    os.environ.update(environment_for(plan))
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    debug = bool(plan.chosen.get("debug"))
+    try:
+        torchrun.run(torchrun.parse_args(torchrun_arguments(plan)))
+    except ChildFailedError as exc:
+        if debug:
+            print(exc.format_msg(), file=sys.stderr)
+        rank, failure = exc.get_first_failure()
+        code = failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
+        print(error_line(f"process of global rank {rank} failed with exit code {failure.exitcode}; its error is "
+                         "printed above" + ("" if debug else " (--debug shows the launcher's report)")),
+              file=sys.stderr)
+        return code
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.training_script.startswith("-"):
+        raise UsageError(f"unknown option {args.training_script!r} (options go before the script)")
+    try:
+        plan = resolve_plan(args)
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
+    return launch(plan, args)
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="drivetrain launch", description=HELP,
+                            usage="drivetrain launch [options] script.py [script arguments]")
+    register_parser(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``drivetrain launch`` and ``python -m drivetrain.launch``."""
+    try:
+        args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        return run(args)
+    except (UsageError, ConfigurationError, PluginError) as exc:
+        print(error_line(str(exc)), file=sys.stderr)
+        return USAGE_ERROR
+    except DrivetrainError as exc:
+        print(error_line(str(exc)), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

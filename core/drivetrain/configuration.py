@@ -1,0 +1,156 @@
+"""Configuration objects users pass to the Accelerator. Bad values fail when the object is built, naming the
+field and what is allowed."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import attrs
+
+from drivetrain.enums import DynamoBackend
+from drivetrain.errors import ConfigurationError
+
+
+def _non_negative_int_or_none(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ConfigurationError(
+            f"{type(instance).__name__}.{attribute.name} must be a non-negative integer or None, got {value!r}"
+        )
+
+
+def _positive_int_or_none(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ConfigurationError(f"{type(instance).__name__}.{attribute.name} must be an integer >= 1, got {value!r}")
+
+
+def _bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{type(instance).__name__}.{attribute.name} must be True or False, got {value!r}")
+
+
+def _optional_bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None:
+        _bool(instance, attribute, value)
+
+
+def _optional_path(value: Any) -> str | None:
+    return None if value is None else os.fspath(value)
+
+
+@attrs.define
+class ProjectConfiguration:
+    """Where a run writes its checkpoints and logs, and how checkpoints are named and pruned.
+
+    :param project_dir: root folder of the run; checkpoints go to ``project_dir/checkpoints``.
+    :param logging_dir: folder for tracker logs (defaults to ``project_dir``).
+    :param automatic_checkpoint_naming: ``save_state()`` writes ``checkpoints/checkpoint_<iteration>``.
+    :param total_limit: keep at most this many automatic checkpoints (the oldest are deleted).
+    :param iteration: number of the next automatic checkpoint.
+    :param save_on_each_node: every machine writes its own copy (for storage that is not shared).
+    """
+
+    project_dir: str | None = attrs.field(default=None, converter=_optional_path)
+    logging_dir: str | None = attrs.field(default=None, converter=_optional_path)
+    automatic_checkpoint_naming: bool = attrs.field(default=False, validator=_bool)
+    total_limit: int | None = attrs.field(default=None, validator=_positive_int_or_none)
+    iteration: int = attrs.field(default=0, validator=_non_negative_int_or_none)
+    save_on_each_node: bool = attrs.field(default=False, validator=_bool)
+
+    def __attrs_post_init__(self) -> None:
+        if self.logging_dir is None:
+            self.logging_dir = self.project_dir
+
+    def set_directories(self, project_dir: str | None = None) -> None:
+        """Point ``project_dir`` (and ``logging_dir`` when unset) at ``project_dir``."""
+        self.project_dir = _optional_path(project_dir)
+        if self.logging_dir is None:
+            self.logging_dir = self.project_dir
+
+
+@attrs.define
+class DataLoaderConfiguration:
+    """How prepared data loaders split and deliver batches (see docs/data-loading.md).
+
+    :param split_batches: the loader's batch size is the global batch; each process gets a slice of it.
+    :param dispatch_batches: process 0 reads every batch and sends each process its part (default: on for
+        iterable datasets).
+    :param even_batches: pad the last batch by wrapping around so every process gets the same count.
+    :param use_seedable_sampler: shuffle with a sampler seeded per epoch (reproducible across runs).
+    :param data_seed: seed of that sampler's generator.
+    :param non_blocking: move batches to the device asynchronously (with pinned memory).
+    :param use_stateful_dataloader: build loaders on torchdata's StatefulDataLoader (resume mid-epoch).
+    """
+
+    split_batches: bool = attrs.field(default=False, validator=_bool)
+    dispatch_batches: bool | None = attrs.field(default=None, validator=_optional_bool)
+    even_batches: bool = attrs.field(default=True, validator=_bool)
+    use_seedable_sampler: bool = attrs.field(default=False, validator=_bool)
+    data_seed: int | None = attrs.field(default=None, validator=_non_negative_int_or_none)
+    non_blocking: bool = attrs.field(default=False, validator=_bool)
+    use_stateful_dataloader: bool = attrs.field(default=False, validator=_bool)
+
+
+@attrs.define
+class GradientAccumulationPlugin:
+    """How gradient accumulation behaves.
+
+    :param num_steps: batches per optimizer step.
+    :param adjust_scheduler: count accumulation steps in the scheduler so its schedule is in optimizer steps.
+    :param sync_with_dataloader: force a sync (and step) at the end of the data loader.
+    :param sync_each_batch: synchronise gradients on every batch (less memory, more communication).
+    """
+
+    num_steps: int | None = attrs.field(default=None, validator=_positive_int_or_none)
+    adjust_scheduler: bool = attrs.field(default=True, validator=_bool)
+    sync_with_dataloader: bool = attrs.field(default=True, validator=_bool)
+    sync_each_batch: bool = attrs.field(default=False, validator=_bool)
+
+
+def _dynamo_backend(value: Any) -> DynamoBackend:
+    if isinstance(value, DynamoBackend):
+        return value
+    text = str(value).upper()
+    try:
+        return DynamoBackend(text)
+    except ValueError:
+        raise ConfigurationError(
+            f"TorchDynamoPlugin.backend={value!r} is not valid; choose one of: {', '.join(DynamoBackend.list())}"
+        ) from None
+
+
+_COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@attrs.define
+class TorchDynamoPlugin:
+    """Compile prepared models with ``torch.compile``.
+
+    :param backend: a :class:`~drivetrain.enums.DynamoBackend` (``"inductor"``, ``"eager"``, ...); ``"no"``
+        disables compilation.
+    :param mode: torch.compile mode.
+    :param fullgraph: fail instead of falling back on graph breaks.
+    :param dynamic: use dynamic shapes.
+    :param options: backend options.
+    :param disable: turn compilation off while keeping the settings.
+    """
+
+    backend: DynamoBackend = attrs.field(default=DynamoBackend.NO, converter=_dynamo_backend)
+    mode: str | None = attrs.field(default=None, validator=attrs.validators.in_(_COMPILE_MODES))
+    fullgraph: bool = attrs.field(default=False, validator=_bool)
+    dynamic: bool | None = attrs.field(default=None, validator=_optional_bool)
+    options: dict[str, Any] | None = None
+    disable: bool = attrs.field(default=False, validator=_bool)
+
+    @property
+    def enabled(self) -> bool:
+        return self.backend != DynamoBackend.NO and not self.disable
+
+    def to_compile_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"backend": self.backend.value.lower()}
+        for name in ("mode", "dynamic", "options"):
+            if getattr(self, name) is not None:
+                kwargs[name] = getattr(self, name)
+        if self.fullgraph:
+            kwargs["fullgraph"] = True
+        return kwargs

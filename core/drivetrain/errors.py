@@ -1,0 +1,17 @@
+"""Exception types that name their cause and fix."""
+
+
+class DrivetrainError(Exception):
+    """Base class of drivetrain's own errors."""
+
+
+class PluginError(DrivetrainError):
+    """A plugin is unknown, invalid, or failed to load."""
+
+
+class ConfigurationError(DrivetrainError, ValueError):
+    """Two configuration sources disagree, or a value is invalid."""
+
+
+class CheckpointError(DrivetrainError):
+    """A checkpoint is missing, partial, or does not match its manifest."""

@@ -1,0 +1,31 @@
+"""``drivetrain.hooks``: Accelerate's ``accelerate.hooks`` names, for scripts that import them from there.
+
+These are **module hooks** (functions run around a module's forward, used for offloading), not plugin hooks
+(see ``drivetrain.hookspecs``). They live in the offload plugin; importing one without ``drivetrain-offload``
+installed raises an ImportError naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ModelHook",
+    "SequentialHook",
+    "AlignDevicesHook",
+    "UserCpuOffloadHook",
+    "add_hook_to_module",
+    "remove_hook_from_module",
+    "remove_hook_from_submodules",
+    "attach_align_device_hook",
+    "attach_align_device_hook_on_blocks",
+    "attach_execution_device_hook",
+]
+
+
+def __getattr__(name: str) -> Any:
+    from drivetrain._lazy import lazy_getattr
+
+    if name not in __all__:
+        raise AttributeError(f"module 'drivetrain.hooks' has no attribute {name!r}")
+    return lazy_getattr(__name__, {}, name)

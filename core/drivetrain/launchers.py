@@ -1,0 +1,134 @@
+"""Starting a function in several processes from Python: ``notebook_launcher`` (a notebook cell, one or
+several machines) and ``debug_launcher`` (CPU processes on this machine, for tests).
+
+Both fork the current process through torch's elastic launcher, so the function needs no pickling and sees
+the notebook's globals. CUDA cannot survive a fork: if it was initialised before, a clear error says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from drivetrain.errors import DrivetrainError
+
+
+@contextlib.contextmanager
+def _patched_environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def _run_in_child(function: Callable, args: tuple) -> Any:
+    # The parent's shared state (a PartialState built in a notebook cell) describes one process; the child
+    # must build its own from the launcher's environment.
+    from drivetrain.plugins import reset_plugin_manager
+    from drivetrain.state import reset_state
+
+    reset_state()
+    reset_plugin_manager()
+    return function(*args)
+
+
+def _fork_launch(function: Callable, args: tuple, *, nprocs: int, master_addr: str, port: int, node_rank: int,
+                 num_nodes: int, rdzv_backend: str, max_restarts: int, monitor_interval: float,
+                 env: dict[str, str]) -> dict[int, Any]:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    rdzv_configs: dict[str, Any] = {"rank": node_rank} if rdzv_backend == "static" else {}
+    config = LaunchConfig(
+        min_nodes=num_nodes, max_nodes=num_nodes, nproc_per_node=nprocs, run_id="drivetrain-notebook",
+        rdzv_endpoint=f"{master_addr}:{port}", rdzv_backend=rdzv_backend, rdzv_configs=rdzv_configs,
+        max_restarts=max_restarts, monitor_interval=monitor_interval, start_method="fork",
+    )
+    with _patched_environment({"FORK_LAUNCHED": "1", "MASTER_ADDR": master_addr, "MASTER_PORT": str(port),
+                               **env}):
+        try:
+            return elastic_launch(config, _run_in_child)(function, args)
+        except ChildFailedError as exc:
+            rank, failure = exc.get_first_failure()
+            raise DrivetrainError(
+                f"process of rank {rank} failed (exit code {failure.exitcode}): {failure.message}"
+            ) from exc
+
+
+def _check_cuda_not_initialised() -> None:
+    import torch
+
+    if torch.cuda.is_initialized():
+        raise DrivetrainError(
+            "CUDA was initialised in this process before notebook_launcher could fork it, and CUDA cannot be "
+            "used in forked processes. Restart the notebook and move every use of CUDA (model.cuda(), "
+            "torch.cuda calls, an Accelerator) into the function you pass to notebook_launcher"
+        )
+
+
+def notebook_launcher(
+    function: Callable,
+    args: tuple = (),
+    num_processes: int | None = None,
+    mixed_precision: str = "no",
+    use_port: str | int = "29500",
+    master_addr: str = "127.0.0.1",
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    rdzv_backend: str = "static",
+    rdzv_endpoint: str = "",
+    rdzv_conf: dict | None = None,
+    rdzv_id: str = "none",
+    max_restarts: int = 0,
+    monitor_interval: float = 0.1,
+    log_line_prefix_template: str | None = None,
+) -> dict[int, Any] | Any:
+    """Run ``function(*args)`` in ``num_processes`` processes on this machine (one of ``num_nodes``).
+
+    With one process (or ``num_processes=None`` and fewer than two GPUs) the function runs here. Returns the
+    function's result (one process) or a dict ``{rank: result}``. The config file is not read: everything
+    comes from the arguments.
+    """
+    import torch
+
+    from drivetrain.config_file import PRECISIONS
+
+    if str(mixed_precision).lower() not in PRECISIONS:
+        raise ValueError(f"mixed_precision={mixed_precision!r} is not valid; choose one of: {', '.join(PRECISIONS)}")
+    if rdzv_backend not in ("static", "c10d"):
+        raise ValueError(f"rdzv_backend={rdzv_backend!r} is not valid; choose static or c10d")
+    if num_processes is None:
+        num_processes = torch.cuda.device_count() if torch.cuda.is_available() else 1
+    env = {"DRIVETRAIN_MIXED_PRECISION": str(mixed_precision).lower()}
+    if num_processes <= 1 and num_nodes <= 1:
+        print(f"Launching training on one process ({'GPU' if torch.cuda.is_available() else 'CPU'}).")
+        with _patched_environment(env):
+            return function(*args)
+    _check_cuda_not_initialised()
+    if rdzv_endpoint:
+        master_addr, _, port_text = rdzv_endpoint.rpartition(":")
+        use_port = port_text
+    device = "GPUs" if torch.cuda.is_available() else "CPU processes"
+    print(f"Launching training on {num_processes} {device}" + (f" (machine {node_rank} of {num_nodes})."
+                                                                 if num_nodes > 1 else "."))
+    return _fork_launch(function, args, nprocs=num_processes, master_addr=master_addr, port=int(use_port),
+                        node_rank=node_rank, num_nodes=num_nodes, rdzv_backend=rdzv_backend,
+                        max_restarts=max_restarts, monitor_interval=monitor_interval, env=env)
+
+
+def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2) -> dict[int, Any]:
+    """Run ``function(*args)`` in ``num_processes`` CPU processes (gloo on loopback) to debug distributed
+    code without GPUs. Returns ``{rank: result}``."""
+    from drivetrain.commands.launch import free_port
+
+    return _fork_launch(function, args, nprocs=num_processes, master_addr="127.0.0.1", port=free_port(),
+                        node_rank=0, num_nodes=1, rdzv_backend="static", max_restarts=0, monitor_interval=0.1,
+                        env={"DRIVETRAIN_CPU": "1"})

@@ -1,0 +1,51 @@
+"""Finding the user's module inside the wrappers that plugins and torch.compile put around it."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+
+#: Attribute (set outside nn.Module's registry, so it is not a submodule) linking a wrapper to the module
+#: that was passed to ``Accelerator.prepare``.
+ORIGINAL_MODULE_ATTRIBUTE = "_drivetrain_original_module"
+ORIGINAL_FORWARD_ATTRIBUTE = "_drivetrain_original_forward"
+
+
+def remember_original(wrapped: Any, original: torch.nn.Module) -> None:
+    """Record on ``wrapped`` which module the user passed in (plugins convert in place or wrap)."""
+    if wrapped is not original:
+        object.__setattr__(wrapped, ORIGINAL_MODULE_ATTRIBUTE, original)
+
+
+def restore_forward(model: torch.nn.Module) -> None:
+    """Undo the mixed-precision forward patch that ``prepare_model`` applied."""
+    original = model.__dict__.pop(ORIGINAL_FORWARD_ATTRIBUTE, None)
+    if original is None:
+        return
+    if isinstance(original, types.MethodType) and original.__self__ is model:
+        model.__dict__.pop("forward", None)
+    else:
+        model.forward = original  # type: ignore[method-assign]
+
+
+def extract_model_from_parallel(
+    model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+) -> Any:
+    """The user's module inside ``model``: peels torch.compile, plugin wrappers and torch's data-parallel
+    wrappers. With ``keep_fp32_wrapper=False`` the mixed-precision forward patch is removed too."""
+    compiled = model if hasattr(model, "_orig_mod") else None
+    inner = model._orig_mod if compiled is not None else model
+    while True:
+        if ORIGINAL_MODULE_ATTRIBUTE in getattr(inner, "__dict__", {}):
+            inner = inner.__dict__[ORIGINAL_MODULE_ATTRIBUTE]
+        elif isinstance(inner, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+            inner = inner.module
+        else:
+            break
+    if not keep_fp32_wrapper:
+        restore_forward(inner)
+    if keep_torch_compile and compiled is not None:
+        return compiled
+    return inner

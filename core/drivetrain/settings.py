@@ -1,0 +1,123 @@
+"""Where a setting comes from: the script, the environment, or a config file — and what happens when they
+disagree.
+
+Sources, highest precedence first:
+
+1. **the script**: ``Accelerator(...)`` / ``PartialState(...)`` arguments and backend-config objects;
+2. **the environment**: ``DRIVETRAIN_<NAME>`` variables (``drivetrain launch`` exports its merged flags and
+   config file this way);
+3. **a config file** named by ``DRIVETRAIN_CONFIG_FILE`` (YAML; see docs/configuration.md);
+4. **the default**.
+
+A source only counts when it sets the value. When two sources set different values the kernel raises a
+:class:`~drivetrain.errors.ConfigurationError` naming both — a script is never silently overridden.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from drivetrain.errors import ConfigurationError
+
+CONFIG_FILE_ENV = "DRIVETRAIN_CONFIG_FILE"
+
+
+@attrs.define(frozen=True)
+class Setting:
+    """A resolved value and a human description of where it came from."""
+
+    value: Any
+    source: str
+
+
+def env_name(name: str) -> str:
+    return f"DRIVETRAIN_{name.upper()}"
+
+
+@functools.lru_cache(maxsize=8)
+def _read_config_file(path: str, mtime: float) -> dict[str, Any]:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle) or {}
+    except FileNotFoundError:
+        raise ConfigurationError(f"config file {path} (from {CONFIG_FILE_ENV}) does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigurationError(f"config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigurationError(f"config file {path} must hold a mapping of settings, not {type(data).__name__}")
+    return data
+
+
+def config_file_values() -> tuple[str | None, dict[str, Any]]:
+    """The config file named by DRIVETRAIN_CONFIG_FILE and its settings (empty when unset)."""
+    path = os.environ.get(CONFIG_FILE_ENV)
+    if not path:
+        return None, {}
+    try:
+        mtime = os.path.getmtime(path)
+    except OSError:
+        raise ConfigurationError(f"config file {path} (from {CONFIG_FILE_ENV}) does not exist") from None
+    return path, _read_config_file(path, mtime)
+
+
+def resolve(
+    name: str,
+    script_value: Any = None,
+    *,
+    script_source: str | None = None,
+    default: Any = None,
+    convert: Callable[[Any], Any] = lambda value: value,
+    file_key: str | None = None,
+) -> Setting:
+    """Resolve one setting from the script, ``DRIVETRAIN_<NAME>`` and the config file.
+
+    :param name: the setting's name (``mixed_precision``); the environment variable is derived from it.
+    :param script_value: the value the script passed, or None when it passed nothing.
+    :param script_source: how to name the script's source in errors (default ``Accelerator(name=...)``).
+    :param convert: normalises raw strings from the environment or file (``"2"`` -> ``2``).
+    :param file_key: the config file's key when it differs from ``name``.
+    """
+    candidates: list[Setting] = []
+    if script_value is not None:
+        candidates.append(Setting(convert(script_value), script_source or f"Accelerator({name}={script_value!r})"))
+    variable = env_name(name)
+    if os.environ.get(variable, "") != "":
+        candidates.append(Setting(convert(os.environ[variable]), f"environment {variable}={os.environ[variable]}"))
+    path, values = config_file_values()
+    key = file_key or name
+    if values.get(key) is not None:
+        candidates.append(Setting(convert(values[key]), f"config file {path} ({key}: {values[key]})"))
+    if not candidates:
+        return Setting(default, "default")
+    first = candidates[0]
+    for other in candidates[1:]:
+        if other.value != first.value:
+            raise ConfigurationError(
+                f"conflicting {name!r}: {first.source} but {other.source}; remove one of them or make them agree"
+            )
+    return first
+
+
+def to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigurationError(f"expected a boolean (true/false/1/0), got {value!r}")
+
+
+def to_int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"expected an integer, got {value!r}") from None

@@ -1,0 +1,491 @@
+"""Process-wide state: which process this is, its device, the backend in charge, and gradient sync.
+
+``PartialState()`` can be built anywhere (scripts use it for inference without an Accelerator) and every
+instance shares the same state, like Accelerate's. Unlike a hidden singleton, it can be reset:
+``PartialState._reset_state()`` (or :func:`drivetrain.reset_state`) forgets it, and building it again with
+other settings picks another backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+import torch
+
+from drivetrain import settings
+from drivetrain.collectives import Collectives
+from drivetrain.enums import DistributedType, PrecisionType
+from drivetrain.errors import ConfigurationError, PluginError
+from drivetrain.plugins import REFERENCE_BACKEND, PluginStack, get_plugin_manager
+
+
+@attrs.define
+class DistributedEnvironment:
+    """What ``setup_process_group`` returns: where this process stands among the others."""
+
+    num_processes: int = 1
+    process_index: int = 0
+    local_process_index: int = 0
+    #: processes on this machine
+    local_num_processes: int = 1
+    distributed_type: DistributedType = DistributedType.NO
+    #: torch.distributed backend string ("gloo", "nccl", ...), None for one process
+    torch_backend: str | None = None
+    collectives: Collectives = attrs.Factory(Collectives)
+    #: a callable that tears the process group down at exit (None: nothing to do)
+    shutdown: Callable[[], None] | None = None
+
+
+def environment_world_size() -> int:
+    """How many processes the launcher started (torchrun's WORLD_SIZE; 1 when not launched)."""
+    for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        if os.environ.get(name):
+            return int(os.environ[name])
+    return 1
+
+
+def backend_of_config(config: Any) -> str:
+    """The plugin name a backend-config object belongs to (its class attribute ``backend_name``)."""
+    name = getattr(config, "backend_name", None)
+    if not isinstance(name, str):
+        raise ConfigurationError(
+            f"{type(config).__name__} is not a backend configuration: it has no 'backend_name' attribute "
+            "(backend configuration classes are provided by backend plugins, e.g. FullyShardedDataParallelPlugin)"
+        )
+    return name
+
+
+def select_backend(backend: str | None, backend_config: Any) -> settings.Setting:
+    """Decide the distribution backend. See settings.py for the sources and their precedence."""
+    script_value, script_source = backend, f"Accelerator(backend={backend!r})" if backend else None
+    if backend_config is not None:
+        implied = backend_of_config(backend_config)
+        if backend is not None and backend != implied:
+            raise ConfigurationError(
+                f"conflicting 'backend': Accelerator(backend={backend!r}) but the configuration object "
+                f"{type(backend_config).__name__} belongs to backend {implied!r}"
+            )
+        script_value, script_source = implied, f"{type(backend_config).__name__} passed to the Accelerator"
+    chosen = settings.resolve("backend", script_value, script_source=script_source, default=None)
+    if chosen.value is not None:
+        return chosen
+    world_size = environment_world_size()
+    if world_size <= 1:
+        return settings.Setting(REFERENCE_BACKEND, "default (one process)")
+    manager = get_plugin_manager()
+    candidates = [name for name in manager.plugins_of_kind("backend") if manager.info(name).select_for_multiprocess]
+    if not candidates:
+        raise PluginError(
+            f"this script runs in {world_size} processes (WORLD_SIZE={world_size}) but no installed backend "
+            f"handles several processes (installed: {', '.join(manager.names())}); "
+            "install one with: pip install drivetrain-ddp"
+        )
+    return settings.Setting(sorted(candidates)[0], f"automatic ({world_size} processes)")
+
+
+def _cuda_forbidden_is_set() -> bool:
+    return settings.to_bool(os.environ.get("DRIVETRAIN_CPU", "0"))
+
+
+class PartialState:
+    """The process's place in the run: device, ranks, backend and collectives.
+
+    Attributes: ``device``, ``num_processes``, ``process_index``, ``local_process_index``,
+    ``is_main_process``, ``is_local_main_process``, ``is_last_process``, ``distributed_type``,
+    ``use_distributed``, ``backend`` (torch.distributed backend string), ``backend_name`` (the drivetrain
+    plugin), ``collectives``, ``debug``.
+    """
+
+    _shared_state: dict[str, Any] = {}
+
+    def __init__(self, cpu: bool = False, backend: str | None = None, backend_config: Any = None, **kwargs: Any):
+        self.__dict__ = self._shared_state
+        init_kwargs = kwargs.pop("init_kwargs", None) or {}
+        if kwargs:
+            raise TypeError(f"PartialState got unexpected arguments: {', '.join(sorted(kwargs))}")
+        if self.initialized:
+            self._check_compatible(backend, backend_config, cpu)
+            return
+        manager = get_plugin_manager()
+        selection = select_backend(backend, backend_config)
+        manager.load(selection.value)
+        if manager.info(selection.value).kind != "backend":
+            raise PluginError(
+                f"plugin {selection.value!r} (from {selection.source}) is a {manager.info(selection.value).kind} "
+                f"plugin, not a distribution backend; backends installed: "
+                f"{', '.join(manager.plugins_of_kind('backend'))}"
+            )
+        cpu_setting = settings.resolve("cpu", True if cpu else None, script_source="cpu=True", default=False,
+                                       convert=settings.to_bool)
+        device_plugins = manager.plugins_of_kind("device")
+        process_stack = manager.stack([*device_plugins, selection.value])
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = process_stack.first("detect_device", local_process_index=local_rank, cpu=cpu_setting.value)
+        environment = process_stack.first("setup_process_group", device=device, init_kwargs=dict(init_kwargs))
+        if environment is None:
+            raise PluginError(f"backend {selection.value!r} returned nothing from setup_process_group")
+        self.backend_name: str = selection.value
+        self.backend_source: str = selection.source
+        self.backend_config: Any = backend_config
+        self.device_plugins: list[str] = device_plugins
+        self.cpu: bool = cpu_setting.value
+        self.device: torch.device = torch.device(device)
+        self.environment: DistributedEnvironment = environment
+        self.debug: bool = settings.to_bool(os.environ.get("DRIVETRAIN_DEBUG_MODE", "0"))
+        self.fork_launched: bool = settings.to_bool(os.environ.get("FORK_LAUNCHED", "0"))
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+    @property
+    def initialized(self) -> bool:
+        return "environment" in self._shared_state
+
+    def _check_compatible(self, backend: str | None, backend_config: Any, cpu: bool) -> None:
+        wanted = backend_of_config(backend_config) if backend_config is not None else backend
+        if wanted is not None and wanted != self.backend_name:
+            raise ConfigurationError(
+                f"this process already runs backend {self.backend_name!r} (from {self.backend_source}); "
+                f"a new Accelerator asks for {wanted!r}. Call drivetrain.reset_state() first to switch backends "
+                "in one process"
+            )
+        if cpu and self.device.type != "cpu":
+            raise ConfigurationError(
+                f"this process already computes on {self.device}; cpu=True needs drivetrain.reset_state() first"
+            )
+
+    @classmethod
+    def _reset_state(cls, destroy_process_group: bool = False) -> None:
+        """Forget the shared state. With ``destroy_process_group``, also tear the process group down."""
+        environment = cls._shared_state.get("environment")
+        if destroy_process_group and environment is not None and environment.shutdown is not None:
+            environment.shutdown()
+        cls._shared_state.clear()
+
+    def destroy_process_group(self) -> None:
+        """Meet the other ranks and tear the process group down (safe to call twice)."""
+        environment = self.environment
+        if environment.shutdown is not None:
+            environment.shutdown()
+            environment.shutdown = None
+
+    # -- where this process stands ------------------------------------------------------------------------------
+    @property
+    def num_processes(self) -> int:
+        return self.environment.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self.environment.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.environment.local_process_index
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self.environment.distributed_type
+
+    @property
+    def backend(self) -> str | None:
+        return self.environment.torch_backend
+
+    @property
+    def collectives(self) -> Collectives:
+        return self.environment.collectives
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.num_processes > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def default_device(self) -> torch.device:
+        return self.device
+
+    def __repr__(self) -> str:
+        return (
+            f"Distributed environment: {self.distributed_type}{' (debug mode)' if self.debug else ''}\n"
+            f"Backend: {self.backend_name} (torch.distributed: {self.backend})\n"
+            f"Num processes: {self.num_processes}\n"
+            f"Process index: {self.process_index}\n"
+            f"Local process index: {self.local_process_index}\n"
+            f"Device: {self.device}\n"
+        )
+
+    # -- synchronisation ----------------------------------------------------------------------------------------
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point."""
+        if self.num_processes > 1:
+            self.collectives.barrier()
+
+    @contextlib.contextmanager
+    def _goes_first(self, is_first: bool) -> Iterator[None]:
+        if not is_first:
+            self.wait_for_everyone()
+        yield
+        if is_first:
+            self.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on the main process first, then on the others (e.g. download then read)."""
+        with self._goes_first(self.is_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Like :meth:`main_process_first`, once per machine."""
+        with self._goes_first(self.is_local_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Yield this process's contiguous share of ``inputs`` (list, tuple, dict of equal-length values,
+        or tensor). Earlier processes get one more element when the length does not divide evenly; with
+        ``apply_padding`` every process gets the same count, padded with the last element."""
+        yield split_for_process(inputs, self.num_processes, self.process_index, apply_padding)
+
+    # -- running code on some processes only -------------------------------------------------------------------
+    def on_main_process(self, function: Callable) -> Callable:
+        """Decorator: run ``function`` only on the main process."""
+        return _only_if(function, lambda: self.is_main_process)
+
+    def on_local_main_process(self, function: Callable) -> Callable:
+        return _only_if(function, lambda: self.is_local_main_process)
+
+    def on_last_process(self, function: Callable) -> Callable:
+        return _only_if(function, lambda: self.is_last_process)
+
+    def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        return _only_if(function, lambda: self.process_index == process_index)
+
+    def on_local_process(self, function: Callable | None = None, local_process_index: int | None = None) -> Callable:
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        return _only_if(function, lambda: self.local_process_index == local_process_index)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` once per machine (on the local main process)."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+
+def _only_if(function: Callable, condition: Callable[[], bool]) -> Callable:
+    @functools.wraps(function)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if condition():
+            return function(*args, **kwargs)
+        return None
+
+    return run
+
+
+def split_for_process(inputs: Any, num_processes: int, process_index: int, apply_padding: bool = False) -> Any:
+    """The share of ``inputs`` that process ``process_index`` of ``num_processes`` gets."""
+    if num_processes == 1:
+        return inputs
+    if isinstance(inputs, dict):
+        lengths = {len(value) for value in inputs.values()}
+        if len(lengths) > 1:
+            raise ValueError("split_between_processes needs every value of the dict to have the same length")
+        return {key: split_for_process(value, num_processes, process_index, apply_padding)
+                for key, value in inputs.items()}
+    length = len(inputs)
+    per_process, extra = divmod(length, num_processes)
+    start = process_index * per_process + min(process_index, extra)
+    end = start + per_process + (1 if process_index < extra else 0)
+    share = inputs[start:end]
+    if apply_padding:
+        target = math.ceil(length / num_processes)
+        missing = target - (end - start)
+        if missing > 0:
+            last = inputs[-1:] if len(share) == 0 else share[-1:]
+            if isinstance(inputs, torch.Tensor):
+                share = torch.cat([share, last.repeat(missing, *([1] * (inputs.dim() - 1)))])
+            else:
+                share = share + type(share)(list(last) * missing)
+    return share
+
+
+class AcceleratorState:
+    """Per-run settings on top of :class:`PartialState`: precision, backend configuration, active plugins.
+
+    Shared by every instance, like PartialState. Building a new ``Accelerator`` replaces these settings
+    (a second Accelerator with other settings works); unknown attributes are looked up on PartialState.
+    """
+
+    _shared_state: dict[str, Any] = {}
+
+    def __init__(
+        self,
+        mixed_precision: str | None = None,
+        cpu: bool = False,
+        backend: str | None = None,
+        backend_config: Any = None,
+        feature_plugins: tuple[str, ...] = (),
+        dynamo_plugin: Any = None,
+        _from_accelerator: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self.__dict__ = self._shared_state
+        if self.initialized and not _from_accelerator:
+            return
+        self.partial_state = PartialState(cpu=cpu, backend=backend, backend_config=backend_config, **kwargs)
+        precision = settings.resolve("mixed_precision", mixed_precision, default="no", convert=_check_precision)
+        self.mixed_precision: str = precision.value
+        self.backend_config = backend_config if backend_config is not None else self.partial_state.backend_config
+        self.dynamo_plugin = dynamo_plugin
+        manager = get_plugin_manager()
+        names = [*self.partial_state.device_plugins, *feature_plugins]
+        if self.mixed_precision not in ("no", "fp16", "bf16"):
+            names += [name for name in manager.plugins_of_kind("precision")
+                      if self.mixed_precision in manager.info(name).precisions][:1]
+            if len(names) == len(self.partial_state.device_plugins) + len(feature_plugins):
+                raise PluginError(
+                    f"mixed_precision={self.mixed_precision!r} needs a precision plugin; none is installed "
+                    "(pip install drivetrain-fp8)"
+                )
+        self.plugins: PluginStack = manager.stack([*dict.fromkeys([*names, self.partial_state.backend_name])])
+
+    @property
+    def initialized(self) -> bool:
+        return "partial_state" in self._shared_state
+
+    @classmethod
+    def _reset_state(cls, reset_partial_state: bool = False) -> None:
+        cls._shared_state.clear()
+        if reset_partial_state:
+            PartialState._reset_state()
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for attributes not found normally: delegate process facts to PartialState.
+        if name in ("partial_state", "__setstate__"):
+            raise AttributeError(name)
+        if "partial_state" not in self._shared_state:
+            raise AttributeError(
+                f"AcceleratorState has no attribute {name!r} yet: build an Accelerator (or AcceleratorState()) first"
+            )
+        return getattr(self._shared_state["partial_state"], name)
+
+    def __repr__(self) -> str:
+        return repr(self.partial_state) + f"Mixed precision type: {self.mixed_precision}\n"
+
+
+def _check_precision(value: Any) -> str:
+    text = str(value).lower()
+    if text not in PrecisionType.list():
+        raise ConfigurationError(
+            f"mixed_precision={value!r} is not valid; choose one of: {', '.join(PrecisionType.list())}"
+        )
+    return text
+
+
+class GradientState:
+    """Whether gradients synchronise on this step, and where the active data loader stands.
+
+    Shared per process. Prepared data loaders register themselves while they iterate (``_add_dataloader``
+    / ``_remove_dataloader``) and expose ``end_of_dataloader`` and ``remainder``, which this state reports
+    for the innermost active loader.
+    """
+
+    _shared_state: dict[str, Any] = {}
+
+    def __init__(self, gradient_accumulation_plugin: Any = None) -> None:
+        self.__dict__ = self._shared_state
+        if not self.initialized:
+            self.sync_gradients = True
+            self.active_dataloader: Any = None
+            self.dataloader_references: list[Any] = [None]
+            self.plugin_kwargs: dict[str, Any] = {}
+            self._is_xla_gradients_synced = False
+        if gradient_accumulation_plugin is not None:
+            self.plugin_kwargs = {
+                "num_steps": gradient_accumulation_plugin.num_steps,
+                "adjust_scheduler": gradient_accumulation_plugin.adjust_scheduler,
+                "sync_with_dataloader": gradient_accumulation_plugin.sync_with_dataloader,
+                "sync_each_batch": gradient_accumulation_plugin.sync_each_batch,
+            }
+
+    @property
+    def initialized(self) -> bool:
+        return "sync_gradients" in self._shared_state
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        cls._shared_state.clear()
+
+    @property
+    def num_steps(self) -> int:
+        return self.plugin_kwargs.get("num_steps", 1)
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        return self.plugin_kwargs.get("adjust_scheduler", False)
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        return self.plugin_kwargs.get("sync_with_dataloader", True)
+
+    @property
+    def sync_each_batch(self) -> bool:
+        return self.plugin_kwargs.get("sync_each_batch", False)
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        if not self.in_dataloader:
+            return False
+        return bool(self.active_dataloader.end_of_dataloader)
+
+    @property
+    def remainder(self) -> int:
+        if not self.in_dataloader:
+            return -1
+        return int(self.active_dataloader.remainder)
+
+    @property
+    def in_dataloader(self) -> bool:
+        return self.active_dataloader is not None
+
+    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+        self.sync_gradients = sync_gradients
+
+    def _add_dataloader(self, dataloader: Any) -> None:
+        self.active_dataloader = dataloader
+        self.dataloader_references.append(dataloader)
+
+    def _remove_dataloader(self, dataloader: Any) -> None:
+        if dataloader in self.dataloader_references:
+            self.dataloader_references.remove(dataloader)
+        self.active_dataloader = self.dataloader_references[-1]
+
+    def __repr__(self) -> str:
+        return (
+            f"Sync Gradients: {self.sync_gradients}\nAt end of current dataloader: {self.end_of_dataloader}\n"
+            f"Extra samples added: {self.remainder}\nGradient accumulation plugin: {self.plugin_kwargs}\n"
+        )
+
+
+def reset_state(destroy_process_group: bool = False) -> None:
+    """Forget every piece of shared state (process, accelerator, gradient), e.g. between tests or before a
+    second Accelerator with another backend."""
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+    PartialState._reset_state(destroy_process_group=destroy_process_group)

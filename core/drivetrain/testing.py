@@ -1,0 +1,33 @@
+"""Helpers for tests that need real processes (torch's elastic launcher, gloo on loopback)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+
+
+def launch_script(
+    script: str,
+    num_processes: int = 2,
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    check: bool = True,
+) -> subprocess.CompletedProcess:
+    """Run ``script`` in ``num_processes`` CPU processes through ``torch.distributed.run`` and return the
+    completed process (stdout and stderr captured as text). Raises AssertionError with the output when a
+    rank fails and ``check`` is true."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_processes}",
+        "--monitor_interval=0.1", script, *args,
+    ]
+    result = subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"{num_processes}-process run of {script} failed with exit code {result.returncode}\n"
+            f"--- stdout ---\n{result.stdout[-6000:]}\n--- stderr ---\n{result.stderr[-6000:]}"
+        )
+    return result

@@ -1,0 +1,1 @@
+"""drivetrain-ddp: the DistributedDataParallel backend."""

@@ -1,0 +1,61 @@
+"""The ddp plugin's hook implementations: join the process group, wrap models in DistributedDataParallel.
+
+The kernel's ``no_sync``, ``trigger_sync_in_backward`` and ``join_uneven_inputs`` work on the wrapped
+model by duck typing: :class:`~drivetrain_ddp.wrapper.DrivetrainDDP` provides ``no_sync()`` and
+``trigger_sync_in_backward()`` and is a torch ``Joinable``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from drivetrain import hookimpl
+from drivetrain.plugins import Capabilities, PluginInfo
+from drivetrain_ddp.process_group import join_process_group, track_wrapped_model
+from drivetrain_ddp.wrapper import DrivetrainDDP
+
+PLUGIN_INFO = PluginInfo(
+    kind="backend",
+    description="torch DistributedDataParallel: one model replica per process, gradients all-reduced",
+    capabilities=Capabilities(multi_process=True, precisions=("no", "bf16", "fp16"), devices=("cpu", "cuda", "xpu")),
+    select_for_multiprocess=True,
+)
+
+
+@hookimpl
+def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]):
+    return join_process_group(device, init_kwargs)
+
+
+def ddp_kwargs_handler(accelerator: Any) -> Any:
+    """The user's ``DistributedDataParallelKwargs`` from ``Accelerator(kwargs_handlers=[...])``, or None."""
+    from drivetrain_ddp.config import DistributedDataParallelKwargs
+
+    for handler in getattr(accelerator, "kwargs_handlers", ()):
+        if isinstance(handler, DistributedDataParallelKwargs):
+            return handler
+    return None
+
+
+@hookimpl
+def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) -> torch.nn.Module | None:
+    if evaluation_mode or accelerator.num_processes <= 1:
+        return None
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return None
+    if not any(parameter.requires_grad for parameter in model.parameters()):
+        # Nothing to synchronise (a frozen teacher model, say); DDP would refuse such a module.
+        return None
+    handler = ddp_kwargs_handler(accelerator)
+    kwargs = handler.to_kwargs() if handler is not None else {}
+    device = accelerator.device
+    if device.type != "cpu" and device.index is not None:
+        kwargs.setdefault("device_ids", [device.index])
+        kwargs.setdefault("output_device", device.index)
+    wrapped = DrivetrainDDP(model, **kwargs)
+    if handler is not None:
+        handler.register_comm_hook(wrapped)
+    track_wrapped_model(wrapped)
+    return wrapped

@@ -1,0 +1,82 @@
+"""The process group (joined as the ddp backend joins it) and the device mesh FSDP2 shards over."""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+from typing import Any
+
+import attrs
+import torch
+
+from drivetrain.enums import DistributedType
+from drivetrain.errors import ConfigurationError
+from drivetrain.state import DistributedEnvironment
+from drivetrain_ddp.process_group import TORCH_BACKEND_FOR_DEVICE, join_process_group, shutdown_process_group
+from drivetrain_fsdp.config import FullyShardedDataParallelPlugin, ShardingStrategy
+
+#: Meshes built in this process, by (device type, shape); dropped when the process group goes away.
+_meshes: dict[tuple[str, tuple[int, ...]], Any] = {}
+
+
+def shutdown() -> None:
+    _meshes.clear()
+    shutdown_process_group()
+
+
+def _join_alone(device: torch.device, init_kwargs: dict[str, Any]) -> None:
+    """A process group of one, so that fully_shard and torch.distributed.checkpoint work unchanged in a
+    single process (and a checkpoint saved by one process reshards onto many, and back)."""
+    import torch.distributed as dist
+
+    kwargs = dict(init_kwargs)
+    backend = kwargs.pop("backend", None) or TORCH_BACKEND_FOR_DEVICE.get(device.type, "gloo")
+    timeout = kwargs.pop("timeout", None)
+    if isinstance(timeout, (int, float)):
+        timeout = datetime.timedelta(seconds=timeout)
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+    atexit.register(shutdown)
+
+
+def join(device: torch.device, init_kwargs: dict[str, Any]) -> DistributedEnvironment:
+    """``setup_process_group`` of the fsdp backend: ddp's, reported as ``DistributedType.FSDP``."""
+    import torch.distributed as dist
+
+    environment = join_process_group(device, init_kwargs)
+    if not dist.is_initialized():
+        _join_alone(device, init_kwargs)
+    return attrs.evolve(environment, distributed_type=DistributedType.FSDP, torch_backend=dist.get_backend(),
+                        shutdown=shutdown)
+
+
+def mesh_shape(config: FullyShardedDataParallelPlugin, world_size: int, local_world_size: int) -> tuple[int, ...]:
+    """(shard,) for FULL_SHARD / SHARD_GRAD_OP; (replicate, shard) for the hybrid strategies and NO_SHARD
+    (a shard group of one: every rank holds everything, gradients are all-reduced as in DDP)."""
+    if config.sharding_strategy == ShardingStrategy.NO_SHARD:
+        return (world_size, 1)
+    if not config.is_hybrid:
+        return (world_size,)
+    shard = config.hybrid_shard_size or local_world_size
+    if shard > world_size or world_size % shard:
+        raise ConfigurationError(
+            f"FullyShardedDataParallelPlugin.hybrid_shard_size={shard} must divide the number of processes "
+            f"({world_size}); by default it is the number of processes per machine"
+        )
+    return (world_size // shard, shard)
+
+
+def device_mesh(config: FullyShardedDataParallelPlugin, accelerator: Any) -> Any:
+    """The DeviceMesh a model is sharded over (built once per shape; every rank builds it in the same order)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    environment = accelerator.state.partial_state.environment
+    shape = mesh_shape(config, accelerator.num_processes, environment.local_num_processes)
+    key = (accelerator.device.type, shape)
+    if key not in _meshes:
+        names = ("shard",) if len(shape) == 1 else ("replicate", "shard")
+        _meshes[key] = init_device_mesh(accelerator.device.type, shape, mesh_dim_names=names)
+    return _meshes[key]

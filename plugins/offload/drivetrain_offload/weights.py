@@ -1,0 +1,162 @@
+"""Where offloaded weights are kept, and swapping them in and out of a module."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from drivetrain.big_modeling.offload_index import load_offload_index
+
+
+class OffloadedWeights(Mapping):
+    """Tensors by full name: some held in RAM, the others read from memory-mapped safetensors files.
+
+    Reading a disk weight costs no copy when no dtype cast is needed: the tensor is a view of the mapped
+    file, and the page cache does the rest.
+    """
+
+    def __init__(
+        self,
+        in_memory: dict[str, torch.Tensor] | None = None,
+        index: dict[str, dict[str, Any]] | None = None,
+        folder: str | None = None,
+    ) -> None:
+        self.in_memory = dict(in_memory or {})
+        self.index = dict(load_offload_index(folder)) if folder else {}
+        self.index.update(index or {})
+        self._handles: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name in self.in_memory:
+            return self.in_memory[name]
+        entry = self.index[name]
+        file = entry["safetensors_file"]
+        with self._lock:
+            handle = self._handles.get(file)
+            if handle is None:
+                handle = self._handles[file] = safe_open(file, framework="pt", device="cpu")
+        tensor = handle.get_tensor(entry.get("weight_name", name))
+        dtype = entry.get("dtype")
+        if dtype is not None and str(tensor.dtype) != f"torch.{dtype}":
+            tensor = tensor.to(getattr(torch, dtype))
+        return tensor
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.in_memory or name in self.index
+
+    def on_disk(self, name: str) -> bool:
+        """True when ``name`` is read from a file (its pages may not be in memory yet)."""
+        return name not in self.in_memory and name in self.index
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.in_memory
+        yield from (name for name in self.index if name not in self.in_memory)
+
+    def __len__(self) -> int:
+        return len(set(self.in_memory) | set(self.index))
+
+
+class PrefixedWeights(Mapping):
+    """The entries of a weights mapping under ``prefix.``, by their name relative to a submodule."""
+
+    def __init__(self, weights: Mapping, prefix: str) -> None:
+        self.weights = weights
+        self.prefix = prefix
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.weights[self.prefix + name]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.prefix + name in self.weights
+
+    def on_disk(self, name: str) -> bool:
+        return on_disk(self.weights, self.prefix + name)
+
+    def __iter__(self) -> Iterator[str]:
+        return (name[len(self.prefix) :] for name in self.weights if name.startswith(self.prefix))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def on_disk(weights: Mapping, name: str) -> bool:
+    return bool(getattr(weights, "on_disk", lambda _: False)(name))
+
+
+def module_tensors(module: torch.nn.Module, recurse: bool, include_buffers: bool) -> list[str]:
+    """Relative names of the tensors a module hook manages (tied duplicates included)."""
+    names = [name for name, _ in module.named_parameters(recurse=recurse, remove_duplicate=False)]
+    if include_buffers:
+        names += [name for name, _ in module.named_buffers(recurse=recurse, remove_duplicate=False)]
+    return names
+
+
+def set_tensor(module: torch.nn.Module, name: str, value: torch.Tensor) -> None:
+    """Replace tensor ``name`` (dotted, relative to ``module``) by ``value``, keeping it a Parameter if it
+    was one."""
+    owner_name, _, attr = name.rpartition(".")
+    owner = module.get_submodule(owner_name) if owner_name else module
+    if attr in owner._parameters:
+        old = owner._parameters[attr]
+        if not isinstance(value, torch.nn.Parameter):
+            requires_grad = old.requires_grad if old is not None and value.is_floating_point() else False
+            value = torch.nn.Parameter(value, requires_grad=requires_grad)
+        owner._parameters[attr] = value
+    else:
+        owner._buffers[attr] = value
+
+
+def get_tensor(module: torch.nn.Module, name: str) -> torch.Tensor:
+    owner_name, _, attr = name.rpartition(".")
+    owner = module.get_submodule(owner_name) if owner_name else module
+    return owner._parameters[attr] if attr in owner._parameters else owner._buffers[attr]
+
+
+def to_meta(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+
+
+def has_offloaded_params(module: torch.nn.Module) -> bool:
+    """True when ``module`` carries a module hook that offloads its weights (they are on meta between
+    forwards)."""
+    from drivetrain_offload.module_hooks import AlignDevicesHook, hooks_of
+
+    return any(isinstance(hook, AlignDevicesHook) and hook.offload for hook in hooks_of(module))
+
+
+@contextlib.contextmanager
+def align_module_device(module: torch.nn.Module, execution_device: torch.device | str | None = None) -> Iterator[None]:
+    """Inside the block, the module's direct parameters are real tensors (on ``execution_device`` if given):
+    offloaded weights are brought in, and put back when the block ends."""
+    from drivetrain_offload.module_hooks import AlignDevicesHook, hooks_of
+
+    hooks = [hook for hook in hooks_of(module) if isinstance(hook, AlignDevicesHook) and hook.offload]
+    if hooks:
+        hook = hooks[0]
+        device = execution_device if execution_device is not None else hook.execution_device
+        names = [name for name, _ in module.named_parameters(recurse=False)]
+        for name in names:
+            set_tensor(module, name, hook.weights_map[name].to(device))
+        try:
+            yield
+        finally:
+            for name in names:
+                set_tensor(module, name, to_meta(get_tensor(module, name)))
+        return
+    if execution_device is None:
+        yield
+        return
+    originals = {name: tensor.device for name, tensor in module.named_parameters(recurse=False)}
+    for name in originals:
+        set_tensor(module, name, get_tensor(module, name).data.to(execution_device))
+    try:
+        yield
+    finally:
+        for name, device in originals.items():
+            set_tensor(module, name, get_tensor(module, name).data.to(device))

@@ -1,0 +1,238 @@
+"""Big model inference: every example of the seeds gives the outputs of the normally loaded model."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from drivetrain.big_modeling import (
+    compute_module_sizes,
+    dispatch_model,
+    get_balanced_memory,
+    infer_auto_device_map,
+    init_empty_weights,
+    init_on_device,
+    load_checkpoint_and_dispatch,
+    load_checkpoint_in_model,
+    parse_size,
+)
+from drivetrain.errors import CheckpointError
+
+torch.set_num_threads(1)
+
+
+class Block(torch.nn.Module):
+    """A residual block: must never be split across devices."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.linear1 = torch.nn.Linear(width, width)
+        self.linear2 = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.linear2(torch.relu(self.linear1(self.norm(x))))
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self, vocab: int = 50, width: int = 16, depth: int = 4) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.blocks = torch.nn.ModuleList([Block(width) for _ in range(depth)])
+        self.head = torch.nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight  # tied
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _reference(seed: int = 0) -> TinyLM:
+    torch.manual_seed(seed)
+    return TinyLM().eval()
+
+
+def _save_sharded(model: torch.nn.Module, folder: str, shards: int = 3) -> str:
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "head.weight"}
+    names = list(state)
+    per = -(-len(names) // shards)
+    weight_map = {}
+    for i in range(shards):
+        file = f"model-{i:05d}.safetensors"
+        part = {n: state[n] for n in names[i * per : (i + 1) * per]}
+        if part:
+            save_file(part, os.path.join(folder, file))
+            weight_map.update({n: file for n in part})
+    import json
+
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as handle:
+        json.dump({"metadata": {}, "weight_map": weight_map}, handle)
+    return folder
+
+
+IDS = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])
+
+
+def test_parse_size() -> None:
+    assert parse_size("10GiB") == 10 * 2**30
+    assert parse_size("500MB") == 500 * 10**6
+    assert parse_size(123) == 123
+    with pytest.raises(ValueError, match="10GiB"):
+        parse_size("ten gigs")
+
+
+def test_init_empty_weights_costs_nothing_and_keeps_ties() -> None:
+    with init_empty_weights():
+        model = torch.nn.Sequential(*[torch.nn.Linear(10000, 10000) for _ in range(100)])
+        lm = TinyLM()
+    assert all(p.device.type == "meta" for p in model.parameters())
+    assert lm.head.weight is lm.embed.weight
+    assert compute_module_sizes(model)[""] == 100 * (10000 * 10000 + 10000) * 4
+    with init_on_device("meta", include_buffers=True):
+        norm = torch.nn.BatchNorm1d(4)
+    assert norm.running_mean.device.type == "meta"
+
+
+def test_auto_map_cpu_and_disk_same_logits(tmp_path) -> None:
+    reference = _reference()
+    expected = reference(IDS)
+    checkpoint = _save_sharded(reference, str(tmp_path))
+    with init_empty_weights():
+        model = TinyLM()
+    sizes = compute_module_sizes(model)
+    model = load_checkpoint_and_dispatch(
+        model,
+        checkpoint,
+        device_map="auto",
+        # Room for the embedding (tied head) and two blocks, plus the largest layer, kept free so that
+        # disk-offloaded weights can visit the CPU while they run.
+        max_memory={"cpu": 2 * sizes["embed"] + 2 * sizes["blocks.0"]},
+        no_split_module_classes=["Block"],
+        offload_folder=str(tmp_path / "offload"),
+    )
+    assert model.hf_device_map == {"embed": "cpu", "blocks.0": "cpu", "blocks.1": "cpu", "blocks.2": "disk",
+                                   "blocks.3": "disk", "head": "cpu"}, model.hf_device_map
+    # No Block is cut in two, and the tied head goes where the embedding goes.
+    for name in model.hf_device_map:
+        assert not any(name.startswith(f"blocks.{i}.") for i in range(4)), name
+    assert model.hf_device_map.get("head", model.hf_device_map.get("embed")) == model.hf_device_map["embed"]
+    # Disk weights are referenced inside the checkpoint, not copied.
+    assert not [f for f in os.listdir(tmp_path / "offload") if f.endswith(".safetensors")]
+    with torch.no_grad():
+        torch.testing.assert_close(model(IDS), expected, rtol=0, atol=0)
+        torch.testing.assert_close(model(IDS), expected, rtol=0, atol=0)  # second pass uses prefetched weights
+    assert model._drivetrain_prefetcher.hits > 0
+
+
+def test_hand_made_map_with_param_entries_and_bin_checkpoint(tmp_path) -> None:
+    reference = _reference(1)
+    expected = reference(IDS)
+    torch.save(reference.state_dict(), tmp_path / "pytorch_model.bin")
+    with init_empty_weights():
+        model = TinyLM()
+    device_map = {"embed": "cpu", "head": "cpu", "blocks.0": "disk", "blocks.1": "cpu", "blocks.2.norm": "disk",
+                  "blocks.2.linear1": "cpu", "blocks.2.linear2.weight": "disk", "blocks.2.linear2.bias": "cpu",
+                  "blocks.3": "disk"}
+    model = load_checkpoint_and_dispatch(model, str(tmp_path), device_map=device_map,
+                                         offload_folder=str(tmp_path / "off"))
+    # .bin weights for the disk are written once, as safetensors.
+    assert [f for f in os.listdir(tmp_path / "off") if f.endswith(".safetensors")]
+    with torch.no_grad():
+        torch.testing.assert_close(model(IDS), expected, rtol=0, atol=0)
+
+
+def test_sequential_and_balanced_on_cpu_only(tmp_path) -> None:
+    reference = _reference(2)
+    checkpoint = _save_sharded(reference, str(tmp_path))
+    for strategy in ("sequential", "balanced", "balanced_low_0", "auto"):
+        with init_empty_weights():
+            model = TinyLM()
+        model = load_checkpoint_and_dispatch(model, checkpoint, device_map=strategy)
+        assert model.hf_device_map == {"": "cpu"}
+        torch.testing.assert_close(model(IDS), reference(IDS), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="balanced_low_0"):
+        load_checkpoint_and_dispatch(TinyLM(), checkpoint, device_map="fastest")
+
+
+def test_balanced_memory_splits_evenly() -> None:
+    model = TinyLM(width=64)
+    memory = get_balanced_memory(model, {0: "1GB", 1: "1GB", "cpu": "1GB"}, no_split_module_classes=["Block"])
+    total = compute_module_sizes(model)[""]
+    assert memory[0] < total and memory[1] < total and memory[0] == memory[1]
+    device_map = infer_auto_device_map(model, memory, no_split_module_classes=["Block"])
+    assert set(device_map.values()) == {0, 1}
+    low = get_balanced_memory(model, {0: "1GB", 1: "1GB"}, no_split_module_classes=["Block"], low_zero=True)
+    assert low[0] < low[1]
+
+
+def test_no_split_module_classes_respected() -> None:
+    model = TinyLM(width=32)
+    block = compute_module_sizes(model)["blocks.0"]
+    free = compute_module_sizes(model)[""] - 2 * block
+    split = infer_auto_device_map(model, {"cpu": free + block // 2})
+    kept = infer_auto_device_map(model, {"cpu": free + block // 2}, no_split_module_classes=["Block"])
+    assert any(name.startswith("blocks.") and name.count(".") >= 2 for name in split)
+    assert all(name.count(".") <= 1 for name in kept), kept
+
+
+def test_dtype_and_keep_in_fp32(tmp_path) -> None:
+    reference = _reference(3)
+    save_file({k: v for k, v in reference.state_dict().items() if k != "head.weight"}, tmp_path / "model.safetensors")
+    with init_empty_weights():
+        model = TinyLM()
+    load_checkpoint_in_model(model, str(tmp_path), dtype=torch.float16, keep_in_fp32_modules=["norm"])
+    assert model.blocks[0].linear1.weight.dtype == torch.float16
+    assert model.blocks[0].norm.weight.dtype == torch.float32
+    assert model.head.weight is model.embed.weight
+    torch.testing.assert_close(model.blocks[1].linear2.weight, reference.blocks[1].linear2.weight.half())
+
+
+def test_strict_and_truncated_checkpoint(tmp_path) -> None:
+    reference = _reference(4)
+    save_file({"embed.weight": reference.embed.weight.detach(), "extra": torch.zeros(1)}, tmp_path / "model.safetensors")
+    with init_empty_weights():
+        model = TinyLM()
+    with pytest.raises(CheckpointError, match="missing.*blocks.0.norm.weight.*unexpected.*extra"):
+        load_checkpoint_in_model(model, str(tmp_path / "model.safetensors"), strict=True)
+    result = load_checkpoint_in_model(model, str(tmp_path / "model.safetensors"))
+    assert result.unexpected_keys == ["extra"] and "blocks.0.norm.weight" in result.missing_keys
+    full = tmp_path / "full.safetensors"
+    save_file({k: v for k, v in reference.state_dict().items() if k != "head.weight"}, full)
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(full.read_bytes()[: full.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="truncated.safetensors"):
+        load_checkpoint_in_model(TinyLM(), str(truncated))
+    torch.save(reference.state_dict(), tmp_path / "full.bin")
+    (tmp_path / "cut.bin").write_bytes((tmp_path / "full.bin").read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="cut.bin"):
+        load_checkpoint_in_model(TinyLM(), str(tmp_path / "cut.bin"))
+
+
+def test_dispatch_model_on_loaded_model_writes_disk_weights(tmp_path) -> None:
+    model = _reference(5)
+    expected = model(IDS)
+    device_map = {"embed": "cpu", "blocks": "disk", "head": "cpu"}
+    model = dispatch_model(model, device_map, offload_dir=str(tmp_path))
+    assert model.blocks[0].linear1.weight.device.type == "meta"
+    with torch.no_grad():
+        torch.testing.assert_close(model(IDS), expected, rtol=0, atol=0)
+
+
+def test_missing_plugin_says_how_to_install(monkeypatch) -> None:
+    from drivetrain.plugins import reset_plugin_manager
+
+    monkeypatch.setenv("DRIVETRAIN_LOAD_PLUGINS", "local")
+    reset_plugin_manager()
+    try:
+        with pytest.raises(Exception, match="pip install drivetrain-offload"):
+            dispatch_model(_reference(), {"embed": "cpu", "blocks": "disk", "head": "cpu"}, offload_dir="/tmp")
+        model = dispatch_model(_reference(), {"": "cpu"})  # one device: the reference backend does it
+        assert model.hf_device_map == {"": "cpu"}
+    finally:
+        monkeypatch.delenv("DRIVETRAIN_LOAD_PLUGINS")
+        reset_plugin_manager()

@@ -1,0 +1,64 @@
+"""Nothing lost: a saver SIGKILLed at any stage of a save leaves the previous checkpoint loadable, and no
+folder that load_state() takes for complete unless it is."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from drivetrain import Accelerator
+from drivetrain.checkpoint import manifest as manifests
+from drivetrain.utils import ProjectConfiguration, set_seed
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ckpt_crash.py")
+
+# (where the saver dies, the checkpoint load_state() must then pick)
+KILL_POINTS = [
+    ("file:1", 0),  # one file of checkpoint_1 on disk
+    ("objects_written", 0),  # every file written, nothing sealed
+    ("manifest_written", 0),  # manifest complete, folder not yet renamed
+    ("renamed", 1),  # checkpoint_1 in place, old one not yet pruned
+]
+
+
+def _fresh_accelerator(project_dir):
+    set_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Linear(64, 4))
+    optimizer = torch.optim.AdamW(model.parameters())
+    config = ProjectConfiguration(project_dir=str(project_dir), automatic_checkpoint_naming=True, total_limit=1)
+    accelerator = Accelerator(project_config=config)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    return accelerator, model, optimizer
+
+
+@pytest.mark.parametrize(("kill_at", "survivor"), KILL_POINTS, ids=[k for k, _ in KILL_POINTS])
+def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path, kill_at, survivor):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CKPT_KILL_AT": kill_at, "TMPDIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, SCRIPT, str(tmp_path), "1"], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == -signal.SIGKILL, result.stdout + result.stderr
+
+    root = tmp_path / "checkpoints"
+    complete = [os.path.basename(p) for p in manifests.complete_checkpoints(str(root))]
+    assert complete[-1] == f"checkpoint_{survivor}"
+    if survivor == 0:
+        assert not (root / "checkpoint_1").exists(), "a partial save is visible under its final name"
+
+    accelerator, model, optimizer = _fresh_accelerator(tmp_path)
+    loaded = accelerator.load_state()
+    assert os.path.basename(loaded) == f"checkpoint_{survivor}"
+    expected = torch.load(tmp_path / f"expected_{survivor}.pt", weights_only=True)
+    for name, tensor in accelerator.get_state_dict(model).items():
+        assert torch.equal(tensor, expected[name]), name
+    assert optimizer.state_dict()["state"], "optimizer state was not restored"
+
+    # Training goes on: the next save numbers itself after the loaded one and clears the leftovers.
+    assert accelerator.save_iteration == survivor + 1
+    saved = accelerator.save_state()
+    assert os.path.basename(saved) == f"checkpoint_{survivor + 1}"
+    assert sorted(os.listdir(root)) == [f"checkpoint_{survivor + 1}"]

@@ -1,0 +1,304 @@
+"""File-level checkpoint guarantees: our safetensors files are real safetensors, tied weights survive, the
+manifest catches truncation and tampering, pruning keeps the newest, and a malicious pickle runs nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+from safetensors.torch import save_file as reference_save_file
+
+from drivetrain.checkpoint import manifest as manifests
+from drivetrain.checkpoint.files import take_records
+from drivetrain.checkpoint.model_files import write_model_files
+from drivetrain.checkpoint.serialization import (
+    deduplicate_shared,
+    load_safetensors_into_module,
+    parse_size,
+    plan_shards,
+    safe_load,
+    save_safetensors,
+)
+from drivetrain.checkpoint.training_objects import torch_save_durable
+from drivetrain.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+from drivetrain.errors import CheckpointError
+
+
+class TiedModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(11, 6)
+        self.hidden = torch.nn.Linear(6, 6)
+        self.head = torch.nn.Linear(6, 11, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("counts", torch.arange(5, dtype=torch.int64))
+
+
+def test_written_file_reads_back_with_safetensors_for_every_dtype(tmp_path):
+    tensors = {
+        "f32": torch.randn(3, 4),
+        "bf16": torch.randn(5).to(torch.bfloat16),
+        "f16": torch.randn(2, 2).half(),
+        "i64": torch.arange(7),
+        "bool": torch.tensor([True, False, True]),
+        "u8": torch.arange(9, dtype=torch.uint8),
+        "scalar": torch.tensor(3.5),
+        "empty": torch.zeros(0, 3),
+        "strided": torch.randn(4, 6).t(),  # non-contiguous
+    }
+    path = str(tmp_path / "x.safetensors")
+    save_safetensors(tensors, path, metadata={"format": "pt"})
+    loaded = load_file(path)
+    assert loaded.keys() == tensors.keys()
+    for name, tensor in tensors.items():
+        assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor), name
+    with safe_open(path, framework="pt") as handle:
+        assert handle.metadata() == {"format": "pt"}
+
+
+def test_same_bytes_as_reference_writer_loads_identically(tmp_path):
+    tensors = {"a": torch.randn(10, 3), "b": torch.arange(4, dtype=torch.int32)}
+    ours, theirs = str(tmp_path / "ours.safetensors"), str(tmp_path / "theirs.safetensors")
+    save_safetensors(tensors, ours)
+    reference_save_file(tensors, theirs)
+    assert all(torch.equal(load_file(ours)[k], load_file(theirs)[k]) for k in tensors)
+
+
+def test_tied_weights_are_stored_once_and_fill_both_names_on_load(tmp_path):
+    torch.manual_seed(0)
+    source = TiedModel()
+    tensors, aliases = deduplicate_shared(source.state_dict())
+    assert aliases == {"head.weight": "embed.weight"}
+    path = str(tmp_path / SAFE_WEIGHTS_NAME)
+    save_safetensors(tensors, path, metadata={"format": "pt"})
+    assert "head.weight" not in load_file(path)
+
+    torch.manual_seed(1)
+    target = TiedModel()
+    load_safetensors_into_module(target, [path])
+    for name, tensor in source.state_dict().items():
+        assert torch.equal(target.state_dict()[name], tensor), name
+    assert target.head.weight is target.embed.weight
+
+
+def test_loading_reports_missing_unexpected_and_mismatched_keys(tmp_path):
+    path = str(tmp_path / "m.safetensors")
+    save_safetensors({"hidden.weight": torch.zeros(3, 3), "extra": torch.zeros(1)}, path)
+    with pytest.raises(CheckpointError) as error:
+        load_safetensors_into_module(TiedModel(), [path])
+    message = str(error.value)
+    assert "hidden.weight: checkpoint (3, 3), model (6, 6)" in message
+    assert "extra" in message and "embed.weight" in message and path in message
+
+
+def test_non_tensor_values_are_refused_by_the_safe_writer():
+    with pytest.raises(CheckpointError, match="'step' is a int"):
+        deduplicate_shared({"w": torch.zeros(1), "step": 3})
+
+
+@pytest.mark.parametrize(("text", "expected"), [("5MB", 5 * 10**6), ("10GB", 10**10), ("2GiB", 2 * 2**30),
+                                                ("100kb", 10**5), (1234, 1234), ("1.5MB", 1_500_000)])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["5 parsecs", "", "-3MB", 0, True, "MB"])
+def test_parse_size_rejects_with_the_valid_forms(bad):
+    with pytest.raises(ValueError, match="max_shard_size=.*'10GB'"):
+        parse_size(bad)
+
+
+def test_shard_plan_respects_limit_and_isolates_oversized_tensors():
+    tensors = {"a": torch.zeros(10), "b": torch.zeros(10), "big": torch.zeros(100), "c": torch.zeros(5)}
+    assert plan_shards(tensors, 80) == [["a", "b"], ["big"], ["c"]]
+    assert plan_shards({}, 80) == [[]]
+
+
+def test_save_model_files_single_and_sharded(tmp_path):
+    torch.manual_seed(0)
+    model = TiedModel()
+    directory = str(tmp_path / "out")
+    assert write_model_files(model.state_dict(), directory) == [SAFE_WEIGHTS_NAME]
+    assert not os.path.exists(os.path.join(directory, SAFE_WEIGHTS_INDEX_NAME))
+
+    names = write_model_files(model.state_dict(), directory, max_shard_size=200)
+    assert len(names) > 1 and names[0] == f"model-00001-of-{len(names):05d}.safetensors"
+    assert not os.path.exists(os.path.join(directory, SAFE_WEIGHTS_NAME)), "stale single file left behind"
+    with open(os.path.join(directory, SAFE_WEIGHTS_INDEX_NAME)) as handle:
+        index = json.load(handle)
+    assert set(index["weight_map"].values()) == set(names)
+    merged = {}
+    for name in names:
+        merged.update(load_file(os.path.join(directory, name)))
+    assert set(merged) == set(index["weight_map"]) == set(model.state_dict()) - {"head.weight"}
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in merged.values())
+    for key, tensor in merged.items():
+        assert torch.equal(tensor, model.state_dict()[key])
+
+    # Fewer shards the next time: the old ones and the index disappear.
+    write_model_files(model.state_dict(), directory)
+    assert sorted(os.listdir(directory)) == [SAFE_WEIGHTS_NAME]
+
+
+def test_save_model_files_bin_names(tmp_path):
+    model = TiedModel()
+    directory = str(tmp_path / "bin")
+    names = write_model_files(model.state_dict(), directory, max_shard_size=200, safe_serialization=False)
+    assert names[0].startswith("pytorch_model-00001-of-") and names[0].endswith(".bin")
+    assert os.path.exists(os.path.join(directory, WEIGHTS_INDEX_NAME))
+    assert write_model_files(model.state_dict(), directory, safe_serialization=False) == [WEIGHTS_NAME]
+    loaded = torch.load(os.path.join(directory, WEIGHTS_NAME), weights_only=True)
+    assert loaded["head.weight"].data_ptr() == loaded["embed.weight"].data_ptr()
+
+
+# -- manifests --------------------------------------------------------------------------------------------------
+def _make_checkpoint(root, name, payload=b"weights"):
+    final = os.path.join(root, name)
+    temporary = manifests.start_incomplete(final)
+    torch_save_durable({"w": torch.arange(100)}, os.path.join(temporary, "optimizer.bin"))
+    with open(os.path.join(temporary, "extra.txt"), "wb") as handle:  # a file we did not hash while writing
+        handle.write(payload)
+    manifests.write_manifest(temporary, take_records(temporary), {"step": 1})
+    manifests.seal(temporary, final)
+    return final
+
+
+def test_manifest_lists_every_file_and_verifies(tmp_path):
+    final = _make_checkpoint(str(tmp_path), "checkpoint_0")
+    manifest = manifests.verify(final)
+    assert set(manifest["files"]) == {"optimizer.bin", "extra.txt"}
+    assert manifest["metadata"] == {"step": 1}
+    assert not os.path.exists(manifests.incomplete_path(final))
+
+
+def test_truncated_file_is_named(tmp_path):
+    final = _make_checkpoint(str(tmp_path), "checkpoint_0")
+    path = os.path.join(final, "optimizer.bin")
+    with open(path, "r+b") as handle:
+        handle.truncate(os.path.getsize(path) - 10)
+    with pytest.raises(CheckpointError, match=r"optimizer\.bin has \d+ bytes but the manifest records"):
+        manifests.verify(final)
+    assert not manifests.is_complete(final)
+
+
+def test_tampered_file_of_same_size_is_named(tmp_path):
+    final = _make_checkpoint(str(tmp_path), "checkpoint_0")
+    with open(os.path.join(final, "extra.txt"), "wb") as handle:
+        handle.write(b"WEIGHTS")
+    assert manifests.is_complete(final)  # sizes match: only the hash can tell
+    with pytest.raises(CheckpointError, match=r"extra\.txt does not match its sha256"):
+        manifests.verify(final)
+
+
+def test_folder_without_manifest_is_not_a_checkpoint(tmp_path):
+    final = _make_checkpoint(str(tmp_path), "checkpoint_0")
+    os.remove(os.path.join(final, manifests.MANIFEST_NAME))
+    with pytest.raises(CheckpointError, match="no drivetrain_manifest.json.*verify_manifest=False"):
+        manifests.verify(final)
+    assert manifests.complete_checkpoints(str(tmp_path)) == []
+
+
+def test_manifest_cannot_point_outside_the_folder(tmp_path):
+    final = _make_checkpoint(str(tmp_path), "checkpoint_0")
+    path = os.path.join(final, manifests.MANIFEST_NAME)
+    with open(path) as handle:
+        manifest = json.load(handle)
+    manifest["files"]["../../etc/passwd"] = {"size": 1, "sha256": "0"}
+    with open(path, "w") as handle:
+        json.dump(manifest, handle)
+    with pytest.raises(CheckpointError, match="outside the folder"):
+        manifests.verify(final)
+
+
+def test_latest_complete_skips_incomplete_and_numbers_sort_numerically(tmp_path):
+    root = str(tmp_path)
+    for number in (2, 10, 9):
+        _make_checkpoint(root, f"checkpoint_{number}")
+    os.makedirs(os.path.join(root, "checkpoint_11"))  # no manifest: never complete
+    manifests.start_incomplete(os.path.join(root, "checkpoint_12"))  # a killed save
+    assert [os.path.basename(p) for p in manifests.complete_checkpoints(root)] == [
+        "checkpoint_2", "checkpoint_9", "checkpoint_10"]
+
+
+def test_prune_keeps_newest_and_limit_and_foreign_folders(tmp_path):
+    root = str(tmp_path)
+    for number in range(4):
+        _make_checkpoint(root, f"checkpoint_{number}")
+    os.makedirs(os.path.join(root, "checkpoint_7"))  # not ours, no manifest: left alone
+    manifests.start_incomplete(os.path.join(root, "checkpoint_8"))  # leftover of a killed save: removed
+    deleted = manifests.prune(root, 2, keep=os.path.join(root, "checkpoint_3"))
+    assert sorted(os.path.basename(p) for p in deleted) == ["checkpoint_0", "checkpoint_1"]
+    assert sorted(os.listdir(root)) == ["checkpoint_2", "checkpoint_3", "checkpoint_7"]
+    # total_limit=1 still keeps the checkpoint just written.
+    manifests.prune(root, 1, keep=os.path.join(root, "checkpoint_3"))
+    assert sorted(os.listdir(root)) == ["checkpoint_3", "checkpoint_7"]
+
+
+def test_resaving_into_an_existing_folder_replaces_it_and_recovers_after_a_crash(tmp_path):
+    root = str(tmp_path)
+    final = _make_checkpoint(root, "run", payload=b"old")
+    _make_checkpoint(root, "run", payload=b"new!")
+    with open(os.path.join(final, "extra.txt"), "rb") as handle:
+        assert handle.read() == b"new!"
+    # A save that died between its two renames leaves only the moved-aside copy: recover() puts it back.
+    os.rename(final, os.path.join(root, ".run.replaced"))
+    manifests.recover(final)
+    assert manifests.verify(final)
+
+
+# -- safe unpickling ---------------------------------------------------------------------------------------------
+class _WritesAFile:
+    """Unpickling this calls ``open(path, 'w')`` — proof of code execution if the file appears."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_malicious_pickle_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+    path = str(tmp_path / "optimizer.bin")
+    torch.save({"state": _WritesAFile(str(marker))}, path)
+    with pytest.raises(CheckpointError, match=r"optimizer\.bin holds objects that safe loading refuses.*"
+                                              r"weights_only': False"):
+        safe_load(path)
+    assert not marker.exists()
+    # A plain pickle (not a torch zip file) is refused as well.
+    raw = str(tmp_path / "raw.pkl")
+    with open(raw, "wb") as handle:
+        pickle.dump(_WritesAFile(str(marker)), handle)
+    with pytest.raises((CheckpointError, RuntimeError)):
+        safe_load(raw)
+    assert not marker.exists()
+
+
+def test_explicit_opt_out_loads_trusted_objects(tmp_path):
+    path = str(tmp_path / "custom.pkl")
+    torch.save({"when": complex(1, 2), "obj": _Trusted(3)}, path)
+    with pytest.raises(CheckpointError):
+        safe_load(path)
+    assert safe_load(path, weights_only=False)["obj"].value == 3
+
+
+class _Trusted:
+    def __init__(self, value):
+        self.value = value
+
+
+def test_rng_states_load_safely():
+    import io
+
+    from drivetrain.random import capture_rng_state
+
+    buffer = io.BytesIO()
+    torch.save(capture_rng_state(), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+    assert set(state) >= {"python", "numpy", "torch"}

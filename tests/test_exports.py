@@ -1,0 +1,43 @@
+"""Every documented public name resolves: ``from drivetrain import X`` / ``from drivetrain.utils import X``."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import drivetrain
+import drivetrain.utils
+from drivetrain.compat import PLUGIN_EXPORTS
+
+
+@pytest.mark.parametrize("module_name", ["drivetrain", "drivetrain.utils"])
+def test_every_listed_name_resolves(module_name):
+    module = importlib.import_module(module_name)
+    unresolved = []
+    for name in module._EXPORTS:
+        try:
+            getattr(module, name)
+        except (AttributeError, ImportError) as exc:
+            unresolved.append(f"{name}: {exc}")
+    assert unresolved == []
+
+
+def test_accelerate_script_imports_work():
+    from drivetrain import Accelerator, DistributedType, PartialState  # noqa: F401
+    from drivetrain.utils import (  # noqa: F401
+        DataLoaderConfiguration,
+        GradientAccumulationPlugin,
+        ProjectConfiguration,
+        gather_object,
+        set_seed,
+        tqdm,
+    )
+
+
+def test_plugin_names_resolve_or_name_their_distribution():
+    for name, distribution in PLUGIN_EXPORTS.items():
+        try:
+            getattr(drivetrain, name)
+        except ImportError as exc:
+            assert f"pip install {distribution}" in str(exc)
