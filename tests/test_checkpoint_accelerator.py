@@ -183,8 +183,8 @@ def test_pre_hooks_run_can_drop_a_model_and_are_removable(tmp_path):
     calls = []
 
     def save_hook(models, weights, output_dir):
-        calls.append(("save", len(models), output_dir))
-        with open(os.path.join(output_dir + "_config.json"), "w") as handle:
+        calls.append(("save", len(models)))
+        with open(os.path.join(output_dir, "config.json"), "w") as handle:
             json.dump({"hidden": 8}, handle)
         weights.pop(0)  # this model is saved by the hook's own means
 
@@ -196,8 +196,9 @@ def test_pre_hooks_run_can_drop_a_model_and_are_removable(tmp_path):
     load_handle = accelerator.register_load_state_pre_hook(load_hook)
     location = accelerator.save_state(tmp_path / "ckpt")
     assert SAFE_WEIGHTS_NAME not in os.listdir(location)
+    assert "config.json" in manifests.verify(location)["files"]  # the hook's file is part of the checkpoint
     accelerator.load_state(location)  # no model file, but the hook took the model off the list
-    assert calls == [("save", 1, location), ("load", 1, location)]
+    assert calls == [("save", 1), ("load", 1, location)]
 
     save_handle.remove()
     load_handle.remove()

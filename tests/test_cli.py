@@ -182,8 +182,8 @@ def test_launch_precedence_flag_over_file_over_default(tmp_path, config_dir):
     assert plan.chosen == {"mixed_precision": "bf16", "use_cpu": True, "gradient_accumulation_steps": 2}
     assert plan.num_processes == 4 and plan.env == {"TEST_FROM_FILE": "yes", "TEST_X": "1"}
     assert plan.script == "train.py" and plan.script_args == ["--lr", "3"]
-    bare = resolve_plan(build_parser().parse_args(["--config_file", str(tmp_path / "none.yaml"), "t.py"])
-                        if False else build_parser().parse_args(["t.py"]), environ={})
+    bare = resolve_plan(build_parser().parse_args(["--config_file", str(tmp_path / "empty.yaml"), "t.py"])
+                        if (tmp_path / "empty.yaml").write_text("{}\n") else None, environ={})
     assert bare.rdzv_backend == "c10d" and bare.main_process_port > 0
 
 

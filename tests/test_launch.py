@@ -92,8 +92,6 @@ def test_two_machines_on_loopback(tmp_path):
     assert all(r["weights"] == ranks[0]["weights"] for r in ranks)
 
 
-@pytest.mark.xfail(strict=False, reason="restarted ranks can read the dead ranks' gloo addresses from the reused "
-                   "rendezvous store until the ddp plugin prefixes its store per TORCHELASTIC_RESTART_COUNT")
 def test_crashed_rank_restarts_group_and_resumes_to_same_weights(tmp_path):
     pytest.importorskip("drivetrain.accelerator")
     example = ROOT / "examples" / "fault_tolerant_training.py"

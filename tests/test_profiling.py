@@ -79,7 +79,7 @@ SCRIPT = textwrap.dedent(
 def test_chrome_trace_per_rank(tmp_path):
     from drivetrain.testing import launch_script
 
-    script = tmp_path / "profile.py"
+    script = tmp_path / "profiled_script.py"  # not profile.py: that would shadow the stdlib module
     script.write_text(SCRIPT)
     launch_script(str(script), num_processes=2, args=[str(tmp_path / "traces")], env={"TMPDIR": str(tmp_path)})
     assert sorted(path.name for path in (tmp_path / "traces").iterdir()) == ["profile_0.json", "profile_1.json"]

@@ -29,8 +29,8 @@ class Tolerance:
 #: docs/conformance.md.
 TOLERANCES = {
     "no": Tolerance(rtol=1e-4, atol=1e-5),
-    "bf16": Tolerance(rtol=2e-2, atol=2e-2),
-    "fp16": Tolerance(rtol=5e-3, atol=5e-3),
+    "bf16": Tolerance(rtol=1e-2, atol=5e-3),
+    "fp16": Tolerance(rtol=1e-3, atol=1e-3),
 }
 
 

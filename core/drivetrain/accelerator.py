@@ -196,7 +196,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
         self.flag_tensor: torch.Tensor | None = None
         self.step = 0
 
-        validate_log_with(log_with)
+        validate_log_with(log_with, logging_dir=self.logging_dir)
         self._log_with = log_with
         self.trackers: list[Any] = []
 

@@ -15,7 +15,12 @@ from drivetrain.checkpoint.manifest import (
     read_manifest,
     verify,
 )
-from drivetrain.checkpoint.mixin import CHECKPOINTS_FOLDER, CheckpointingMixin
+from drivetrain.checkpoint.mixin import (
+    CHECKPOINTS_FOLDER,
+    CheckpointingMixin,
+    clean_state_dict_for_safetensors,
+    save,
+)
 from drivetrain.checkpoint.model_files import write_model_files
 from drivetrain.checkpoint.serialization import (
     UNSAFE_OPT_OUT,
@@ -40,6 +45,7 @@ __all__ = [
     "UNSAFE_OPT_OUT",
     "CheckpointingMixin",
     "atomic_write",
+    "clean_state_dict_for_safetensors",
     "complete_checkpoints",
     "deduplicate_shared",
     "is_complete",
@@ -48,6 +54,7 @@ __all__ = [
     "read_manifest",
     "read_training_objects",
     "safe_load",
+    "save",
     "save_safetensors",
     "sha256_of_file",
     "verify",

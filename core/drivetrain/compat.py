@@ -37,6 +37,13 @@ PLUGIN_EXPORTS = {
     "attach_execution_device_hook": "drivetrain-offload",
     "has_offloaded_params": "drivetrain-offload",
     "align_module_device": "drivetrain-offload",
+    "TensorBoardTracker": "drivetrain-trackers",
+    "WandBTracker": "drivetrain-trackers",
+    "MLflowTracker": "drivetrain-trackers",
+    "AimTracker": "drivetrain-trackers",
+    "DVCLiveTracker": "drivetrain-trackers",
+    "CometMLTracker": "drivetrain-trackers",
+    "ClearMLTracker": "drivetrain-trackers",
 }
 
 #: Accelerate's backend-specific Accelerator keyword arguments; each is an alias of ``backend_config=``.

@@ -1,7 +1,6 @@
 """Durable file writing: every byte of a checkpoint reaches the disk before anyone may call it complete.
 
-Files are hashed while they are written (no second read) and fsynced before the manifest that vouches for
-them is written.
+Files are fsynced, and hashed in background threads, before the manifest that vouches for them is written.
 """
 
 from __future__ import annotations
@@ -10,68 +9,51 @@ import contextlib
 import hashlib
 import os
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
-#: Size and sha256 of each file written through :func:`durable_writer`, by folder then file name, so a
-#: manifest does not read back what was just hashed on the way out.
-_RECORDS: dict[str, dict[str, dict[str, Any]]] = {}
+#: Hashes of the files written through :func:`durable_writer`, by folder then file name: computed in
+#: background threads (re-reading the fresh file from the page cache) while the next file is written, so a
+#: save costs about max(write, hash) rather than their sum, and several files hash on several cores.
+_RECORDS: dict[str, dict[str, Future]] = {}
+_POOL: ThreadPoolExecutor | None = None
 
-#: Read size when hashing a file that already exists (large enough to keep syscalls cheap).
+#: Read size when hashing a file (large enough to keep syscalls cheap).
 _CHUNK = 8 * 1024 * 1024
 
 
-class HashingWriter:
-    """A binary file object that feeds every byte it writes to a sha256 and counts them.
-
-    ``torch.save`` and our safetensors writer call ``write`` directly, so the checksum costs no extra read.
-    """
-
-    def __init__(self, handle: BinaryIO) -> None:
-        self._handle = handle
-        self._sha = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        self._sha.update(view)
-        written = self._handle.write(view)
-        self.size += len(view)
-        return written if written is not None else len(view)
-
-    def flush(self) -> None:
-        self._handle.flush()
-
-    def tell(self) -> int:
-        return self.size
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        # torch.save checks this to decide whether it may seek back; it must not (the hash would be wrong).
-        return False
-
-    def hexdigest(self) -> str:
-        return self._sha.hexdigest()
+def hashing_pool() -> ThreadPoolExecutor:
+    """Threads that hash files (hashlib releases the GIL on large buffers)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 1)),
+                                   thread_name_prefix="drivetrain-hash")
+    return _POOL
 
 
 @contextlib.contextmanager
-def durable_writer(path: str) -> Iterator[HashingWriter]:
-    """Open ``path`` for writing; on success flush, fsync, and remember its size and sha256 (see
-    :func:`take_records`) so the manifest need not read it again."""
+def durable_writer(path: str, hashed: bool = True) -> Iterator[BinaryIO]:
+    """Open ``path`` for writing; on success flush and fsync it, and (``hashed``: a checkpoint file) start
+    hashing it in the background (see :func:`take_records`) so the manifest need not hash each in turn."""
     with open(path, "wb") as handle:
-        writer = HashingWriter(handle)
-        yield writer
+        yield handle
         handle.flush()
         os.fsync(handle.fileno())
-    folder, name = os.path.split(os.path.abspath(path))
-    _RECORDS.setdefault(folder, {})[name] = {"size": writer.size, "sha256": writer.hexdigest()}
+    if hashed:
+        folder, name = os.path.split(os.path.abspath(path))
+        _RECORDS.setdefault(folder, {})[name] = hashing_pool().submit(sha256_of_file, path)
     on_file_written(path)
 
 
 def take_records(directory: str) -> dict[str, dict[str, Any]]:
-    """Size and sha256 of the files this process wrote directly into ``directory`` (and forget them)."""
-    return _RECORDS.pop(os.path.abspath(directory), {})
+    """``{file name: {"size", "sha256"}}`` of the files this process wrote directly into ``directory``
+    (waiting for their hashes), and forget them."""
+    pending = _RECORDS.pop(os.path.abspath(directory), {})
+    records = {}
+    for name, future in pending.items():
+        size, digest = future.result()
+        records[name] = {"size": size, "sha256": digest}
+    return records
 
 
 def sha256_of_file(path: str) -> tuple[int, str]:
@@ -109,9 +91,8 @@ def atomic_write(path: str, write: Any) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     temporary = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.partial")
     try:
-        with durable_writer(temporary) as handle:
+        with durable_writer(temporary, hashed=False) as handle:
             write(handle)
-        _RECORDS.get(directory, {}).pop(os.path.basename(temporary), None)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

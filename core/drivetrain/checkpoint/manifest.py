@@ -15,7 +15,7 @@ import shutil
 from typing import Any
 
 from drivetrain.checkpoint import files
-from drivetrain.checkpoint.files import durable_writer, fsync_path, sha256_of_file
+from drivetrain.checkpoint.files import durable_writer, fsync_path, hashing_pool, sha256_of_file
 from drivetrain.errors import CheckpointError
 
 MANIFEST_NAME = "drivetrain_manifest.json"
@@ -56,7 +56,7 @@ def _relative_files(directory: str) -> list[str]:
 def write_manifest(directory: str, records: dict[str, dict[str, Any]], metadata: dict[str, Any]) -> None:
     """List every file of ``directory`` with its size and sha256 (taken from ``records`` when the writer
     hashed it already, else read now) and write the manifest, fsynced, as the folder's last file."""
-    listed: dict[str, dict[str, Any]] = {}
+    listed: dict[str, Any] = {}
     for relative in _relative_files(directory):
         if relative == MANIFEST_NAME:
             continue
@@ -64,9 +64,12 @@ def write_manifest(directory: str, records: dict[str, dict[str, Any]], metadata:
         known = records.get(relative)
         if known is None or known["size"] != os.path.getsize(path):
             fsync_path(path)  # written by a library that did not fsync (or by a pre-save hook)
-            size, digest = sha256_of_file(path)
-            known = {"size": size, "sha256": digest}
+            known = hashing_pool().submit(sha256_of_file, path)
         listed[relative] = known
+    for relative, known in listed.items():
+        if not isinstance(known, dict):
+            size, digest = known.result()
+            listed[relative] = {"size": size, "sha256": digest}
     manifest = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "files": listed, "metadata": metadata}
     for sub in {os.path.dirname(os.path.join(directory, rel)) for rel in listed}:
         fsync_path(sub)
@@ -132,6 +135,7 @@ def verify(directory: str, check_hashes: bool = True) -> dict[str, Any]:
     """Check every file the manifest lists: present, of the recorded size and (``check_hashes``) sha256.
     Returns the manifest; raises :class:`CheckpointError` naming the first file that does not match."""
     manifest = read_manifest(directory)
+    paths = {}
     for relative, expected in manifest["files"].items():
         path = os.path.join(directory, relative)
         if os.path.isabs(relative) or ".." in relative.split("/"):
@@ -144,12 +148,14 @@ def verify(directory: str, check_hashes: bool = True) -> dict[str, Any]:
                 f"checkpoint file {path} has {size} bytes but the manifest records {expected['size']}: "
                 "it was truncated or modified after the save"
             )
-        if check_hashes:
-            _, digest = sha256_of_file(path)
-            if digest != expected["sha256"]:
+        paths[relative] = path
+    if check_hashes:
+        digests = {rel: hashing_pool().submit(sha256_of_file, path) for rel, path in paths.items()}
+        for relative, future in digests.items():
+            if future.result()[1] != manifest["files"][relative]["sha256"]:
                 raise CheckpointError(
-                    f"checkpoint file {path} does not match its sha256 in the manifest: it was modified or "
-                    "corrupted after the save"
+                    f"checkpoint file {paths[relative]} does not match its sha256 in the manifest: it was "
+                    "modified or corrupted after the save"
                 )
     return manifest
 

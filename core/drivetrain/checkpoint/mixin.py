@@ -20,7 +20,7 @@ from drivetrain.checkpoint import files
 from drivetrain.checkpoint import manifest as manifests
 from drivetrain.checkpoint.files import atomic_write, take_records
 from drivetrain.checkpoint.model_files import write_model_files
-from drivetrain.checkpoint.serialization import deduplicate_shared, save_safetensors
+from drivetrain.checkpoint.serialization import deduplicate_shared, save_safetensors_atomically
 from drivetrain.checkpoint.training_objects import (
     read_kernel_objects,
     write_kernel_objects,
@@ -61,7 +61,8 @@ class CheckpointingMixin:
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, weights, output_dir)`` in :meth:`save_state` before anything is written.
-        ``weights`` holds the models' state dicts; remove one to keep that model out of the checkpoint."""
+        ``weights`` holds the models' state dicts; remove one to keep that model out of the checkpoint.
+        ``output_dir`` is the folder being built (renamed into place once complete): write extra files there."""
         self._save_state_pre_hooks = _weakrefable(self._save_state_pre_hooks)
         handle = RemovableHandle(self._save_state_pre_hooks)
         self._save_state_pre_hooks[handle.id] = hook
@@ -122,7 +123,9 @@ class CheckpointingMixin:
         weights = [self.get_state_dict(model, unwrap=True) for model in models]
         pairs = list(zip(models, weights))
         for hook in list(self._save_state_pre_hooks.values()):
-            hook(models, weights, location)
+            # Hooks write their extra files (configs, models they save themselves) into the folder being
+            # built, so the manifest covers them and the rename publishes them with the rest.
+            hook(models, weights, temporary)
         # A hook drops a model from the checkpoint by removing its state dict from ``weights``.
         kept = {id(state) for state in weights}
         pending = {id(model): state for model, state in pairs if id(state) in kept}
@@ -259,18 +262,29 @@ class CheckpointingMixin:
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
         """``torch.save`` (or safetensors for a dict of tensors) once per machine set, atomically: the main
         process writes, or every machine's local main process with ``save_on_each_node``."""
-        if not writes_shared_files(self):
-            return
-        if safe_serialization:
-            tensors, _aliases = deduplicate_shared(obj)
-            if not isinstance(f, (str, os.PathLike)):
-                raise ValueError("save(..., safe_serialization=True) needs a file path, not a file object")
-            path = os.fspath(f)
-            temporary = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.partial")
-            save_safetensors(tensors, temporary, metadata={"format": "pt"})
-            os.replace(temporary, path)
-        elif isinstance(f, (str, os.PathLike)):
-            atomic_write(os.fspath(f), lambda out: torch.save(obj, out))
-        else:
-            torch.save(obj, f)
+        save(obj, f, save_on_each_node=self.project_configuration.save_on_each_node,
+             safe_serialization=safe_serialization)
 
+
+def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
+    """Accelerate's ``utils.save``: write ``obj`` on the main process (each machine's local main process with
+    ``save_on_each_node``), through a temporary file renamed into place. ``safe_serialization`` writes a
+    dict of tensors as safetensors (tied tensors once)."""
+    from drivetrain.state import PartialState
+
+    state = PartialState()
+    if not (state.is_local_main_process if save_on_each_node else state.is_main_process):
+        return
+    if safe_serialization:
+        if not isinstance(f, (str, os.PathLike)):
+            raise ValueError("save(..., safe_serialization=True) needs a file path, not a file object")
+        save_safetensors_atomically(deduplicate_shared(obj)[0], os.fspath(f))
+    elif isinstance(f, (str, os.PathLike)):
+        atomic_write(os.fspath(f), lambda out: torch.save(obj, out))
+    else:
+        torch.save(obj, f)
+
+
+def clean_state_dict_for_safetensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Accelerate's name: ``state_dict`` without the second and later names of tied tensors."""
+    return deduplicate_shared(state_dict)[0]

@@ -12,7 +12,12 @@ from typing import Any
 import torch
 
 from drivetrain.checkpoint.files import atomic_write
-from drivetrain.checkpoint.serialization import deduplicate_shared, parse_size, plan_shards, save_safetensors
+from drivetrain.checkpoint.serialization import (
+    deduplicate_shared,
+    parse_size,
+    plan_shards,
+    save_safetensors_atomically,
+)
 from drivetrain.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 
@@ -48,7 +53,7 @@ def write_model_files(state_dict: dict[str, torch.Tensor], directory: str, max_s
         shard = {key: tensors[key] for key in keys}
         path = os.path.join(directory, name)
         if safe_serialization:
-            _write_safetensors_atomically(shard, path)
+            save_safetensors_atomically(shard, path)
         else:
             atomic_write(path, lambda out, shard=shard: torch.save({k: v.cpu() for k, v in shard.items()}, out))
     index_path = os.path.join(directory, index_name)
@@ -65,13 +70,3 @@ def write_model_files(state_dict: dict[str, torch.Tensor], directory: str, max_s
         os.remove(os.path.join(directory, stale))
     return names
 
-
-def _write_safetensors_atomically(tensors: dict[str, torch.Tensor], path: str) -> None:
-    temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.partial")
-    try:
-        save_safetensors(tensors, temporary, metadata={"format": "pt"})
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise

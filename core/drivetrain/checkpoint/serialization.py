@@ -79,6 +79,7 @@ def save_safetensors(
     tensors: Mapping[str, torch.Tensor],
     path: str,
     metadata: Mapping[str, str] | None = None,
+    hashed: bool = True,
 ) -> None:
     """Write ``tensors`` (tied names already removed, see :func:`deduplicate_shared`) as a safetensors file,
     streaming each tensor's memory to disk, hashed and fsynced on the way."""
@@ -95,11 +96,23 @@ def save_safetensors(
         offset += nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # the data section starts 8-byte aligned, as safetensors writes it
-    with durable_writer(path) as out:
+    with durable_writer(path, hashed=hashed) as out:
         out.write(struct.pack("<Q", len(encoded)))
         out.write(encoded)
         for tensor in tensors.values():
             out.write(_raw_bytes(tensor))
+
+
+def save_safetensors_atomically(tensors: Mapping[str, torch.Tensor], path: str) -> None:
+    """:func:`save_safetensors` into a temporary sibling renamed over ``path``: readers never see half a file."""
+    path = os.path.abspath(path)
+    temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.partial")
+    try:
+        save_safetensors(tensors, temporary, metadata={"format": "pt"}, hashed=False)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
 
 
 def read_safetensors_header(path: str) -> dict[str, Any]:

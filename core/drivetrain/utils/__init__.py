@@ -65,6 +65,11 @@ _EXPORTS = {
     # logging and progress
     "get_logger": "drivetrain.logging",
     "tqdm": "drivetrain.progress",
+    "GeneralTracker": "drivetrain.tracking",
+    "write_basic_config": "drivetrain.config_file",
+    "notebook_launcher": "drivetrain.launchers",
+    "debug_launcher": "drivetrain.launchers",
+    "on_main_process": "drivetrain.tracking",
     # big-model planning and loading
     "init_empty_weights": "drivetrain.big_modeling",
     "init_on_device": "drivetrain.big_modeling",

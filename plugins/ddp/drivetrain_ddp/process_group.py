@@ -116,6 +116,26 @@ def _required_env(name: str) -> str:
     return value
 
 
+def _store_for_this_attempt(world_size: int, rank: int, timeout: datetime.timedelta | None) -> Any:
+    """The rendezvous store, under a prefix of its own for each restart of the group.
+
+    The elastic launcher keeps its store across restarts (``--max_restarts``), so without a prefix the
+    restarted ranks can read the addresses that the dead ranks published and fail to connect.
+    """
+    import torch.distributed as dist
+
+    hosted_by_launcher = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=not hosted_by_launcher and rank == 0,
+        timeout=timeout or datetime.timedelta(minutes=5),
+        wait_for_workers=False,
+    )
+    return dist.PrefixStore(f"drivetrain/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
+
+
 def join_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> DistributedEnvironment:
     """Initialise torch.distributed from RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT."""
     import torch.distributed as dist
@@ -134,9 +154,11 @@ def join_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> Dis
         _required_env("MASTER_PORT")
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        extra = {"timeout": timeout} if timeout is not None else {}
+        extra: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
         if device.type == "cuda" and backend == "nccl":
             extra["device_id"] = device
+        if "init_method" not in kwargs and "TORCHELASTIC_RESTART_COUNT" in os.environ:
+            extra["store"] = _store_for_this_attempt(world_size, rank, timeout)
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size, **extra, **kwargs)
         # Registered after init_process_group so it runs before torch's own exit handlers.
         atexit.register(_shutdown_at_exit)

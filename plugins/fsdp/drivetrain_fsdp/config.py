@@ -357,11 +357,12 @@ ALIASES = {
     "transformer_layer_cls_to_wrap": "transformer_cls_names_to_wrap",
     "backward_prefetch_policy": "backward_prefetch",
     "mixed_precision": "mixed_precision_policy",
+    "version": "fsdp_version",
 }
 
 
 def _field_name(key: str, origin: str) -> str:
-    name = key[len("fsdp_"):] if key.startswith("fsdp_") else key
+    name = key[len("fsdp_"):] if key.startswith("fsdp_") and key != "fsdp_version" else key
     name = ALIASES.get(name, name)
     if name not in FIELD_NAMES:
         raise ConfigurationError(

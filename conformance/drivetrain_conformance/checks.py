@@ -1,0 +1,474 @@
+"""The properties that run inside the launched processes, one function each.
+
+Every check runs identically on every rank (so ranks stay in step even when a check fails) and raises
+:class:`PropertyFailure` with a reason a backend author can act on. Expected values come from the
+reference backend ``local`` (the oracle run, compared by the runner) or from plain torch computing what
+``local`` does: no wrapper, ``loss.backward()``, ``torch.autocast``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+FEATURES = 6
+#: Samples each process trains on per optimizer step.
+PER_RANK = 4
+TRAINING_STEPS = 3
+_DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class PropertyFailure(AssertionError):
+    """A property does not hold; the message is the verdict's reason."""
+
+
+class ConformanceNet(torch.nn.Module):
+    """The user's model class (unwrap_model must hand this class back)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = torch.nn.Linear(FEATURES, 16)
+        self.out = torch.nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.hidden(x)))
+
+
+def make_model() -> ConformanceNet:
+    torch.manual_seed(0)
+    return ConformanceNet()
+
+
+def make_data(count: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1234)
+    x = torch.randn(count, FEATURES, generator=generator)
+    y = torch.sin(x.sum(dim=1, keepdim=True))
+    return x, y
+
+
+class Context:
+    """What a check needs: the backend under test, this process's place, and a place to record tensors."""
+
+    def __init__(self, backend: str, info: Any, workdir: str) -> None:
+        from drivetrain.state import PartialState
+
+        state = PartialState(cpu=True, backend=backend)
+        self.backend = backend
+        self.info = info
+        self.workdir = workdir
+        self.processes = state.num_processes
+        self.rank = state.process_index
+        self.tensors: dict[str, list[torch.Tensor]] = {}
+        self.x, self.y = make_data()
+
+    def accelerator(self, **kwargs: Any) -> Any:
+        from drivetrain import Accelerator
+
+        return Accelerator(backend=self.backend, cpu=True, **kwargs)
+
+    def rows(self, step: int, rank: int | None = None, per_rank: int = PER_RANK) -> slice:
+        """Rows of ``rank``'s share of global batch ``step`` (global batch = ``processes * per_rank`` rows)."""
+        rank = self.rank if rank is None else rank
+        start = step * self.processes * per_rank + rank * per_rank
+        return slice(start, start + per_rank)
+
+    def batch(self, step: int, rank: int | None = None, per_rank: int = PER_RANK) -> tuple[torch.Tensor, ...]:
+        rows = self.rows(step, rank, per_rank)
+        return self.x[rows], self.y[rows]
+
+
+def loss_of(model: Any, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    x, y = batch
+    return torch.nn.functional.mse_loss(model(x).float(), y)
+
+
+def parameters_of(model: Any) -> list[torch.Tensor]:
+    """Current weights, read through the prepared model (independent of unwrap_model)."""
+    return [p.detach().float().cpu().clone() for p in model.parameters()]
+
+
+def max_difference(left: list[torch.Tensor], right: list[torch.Tensor]) -> float:
+    return max(float((a.float() - b.float()).abs().max()) for a, b in zip(left, right, strict=True))
+
+
+def require_close(what: str, actual: list[torch.Tensor], expected: list[torch.Tensor],
+                  rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    if len(actual) != len(expected):
+        raise PropertyFailure(f"{what}: {len(actual)} tensors, expected {len(expected)}")
+    for a, e in zip(actual, expected):
+        if a.shape != e.shape or not torch.allclose(a.float(), e.float(), rtol=rtol, atol=atol):
+            raise PropertyFailure(f"{what}: max difference {max_difference(actual, expected):.3g} "
+                                  f"(allowed {atol:g} + {rtol:g}*|expected|)")
+
+
+def reference_gradients(batch: tuple[torch.Tensor, ...], scale: float = 1.0) -> list[torch.Tensor]:
+    """Gradients of the initial model on ``batch`` computed by plain torch (what ``local`` does)."""
+    model = make_model()
+    (loss_of(model, batch) * scale).backward()
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def current_gradients(model: Any) -> list[torch.Tensor]:
+    return [torch.zeros_like(p) if p.grad is None else p.grad.detach().float().cpu().clone()
+            for p in model.parameters()]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Oracle: the reference backend on combined batches
+# ---------------------------------------------------------------------------------------------------------
+def train_steps(accelerator: Any, model: Any, optimizer: Any, batches: list[tuple[torch.Tensor, ...]]) -> None:
+    for batch in batches:
+        accelerator.backward(loss_of(model, batch))
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def oracle(ctx: Context, max_processes: int = 8) -> None:
+    """Train with ``local`` on global batches of 1..max_processes shares, in every reference precision."""
+    for precision in ("no", "bf16", "fp16"):
+        for processes in range(1, max_processes + 1):
+            accelerator = ctx.accelerator(mixed_precision=precision)
+            model, optimizer = prepared_with_sgd(accelerator)
+            x, y = ctx.x, ctx.y
+            per_step = processes * PER_RANK
+            batches = [(x[s * per_step:(s + 1) * per_step], y[s * per_step:(s + 1) * per_step])
+                       for s in range(TRAINING_STEPS)]
+            train_steps(accelerator, model, optimizer, batches)
+            ctx.tensors[f"oracle/{precision}/{processes}"] = parameters_of(model)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Worker properties
+# ---------------------------------------------------------------------------------------------------------
+def prepared_with_sgd(accelerator: Any, lr: float = 0.1) -> tuple[Any, Any]:
+    model = make_model()
+    return accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=lr))
+
+
+def training(ctx: Context) -> str:
+    """Record this rank's weights after TRAINING_STEPS steps in each checked precision; the runner compares
+    them with the oracle (one process on the combined batch)."""
+    from drivetrain_conformance.properties import checked_precisions
+
+    precisions = checked_precisions(ctx.info)
+    for precision in precisions:
+        accelerator = ctx.accelerator(mixed_precision=precision)
+        model, optimizer = prepared_with_sgd(accelerator)
+        train_steps(accelerator, model, optimizer, [ctx.batch(step) for step in range(TRAINING_STEPS)])
+        ctx.tensors[f"training/{precision}"] = parameters_of(model)
+    return "precisions: " + ", ".join(precisions)
+
+
+def gradient_accumulation(ctx: Context) -> str:
+    full = ctx.accelerator()
+    model, optimizer = prepared_with_sgd(full)
+    train_steps(full, model, optimizer, [ctx.batch(step) for step in range(2)])
+    expected = parameters_of(model)
+    del model, optimizer
+
+    accelerator = ctx.accelerator(gradient_accumulation_steps=2)
+    model, optimizer = prepared_with_sgd(accelerator)
+    initial = parameters_of(model)
+    flags = []
+    for micro in range(4):
+        x, y = ctx.batch(micro // 2)
+        half = slice((micro % 2) * 2, (micro % 2) * 2 + 2)
+        with accelerator.accumulate(model):
+            accelerator.backward(loss_of(model, (x[half], y[half])))
+            optimizer.step()
+            optimizer.zero_grad()
+        flags.append(accelerator.sync_gradients)
+        if micro == 0 and max_difference(parameters_of(model), initial) != 0:
+            raise PropertyFailure("the optimizer stepped on a non-boundary accumulation step")
+    if flags != [False, True, False, True]:
+        raise PropertyFailure(f"sync_gradients over 4 batches with 2 accumulation steps was {flags}, "
+                              "expected [False, True, False, True]")
+    require_close("2 steps accumulating 2 half batches vs 2 steps on the full batches",
+                  parameters_of(model), expected, rtol=1e-4, atol=1e-6)
+
+    # The end of the data loader forces a sync (loader prepared by the reference backend: this property
+    # is about accumulation, dataloader_modes checks the backend's own loaders).
+    from drivetrain.backends import local
+
+    dataset = torch.utils.data.TensorDataset(ctx.x[: 6 * ctx.processes], ctx.y[: 6 * ctx.processes])
+    loader = local.shard_dataloader(torch.utils.data.DataLoader(dataset, batch_size=2), accelerator, True)
+    flags = []
+    for batch in loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(loss_of(model, batch))
+            optimizer.step()
+            optimizer.zero_grad()
+        flags.append(accelerator.sync_gradients)
+    if flags != [False, True, True]:
+        raise PropertyFailure(f"sync_gradients over a 3-batch loader with 2 accumulation steps was {flags}, "
+                              "expected [False, True, True] (the loader's end forces a sync)")
+    return "boundaries and full-batch equality hold"
+
+
+def require_direction(what: str, actual: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
+    """``actual`` is a positive multiple of ``expected``: where gradients come from, whatever their scale
+    (the scale under accumulation is the gradient_accumulation property's business)."""
+    flat_actual = torch.cat([t.reshape(-1).double() for t in actual])
+    flat_expected = torch.cat([t.reshape(-1).double() for t in expected])
+    scale = float(flat_actual @ flat_expected / (flat_expected @ flat_expected))
+    if scale <= 0 or not torch.allclose(flat_actual, scale * flat_expected, rtol=1e-4, atol=1e-7):
+        off = float((flat_actual - scale * flat_expected).abs().max())
+        raise PropertyFailure(f"{what}: off by up to {off:.3g}")
+
+
+def no_sync(ctx: Context) -> str:
+    accelerator = ctx.accelerator()
+    model, optimizer = prepared_with_sgd(accelerator)
+    accelerator.backward(loss_of(model, ctx.batch(0)))
+    accelerator.backward(loss_of(model, ctx.batch(1)))
+    synchronised_twice = current_gradients(model)
+    del model, optimizer
+
+    model, optimizer = prepared_with_sgd(accelerator)
+    with accelerator.no_sync(model):
+        accelerator.backward(loss_of(model, ctx.batch(0)))
+    require_close("gradients after a backward inside no_sync() (expected this process's own gradients)",
+                  current_gradients(model), reference_gradients(ctx.batch(0)))
+    accelerator.backward(loss_of(model, ctx.batch(1)))
+    require_close("gradients after the synchronised backward that follows no_sync() (expected those of two "
+                  "synchronised backwards)", current_gradients(model), synchronised_twice, rtol=1e-4)
+    del model, optimizer
+
+    accelerator = ctx.accelerator(gradient_accumulation_steps=2)
+    model, optimizer = prepared_with_sgd(accelerator)
+    with accelerator.accumulate(model):
+        accelerator.backward(loss_of(model, ctx.batch(0)))
+    require_direction("gradients on a non-boundary accumulate() step (expected this process's own gradients)",
+                      current_gradients(model), reference_gradients(ctx.batch(0)))
+    with accelerator.accumulate(model):
+        accelerator.backward(loss_of(model, ctx.batch(1)))
+    require_direction("gradients on the accumulate() boundary (expected those of synchronised backwards)",
+                      current_gradients(model), synchronised_twice)
+    return "local inside no_sync and between boundaries, synchronised after"
+
+
+def _expect(what: str, actual: Any, expected: Any) -> None:
+    same = torch.equal(actual, expected) if isinstance(expected, torch.Tensor) else actual == expected
+    if not same:
+        raise PropertyFailure(f"{what}: got {actual!r}, expected {expected!r}")
+
+
+def collectives(ctx: Context) -> str:
+    accelerator = ctx.accelerator()
+    n, r = ctx.processes, ctx.rank
+    mine = torch.full((2, 3), float(r))
+    in_order = torch.cat([torch.full((2, 3), float(rank)) for rank in range(n)])
+    _expect("gather (rank order along dim 0)", accelerator.gather(mine), in_order)
+    nested = accelerator.gather({"a": mine, "b": [mine * 2]})
+    _expect("gather of a nested structure", nested["a"], in_order)
+    _expect("gather of a nested structure", nested["b"][0], in_order * 2)
+
+    from drivetrain import operations
+
+    _expect("gather_object", operations.gather_object([f"rank{r}"]), [f"rank{rank}" for rank in range(n)])
+    _expect("broadcast from the last process", operations.broadcast(torch.full((3,), float(r)), from_process=n - 1),
+            torch.full((3,), float(n - 1)))
+    _expect("broadcast_object_list from process 0",
+            operations.broadcast_object_list([f"from{r}"], from_process=0), ["from0"])
+    _expect("reduce sum", accelerator.reduce(torch.tensor([r + 1.0]), reduction="sum"),
+            torch.tensor([n * (n + 1) / 2]))
+    _expect("reduce mean", accelerator.reduce(torch.tensor([r + 1.0]), reduction="mean"),
+            torch.tensor([(n + 1) / 2]))
+    ragged = torch.arange(1.0, r + 2)
+    expected_padded = torch.cat([ragged, torch.zeros(n - r - 1)])
+    _expect("pad_across_processes", accelerator.pad_across_processes(ragged), expected_padded)
+    _expect("pad_across_processes(pad_first=True)", accelerator.pad_across_processes(ragged, pad_first=True),
+            torch.cat([torch.zeros(n - r - 1), ragged]))
+    items = list(range(2 * n + 1))
+    with accelerator.split_between_processes(items) as share:
+        shares = operations.gather_object([share])
+    _expect("split_between_processes (shares in rank order cover the inputs once)",
+            [item for part in shares for item in part], items)
+    if r == n - 1:
+        accelerator.set_trigger()
+    _expect("check_trigger after the last process set it", accelerator.check_trigger(), True)
+    _expect("check_trigger once it was seen", accelerator.check_trigger(), False)
+
+    # gather_for_metrics drops exactly the samples added to even out the last batch.
+    from drivetrain.backends import local
+
+    count = 2 * n * PER_RANK + 3
+    loader = local.shard_dataloader(
+        torch.utils.data.DataLoader(torch.arange(count), batch_size=PER_RANK), accelerator, True)
+    gathered = torch.cat([accelerator.gather_for_metrics(batch) for batch in loader])
+    _expect(f"gather_for_metrics over a {count}-sample loader", gathered, torch.arange(count))
+    objects = [item for batch in loader for item in accelerator.gather_for_metrics(batch.tolist())]
+    _expect("gather_for_metrics of Python objects", objects, list(range(count)))
+    return "all documented results hold"
+
+
+#: (mode, DataLoaderConfiguration fields, dataset kind, shuffle)
+DATALOADER_MODES = (
+    ("batch sampler sharding, even_batches", {}, "map", False),
+    ("even_batches=False", {"even_batches": False}, "map", False),
+    ("split_batches", {"split_batches": True}, "map", False),
+    ("dispatch_batches", {"dispatch_batches": True}, "map", False),
+    ("iterable dataset", {}, "iterable", False),
+    ("seedable shuffled sampler", {"use_seedable_sampler": True, "data_seed": 7}, "map", True),
+)
+
+
+class _Numbers(torch.utils.data.IterableDataset):
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __iter__(self):
+        return iter(torch.arange(self.count).split(1))
+
+
+def _global_batches(ctx: Context, batches: list[list[int]]) -> list[list[int]]:
+    """Every rank's batches as global batches (batch ``s`` of every rank, ranks in order), gathered as
+    rank-tagged objects so that the result does not depend on the gather's order."""
+    from drivetrain import operations
+
+    per_rank = [rank_batches for _, rank_batches in sorted(operations.gather_object([(ctx.rank, batches)]))]
+    steps = max(len(rank_batches) for rank_batches in per_rank)
+    return [[item for rank_batches in per_rank if step < len(rank_batches) for item in rank_batches[step]]
+            for step in range(steps)]
+
+
+def dataloader_modes(ctx: Context) -> str:
+    from drivetrain import DataLoaderConfiguration
+
+    count = 2 * ctx.processes * PER_RANK + 3
+    problems = []
+    for mode, config, kind, shuffle in DATALOADER_MODES:
+        accelerator = ctx.accelerator(dataloader_config=DataLoaderConfiguration(**config))
+        dataset = _Numbers(count) if kind == "iterable" else torch.arange(count)
+        batch_size = PER_RANK * ctx.processes if config.get("split_batches") else PER_RANK
+        loader = accelerator.prepare(torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=shuffle))
+        batches, ends, remainder = [], [], -1
+        for batch in loader:
+            batches.append(batch.reshape(-1).tolist())
+            ends.append(accelerator.gradient_state.end_of_dataloader)
+            remainder = accelerator.gradient_state.remainder
+        if not batches or ends != [False] * (len(ends) - 1) + [True]:
+            problems.append(f"{mode}: end_of_dataloader over the batches was {ends}, expected True only on the last")
+            continue
+        global_batches = _global_batches(ctx, batches)
+        sequence = [item for batch in global_batches for item in batch]
+        if len(sequence) > count:
+            # The documented padding (removed by gather_for_metrics): the last global batch keeps its first
+            # `remainder` samples; a loader of unknown length pads at the very end.
+            if remainder > 0:
+                sequence = sequence[: len(sequence) - len(global_batches[-1]) + remainder]
+            elif remainder == -1:
+                sequence = sequence[:count]
+        if sorted(sequence) != list(range(count)):
+            missing = sorted(set(range(count)) - set(sequence))
+            duplicates = len(sequence) - len(set(sequence))
+            problems.append(f"{mode}: {len(sequence)} samples after removing the padding, expected each of "
+                            f"{count} once (missing {missing[:5]}, {duplicates} duplicated)")
+        elif not shuffle and sequence != list(range(count)):
+            problems.append(f"{mode}: samples out of order: {sequence[:12]}...")
+    if problems:
+        raise PropertyFailure("; ".join(problems))
+    return f"{len(DATALOADER_MODES)} modes, {count} samples each"
+
+
+def checkpoint_resume(ctx: Context) -> str:
+    accelerator = ctx.accelerator()
+    model = make_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+
+    def steps(which: range) -> None:
+        for step in which:
+            accelerator.backward(loss_of(model, ctx.batch(step)))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+
+    folder = os.path.join(ctx.workdir, f"checkpoint-{ctx.backend}")
+    steps(range(2))
+    saved = parameters_of(model)
+    accelerator.save_state(folder)
+    steps(range(2, 4))
+    uninterrupted = parameters_of(model)
+    accelerator.load_state(folder)
+    if max_difference(parameters_of(model), saved) != 0:
+        raise PropertyFailure(f"after load_state the weights differ from the saved ones by "
+                              f"{max_difference(parameters_of(model), saved):.3g}")
+    steps(range(2, 4))
+    resumed = parameters_of(model)
+    if max_difference(resumed, uninterrupted) != 0:
+        raise PropertyFailure(f"training on after load_state differs from the uninterrupted run by "
+                              f"{max_difference(resumed, uninterrupted):.3g} (optimizer or scheduler state "
+                              "not restored?)")
+    return "bit-identical continuation (model, Adam, StepLR)"
+
+
+def unwrap_model(ctx: Context) -> str:
+    accelerator = ctx.accelerator()
+    original = make_model()
+    keys = list(original.state_dict())
+    model, optimizer = accelerator.prepare(original, torch.optim.SGD(original.parameters(), lr=0.1))
+    train_steps(accelerator, model, optimizer, [ctx.batch(0)])
+    unwrapped = accelerator.unwrap_model(model)
+    if type(unwrapped) is not ConformanceNet:
+        raise PropertyFailure(f"unwrap_model returned {type(unwrapped).__name__}, expected the user's ConformanceNet")
+    if list(unwrapped.state_dict()) != keys:
+        raise PropertyFailure(f"unwrapped state_dict keys {list(unwrapped.state_dict())} differ from {keys}")
+    if not ctx.info.capabilities.sharded_state:
+        require_close("weights of the unwrapped module vs the prepared model after a step",
+                      [v.float() for v in unwrapped.state_dict().values()], parameters_of(model), 0, 0)
+    return "user's class, keys and trained weights"
+
+
+def autocast(ctx: Context) -> str:
+    from drivetrain import AutocastKwargs
+    from drivetrain_conformance.properties import checked_precisions
+
+    layer = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    for precision in checked_precisions(ctx.info):
+        accelerator = ctx.accelerator(mixed_precision=precision)
+        with accelerator.autocast():
+            dtype = layer(x).dtype
+        _expect(f"dtype of a Linear under autocast() with mixed_precision={precision!r}", dtype, _DTYPES[precision])
+        with accelerator.autocast(autocast_handler=AutocastKwargs(enabled=False)):
+            _expect("dtype under autocast(AutocastKwargs(enabled=False))", layer(x).dtype, torch.float32)
+        model = accelerator.prepare(make_model())
+        _expect(f"output dtype of a prepared model with mixed_precision={precision!r}",
+                model(x[:, :1].repeat(1, FEATURES)).dtype, torch.float32)
+    return "precisions: " + ", ".join(checked_precisions(ctx.info))
+
+
+def second_accelerator(ctx: Context) -> str:
+    first = ctx.accelerator()
+    model_1, optimizer_1 = prepared_with_sgd(first)
+    train_steps(first, model_1, optimizer_1, [ctx.batch(0)])
+    second = ctx.accelerator()
+    model_2, optimizer_2 = prepared_with_sgd(second)
+    train_steps(second, model_2, optimizer_2, [ctx.batch(0)])
+    train_steps(first, model_1, optimizer_1, [ctx.batch(1)])
+    train_steps(second, model_2, optimizer_2, [ctx.batch(1)])
+    require_close("weights of the first and the second Accelerator's models after the same steps",
+                  parameters_of(model_1), parameters_of(model_2), 0, 0)
+    if max_difference(parameters_of(model_1), parameters_of(make_model())) == 0:
+        raise PropertyFailure("the models did not train")
+    return "both train, identically"
+
+
+CHECKS: dict[str, Callable[[Context], str]] = {
+    "one_process_matches_local": training,
+    "multi_process_matches_combined_batch": training,
+    "gradient_accumulation": gradient_accumulation,
+    "no_sync": no_sync,
+    "collectives": collectives,
+    "dataloader_modes": dataloader_modes,
+    "checkpoint_resume": checkpoint_resume,
+    "unwrap_model": unwrap_model,
+    "autocast": autocast,
+    "second_accelerator": second_accelerator,
+}

@@ -1,0 +1,47 @@
+"""``drivetrain conformance NAME [--processes N]``, registered through the register_extensions hook."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from drivetrain import hookimpl
+from drivetrain.plugins import PluginInfo
+
+PLUGIN_INFO = PluginInfo(kind="extension", description="the conformance suite: `drivetrain conformance NAME`")
+HELP = "Check that a backend keeps the plugin contract: one verdict per property."
+
+
+def register_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("backends", nargs="+", metavar="NAME",
+                        help="installed backend plugin name(s), or a .py file defining a plugin module")
+    parser.add_argument("--processes", type=int, default=1, metavar="N",
+                        help="run the multi-process properties with N processes (gloo on CPU; default 1)")
+    parser.add_argument("--timeout", type=float, default=600, metavar="SECONDS", help="limit for the whole run")
+    parser.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from drivetrain.commands.main import UsageError
+    from drivetrain_conformance.runner import run_suite
+
+    if args.processes < 1:
+        raise UsageError(f"conformance: --processes must be 1 or more, got {args.processes}")
+    from drivetrain.plugins import get_plugin_manager, unknown_plugin_message
+    from drivetrain_conformance.targets import is_file_target
+
+    manager = get_plugin_manager()
+    for name in args.backends:
+        if not is_file_target(name) and name not in manager.discovered():
+            raise UsageError(f"conformance: {unknown_plugin_message(name, manager.discovered())}")
+    reports = run_suite(list(args.backends), processes=args.processes, timeout=args.timeout)
+    if args.json:
+        print(json.dumps([report.to_json() for report in reports.values()], indent=2))
+    else:
+        print("\n\n".join(report.format() for report in reports.values()))
+    return 0 if all(report.ok for report in reports.values()) else 1
+
+
+@hookimpl
+def register_extensions(registry) -> None:
+    registry.add_command("conformance", register_parser, run, HELP)

@@ -1,0 +1,32 @@
+"""pytest plugin (entry point ``pytest11``): the ``drivetrain_conformance`` fixture for backend authors.
+
+    def test_my_backend_conforms(drivetrain_conformance):
+        drivetrain_conformance.check("my-backend", processes=2)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+class ConformanceFixture:
+    def __init__(self, workdir: str) -> None:
+        self.workdir = workdir
+
+    def run(self, backend: str, processes: int = 1):
+        """The :class:`~drivetrain_conformance.Report` for one backend."""
+        from drivetrain_conformance.runner import run_suite
+
+        return run_suite([backend], processes=processes)[backend]
+
+    def check(self, backend: str, processes: int = 1):
+        """Run the suite and fail the test with the verdict table when any property fails."""
+        report = self.run(backend, processes)
+        if not report.ok:
+            pytest.fail(report.format(), pytrace=False)
+        return report
+
+
+@pytest.fixture
+def drivetrain_conformance(tmp_path) -> ConformanceFixture:
+    return ConformanceFixture(str(tmp_path))

@@ -1,0 +1,139 @@
+"""The conformance suite itself: our backends pass, and a backend broken in one way fails exactly the property
+it breaks. Backends are batched into one launch per process count (a launch costs seconds)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from drivetrain_conformance import PROPERTIES, run_suite
+from drivetrain_conformance.discover import repository_backends
+from drivetrain_conformance.static import check_spec
+
+HERE = Path(__file__).parent
+BROKEN = HERE / "broken"
+REPOSITORY = HERE.parents[1]
+TEMPLATE = REPOSITORY / "contrib" / "plugin-template"
+
+#: broken backend file -> (the property it breaks, processes needed to see it)
+BROKEN_BACKENDS = {
+    "unmarked_hook.py": ("hooks_match_spec", 1),
+    "autocast_dtype.py": ("autocast", 1),
+    "accumulation_rescaled.py": ("gradient_accumulation", 1),
+    "state_not_restored.py": ("checkpoint_resume", 1),
+    "class_swapped.py": ("unwrap_model", 1),
+    "teardown_previous.py": ("second_accelerator", 1),
+    "gather_reversed.py": ("collectives", 2),
+    "grads_summed.py": ("multi_process_matches_combined_batch", 2),
+    "no_sync_ignored.py": ("no_sync", 2),
+    "unsharded_loader.py": ("dataloader_modes", 2),
+}
+
+
+def _broken(processes: int) -> list[str]:
+    return [str(BROKEN / name) for name, (_, needed) in BROKEN_BACKENDS.items() if needed == processes]
+
+
+@pytest.fixture(scope="module")
+def rendered_template(tmp_path_factory) -> Path:
+    from cookiecutter.main import cookiecutter
+
+    output = tmp_path_factory.mktemp("rendered")
+    project = cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(output),
+                           extra_context={"plugin_name": "fresh-backend"})
+    return Path(project)
+
+
+@pytest.fixture(scope="module")
+def one_process(rendered_template, tmp_path_factory):
+    targets = [*repository_backends(REPOSITORY, ("plugins",)), *_broken(1),
+               str(rendered_template / "drivetrain_fresh_backend" / "plugin.py")]
+    return run_suite(targets, processes=1, workdir=str(tmp_path_factory.mktemp("one")))
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    targets = [*repository_backends(REPOSITORY, ("plugins",)), *_broken(2)]
+    return run_suite(targets, processes=2, workdir=str(tmp_path_factory.mktemp("two")))
+
+
+def _statuses(report) -> dict[str, str]:
+    return {v.property: v.status for v in report.verdicts}
+
+
+def test_repository_backends_pass_in_one_process(one_process):
+    for name in repository_backends(REPOSITORY, ("plugins",)):
+        report = one_process[name]
+        assert report.ok, report.format()
+        statuses = _statuses(report)
+        assert statuses["one_process_matches_local"] == "pass"
+        assert statuses["multi_process_matches_combined_batch"] == "n/a"
+        assert [v.property for v in report.verdicts] == [p.name for p in PROPERTIES]
+
+
+@pytest.mark.multiprocess
+def test_repository_backends_pass_in_two_processes(two_processes):
+    for name in repository_backends(REPOSITORY, ("plugins",)):
+        report = two_processes[name]
+        assert report.ok, report.format()
+        if name == "local":  # one process only: every run-time property is n/a, with the reason
+            assert {v.status for v in report.verdicts[1:]} == {"n/a"}
+            assert "multi_process=False" in report.verdicts[1].reason
+        else:
+            assert _statuses(report)["multi_process_matches_combined_batch"] == "pass", report.format()
+
+
+@pytest.mark.parametrize("name", [n for n, (_, p) in BROKEN_BACKENDS.items() if p == 1])
+def test_broken_backend_fails_exactly_its_property_in_one_process(one_process, name):
+    report = one_process[str(BROKEN / name)]
+    assert report.failed == [BROKEN_BACKENDS[name][0]], report.format()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("name", [n for n, (_, p) in BROKEN_BACKENDS.items() if p == 2])
+def test_broken_backend_fails_exactly_its_property_in_two_processes(two_processes, name):
+    report = two_processes[str(BROKEN / name)]
+    assert report.failed == [BROKEN_BACKENDS[name][0]], report.format()
+
+
+def test_rendered_template_is_a_ready_package(rendered_template, one_process):
+    pyproject = (rendered_template / "pyproject.toml").read_text()
+    assert 'fresh-backend = "drivetrain_fresh_backend.plugin"' in pyproject
+    assert (rendered_template / "tests" / "test_conformance.py").read_text().count('"fresh-backend"') == 1
+    assert (rendered_template / "README.md").exists()
+    report = one_process[str(rendered_template / "drivetrain_fresh_backend" / "plugin.py")]
+    assert report.ok, report.format()
+
+
+def test_contract_version_mismatch_is_a_clear_failure(tmp_path):
+    plugin = tmp_path / "future_backend.py"
+    plugin.write_text("from drivetrain.plugins import PluginInfo\nPLUGIN_INFO = PluginInfo(kind='backend', "
+                      "contract='2.0')\n")
+    problem, info = check_spec(str(plugin))
+    assert info is None
+    assert "implements contract 2.0, but this drivetrain implements contract 1.0" in problem
+
+
+def test_cli_prints_one_verdict_per_property_and_fails_on_a_dirty_exit(tmp_path):
+    """`drivetrain conformance FILE`: exit code 1, clean_exit FAIL with the reason, the rest pass."""
+    result = subprocess.run([sys.executable, "-m", "drivetrain.commands.main", "conformance",
+                             str(BROKEN / "dirty_exit.py")], capture_output=True, text=True, timeout=300,
+                            env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)})
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = {line.split()[1]: line.split()[0] for line in result.stdout.splitlines()
+             if line.startswith("  ") and len(line.split()) >= 2}
+    assert lines["clean_exit"] == "FAIL"
+    assert "exit code 3" in result.stdout
+    assert [p for p, status in lines.items() if status == "FAIL"] == ["clean_exit"]
+    assert len(lines) == len(PROPERTIES)
+
+
+def test_cli_unknown_backend_is_a_usage_error():
+    result = subprocess.run([sys.executable, "-m", "drivetrain.commands.main", "conformance", "no-such-backend"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "unknown drivetrain plugin 'no-such-backend'" in result.stderr
+    assert result.stderr.count("\n") == 1

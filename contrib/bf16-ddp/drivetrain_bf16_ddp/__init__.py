@@ -1,0 +1,1 @@
+"""drivetrain-bf16-ddp: an example third-party backend, written by following docs/plugins/tutorial.md."""

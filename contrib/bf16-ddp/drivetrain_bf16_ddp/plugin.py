@@ -1,0 +1,81 @@
+"""The bf16-ddp backend: one model replica per process; under ``mixed_precision="bf16"`` gradients travel
+as bfloat16 (half the bytes of fp32) and are averaged back in fp32.
+
+Select it with ``Accelerator(backend="bf16-ddp")`` or ``DRIVETRAIN_BACKEND=bf16-ddp``; it is not picked
+automatically for multi-process runs (``select_for_multiprocess`` stays False) so it never competes with
+the ddp backend.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+from drivetrain import hookimpl
+from drivetrain.collectives import TorchCollectives
+from drivetrain.enums import DistributedType
+from drivetrain.plugins import Capabilities, PluginInfo
+from drivetrain.state import DistributedEnvironment
+
+PLUGIN_INFO = PluginInfo(
+    kind="backend",
+    contract="1.0",
+    description="data parallel; all-reduces bf16-compressed gradients under mixed_precision='bf16'",
+    capabilities=Capabilities(multi_process=True, precisions=("no", "bf16"), devices=("cpu", "cuda")),
+)
+
+#: Wrappers built in this process: released before the process group is destroyed (see _shutdown).
+_wrappers: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+
+
+def _shutdown() -> None:
+    """Meet the other ranks, release every DDP reducer (it holds the process group; left alive it is
+    destroyed at interpreter exit after gloo's threads and aborts the process), destroy the group."""
+    if not dist.is_initialized():
+        return
+    dist.barrier()
+    for wrapper in list(_wrappers):
+        wrapper.__dict__["reducer"] = None
+        wrapper.__dict__["logger"] = None
+    _wrappers.clear()
+    dist.destroy_process_group()
+
+
+@hookimpl
+def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> DistributedEnvironment:
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return DistributedEnvironment(distributed_type=DistributedType.NO)
+    if not dist.is_initialized():
+        backend = init_kwargs.get("backend") or ("nccl" if device.type == "cuda" else "gloo")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend=backend, rank=int(os.environ["RANK"]), world_size=world_size)
+    return DistributedEnvironment(
+        num_processes=dist.get_world_size(),
+        process_index=dist.get_rank(),
+        local_process_index=int(os.environ.get("LOCAL_RANK", "0")),
+        local_num_processes=int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
+        distributed_type=DistributedType.MULTI_GPU if device.type == "cuda" else DistributedType.MULTI_CPU,
+        torch_backend=dist.get_backend(),
+        collectives=TorchCollectives(),
+        shutdown=_shutdown,
+    )
+
+
+@hookimpl
+def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) -> torch.nn.Module | None:
+    if evaluation_mode or accelerator.num_processes == 1:
+        return None
+    device = accelerator.device
+    device_ids = [device.index] if device.type == "cuda" else None
+    wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    if accelerator.mixed_precision == "bf16":
+        wrapped.register_comm_hook(None, bf16_compress_hook)
+    _wrappers.add(wrapped)
+    return wrapped

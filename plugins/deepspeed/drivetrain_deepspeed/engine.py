@@ -1,0 +1,303 @@
+"""Building DeepSpeed engines and the objects the kernel holds in their place.
+
+``wrap_model`` returns the ``DeepSpeedEngine`` itself (an ``nn.Module``; ``accelerator.unwrap_model`` gives
+back the user's module). The engine owns the optimizer step: ``accelerator.backward`` runs
+``engine.backward`` and ``engine.step`` (which only updates on accumulation boundaries), so the optimizer and
+scheduler objects the script holds step nothing themselves (:class:`EngineOptimizer`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import torch
+
+from drivetrain.errors import ConfigurationError
+from drivetrain.optimizer import AcceleratedOptimizer
+from drivetrain_deepspeed.autofill import fill_config, resolve_precision
+from drivetrain_deepspeed.config import DeepSpeedPlugin
+from drivetrain_deepspeed.dummies import DummyOptim
+from drivetrain_deepspeed.selection import get_active_deepspeed_plugin
+
+
+def import_deepspeed(device_type: str = "cpu") -> Any:
+    """Import deepspeed, telling it to run on the CPU when this process computes there (it would otherwise
+    pick CUDA whenever it sees a GPU, or fail to find an accelerator)."""
+    if device_type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+
+    return deepspeed
+
+
+@attrs.define(eq=False)
+class EngineRecord:
+    """What the backend remembers about one engine it built."""
+
+    engine: Any
+    plugin: DeepSpeedPlugin
+    config: dict[str, Any]
+    #: the optimizer the user passed (torch optimizer or DummyOptim), None for an inference engine
+    user_optimizer: Any = None
+    #: grad norm computed before the last step, for engines whose optimizer does not record one
+    last_grad_norm: torch.Tensor | None = None
+
+
+#: Accelerator -> the engines prepared through it, in order.
+_engines_by_accelerator: weakref.WeakKeyDictionary[Any, list[EngineRecord]] = weakref.WeakKeyDictionary()
+#: id(user optimizer) -> record, for wrap_optimizer (the optimizer objects outlive prepare()).
+_engine_of_optimizer: dict[int, EngineRecord] = {}
+
+
+def records_of(accelerator: Any) -> list[EngineRecord]:
+    return _engines_by_accelerator.setdefault(accelerator, [])
+
+
+def record_of_engine(engine: Any) -> EngineRecord | None:
+    for records in _engines_by_accelerator.values():
+        for record in records:
+            if record.engine is engine:
+                return record
+    return None
+
+
+def training_record(accelerator: Any) -> EngineRecord:
+    """The engine ``accelerator.backward`` drives: the last one prepared with an optimizer (as Accelerate;
+    train disjoint models with one Accelerator each)."""
+    for record in reversed(records_of(accelerator)):
+        if record.user_optimizer is not None:
+            return record
+    raise ConfigurationError(
+        "accelerator.backward() with the deepspeed backend needs a model prepared together with its optimizer "
+        "(accelerator.prepare(model, optimizer, ...)); this Accelerator prepared none"
+    )
+
+
+def _optimizer_for(model: torch.nn.Module, pending: list[Any]) -> Any:
+    """The optimizer of this prepare() call that holds ``model``'s parameters (None if none does)."""
+    parameters = {id(parameter) for parameter in model.parameters()}
+    matches = [
+        optimizer for optimizer in pending
+        if any(id(p) in parameters for group in optimizer.param_groups for p in group["params"])
+    ]
+    if len(matches) > 1:
+        raise ConfigurationError(
+            f"{len(matches)} optimizers passed to prepare() hold parameters of the same model; DeepSpeed builds "
+            "one engine per model and optimizer"
+        )
+    return matches[0] if matches else None
+
+
+def build_engine(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) -> Any:
+    """Create the engine for ``model`` from the active plugin, the optimizer of the same prepare() call and,
+    for a DummyOptim, its DummyScheduler."""
+    deepspeed = import_deepspeed(accelerator.device.type)
+    plugin = get_active_deepspeed_plugin(accelerator.state)
+    optimizer = None if evaluation_mode else _optimizer_for(model, list(accelerator.pending_optimizers))
+    training = optimizer is not None
+    config = fill_config(plugin.deepspeed_config, accelerator, model, optimizer, training)
+
+    kwargs: dict[str, Any] = {"model": model, "config": config, "dist_init_required": False}
+    if isinstance(optimizer, DummyOptim):
+        kwargs["model_parameters"] = [p for p in model.parameters() if p.requires_grad]
+        scheduler = optimizer.scheduler
+        if scheduler is not None and "scheduler" not in config and scheduler.lr_scheduler_callable is not None:
+            kwargs["lr_scheduler"] = scheduler.lr_scheduler_callable
+    elif optimizer is not None:
+        kwargs["optimizer"] = optimizer
+    engine, engine_optimizer, _, engine_scheduler = deepspeed.initialize(**kwargs)
+    if isinstance(optimizer, DummyOptim) and optimizer.scheduler is not None:
+        optimizer.scheduler.engine_scheduler = engine_scheduler
+
+    # The kernel's accumulate() uses a wrapped model's no_sync(); the engine's refuses ZeRO 2/3 and is not
+    # needed: the accumulation boundary (set from sync_gradients in backward) decides when gradients reduce.
+    engine.__dict__["no_sync"] = contextlib.nullcontext
+    # Duck-typed protocol for the kernel's get_state_dict/save_model: the full (gathered) weights.
+    engine.__dict__["full_state_dict"] = lambda: gathered_state_dict(engine)
+
+    record = EngineRecord(engine=engine, plugin=plugin, config=config, user_optimizer=optimizer)
+    records_of(accelerator).append(record)
+    if optimizer is not None:
+        _engine_of_optimizer[id(optimizer)] = record
+    return engine
+
+
+class EngineOptimizer(AcceleratedOptimizer):
+    """The prepared optimizer: the engine's optimizer, whose ``step``/``zero_grad`` are done by the engine in
+    ``accelerator.backward`` (so the script's calls do nothing). ``step_was_skipped`` reports the engine's
+    fp16 overflow skips."""
+
+    def __init__(self, record: EngineRecord) -> None:
+        super().__init__(record.engine.optimizer, scaler=None)
+        self.record = record
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        return None
+
+    @property
+    def step_was_skipped(self) -> bool:  # type: ignore[override]
+        return not getattr(self.record.engine, "_step_applied", True)
+
+    @step_was_skipped.setter
+    def step_was_skipped(self, value: bool) -> None:
+        pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("a DeepSpeed engine's optimizer cannot be pickled; save it with accelerator.save_state()")
+
+
+def engine_optimizer(optimizer: Any) -> EngineOptimizer:
+    record = _engine_of_optimizer.get(id(optimizer))
+    if record is None:
+        raise ConfigurationError(
+            f"the {type(optimizer).__name__} passed to prepare() belongs to no DeepSpeed engine: with the deepspeed "
+            "backend pass each optimizer to the same accelerator.prepare() call as its model"
+        )
+    return EngineOptimizer(record)
+
+
+def backward(loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, Any]) -> None:
+    """One micro step: backward through the engine, then ``engine.step()``, which updates (and zeroes the
+    gradients, and steps a config-defined scheduler) only on accumulation boundaries."""
+    record = training_record(accelerator)
+    engine = record.engine
+    engine.set_gradient_accumulation_boundary(bool(accelerator.sync_gradients))
+    # The kernel already divided the loss by the accumulation steps: the engine must not divide again.
+    engine.backward(loss, retain_graph=bool(backward_kwargs.get("retain_graph", False)), scale_wrt_gas=False)
+    if accelerator.sync_gradients and not _optimizer_records_norm(engine):
+        record.last_grad_norm = _local_full_grad_norm(engine.module)
+    engine.step()
+
+
+def _optimizer_records_norm(engine: Any) -> bool:
+    # ZeRO optimizers and DeepSpeed's bf16/fp16 optimizers compute the global norm in step(); a plain torch
+    # optimizer at stage 0 does not.
+    return engine.zero_optimization() or engine.bfloat16_enabled() or engine.fp16_enabled()
+
+
+def _local_full_grad_norm(module: torch.nn.Module) -> torch.Tensor:
+    # At stage 0 every process holds the all-reduced full gradients after a boundary backward.
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return torch.tensor(0.0)
+    return torch.nn.utils.get_total_norm(grads, 2.0)
+
+
+def grad_norm(accelerator: Any, max_norm: float) -> torch.Tensor:
+    """The global gradient norm of the last optimizer step (before clipping). Clipping itself happens inside
+    the engine, by the config's ``gradient_clipping``."""
+    record = training_record(accelerator)
+    configured = record.config.get("gradient_clipping")
+    if configured is None or float(configured) != float(max_norm):
+        _warn_clipping_once(configured, max_norm)
+    norm = record.engine.get_global_grad_norm() if _optimizer_records_norm(record.engine) else record.last_grad_norm
+    if norm is None:
+        return torch.tensor(0.0)
+    return norm.detach().float() if isinstance(norm, torch.Tensor) else torch.tensor(float(norm))
+
+
+_warned_clipping: set[tuple[Any, float]] = set()
+
+
+def _warn_clipping_once(configured: Any, max_norm: float) -> None:
+    import warnings
+
+    key = (configured, float(max_norm))
+    if key in _warned_clipping:
+        return
+    _warned_clipping.add(key)
+    warnings.warn(
+        f"accelerator.clip_grad_norm_(max_norm={max_norm}) with the deepspeed backend: the engine clips by the "
+        f"config's gradient_clipping ({configured if configured is not None else 'not set: no clipping'}); set "
+        f"DeepSpeedPlugin(gradient_clipping={max_norm}) or \"gradient_clipping\": {max_norm} in the config",
+        stacklevel=4,
+    )
+
+
+def engine_precision(accelerator: Any) -> str:
+    """The precision the active configuration trains in ("no", "bf16", "fp16")."""
+    records = records_of(accelerator)
+    if records:
+        config = records[-1].config
+    else:
+        config = dict(get_active_deepspeed_plugin(accelerator.state).deepspeed_config)
+        config = {key: dict(value) if isinstance(value, dict) else value for key, value in config.items()}
+    return resolve_precision(config, accelerator.mixed_precision)
+
+
+# -- weights -------------------------------------------------------------------------------------------------
+def gathered_state_dict(engine: Any) -> dict[str, torch.Tensor]:
+    """The full state dict of the engine's module on every process, in the engine's dtype (16-bit under
+    bf16/fp16, fp32 otherwise). ZeRO-3 parameters are gathered one module at a time into CPU copies."""
+    module = engine.module
+    if not engine.zero_optimization_partition_weights():
+        return {key: value.detach().cpu().clone() for key, value in module.state_dict().items()}
+    import deepspeed
+
+    state: dict[str, torch.Tensor] = {}
+    for prefix, submodule in module.named_modules():
+        own = list(submodule.parameters(recurse=False))
+        with deepspeed.zero.GatheredParameters(own, modifier_rank=None):
+            for name, tensor in [*submodule.named_parameters(recurse=False), *submodule.named_buffers(recurse=False)]:
+                key = f"{prefix}.{name}" if prefix else name
+                if key not in state and tensor is not None:
+                    state[key] = tensor.detach().cpu().clone()
+    # Keep the module's own key order (and the keys state_dict() would have, e.g. persistent buffers only).
+    ordered = {key: state[key] for key in module.state_dict().keys() if key in state}
+    return ordered
+
+
+def fp32_state_dict_from_checkpoint(checkpoint_dir: str, tag: str | None = None) -> dict[str, torch.Tensor]:
+    """Full fp32 weights from a checkpoint's ZeRO partitions (DeepSpeed's zero_to_fp32), on the CPU."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=tag)
+
+
+@contextlib.contextmanager
+def zero3_init(plugin_or_accelerator: Any = None, enabled: bool = True) -> Iterator[None]:
+    """Create a model's parameters already partitioned across processes (``deepspeed.zero.Init``) when the
+    active configuration is ZeRO stage 3; a no-op otherwise (or with ``enabled=False``).
+
+    Accepts a :class:`DeepSpeedPlugin`, an Accelerator, or nothing (the active plugin of the running state).
+    """
+    if isinstance(plugin_or_accelerator, DeepSpeedPlugin):
+        plugin = plugin_or_accelerator
+        mixed_precision = "no"
+    else:
+        from drivetrain.state import AcceleratorState
+
+        state = plugin_or_accelerator.state if plugin_or_accelerator is not None else AcceleratorState()
+        plugin = get_active_deepspeed_plugin(state)
+        mixed_precision = state.mixed_precision
+    if not enabled or plugin.stage != 3:
+        yield
+        return
+    import copy
+
+    config = copy.deepcopy(plugin.deepspeed_config)
+    precision = resolve_precision(config, mixed_precision)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    # zero.Init reads only the ZeRO section; the batch sizes must merely be consistent numbers.
+    init_config = {
+        "zero_optimization": {k: v for k, v in config["zero_optimization"].items() if v != "auto"},
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+    }
+    for part in ("offload_optimizer", "offload_param"):
+        section = init_config["zero_optimization"].get(part)
+        if isinstance(section, dict) and section.get("device") == "auto":
+            section["device"] = "none"
+    device_type = "cpu" if os.environ.get("DS_ACCELERATOR") == "cpu" else None
+    deepspeed = import_deepspeed(device_type or "cuda")
+    with deepspeed.zero.Init(config_dict_or_path=init_config, dtype=dtype):
+        yield
+

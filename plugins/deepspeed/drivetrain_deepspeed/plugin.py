@@ -1,0 +1,111 @@
+"""The deepspeed plugin's hook implementations. See docs/deepspeed.md for the user's view and
+docs/backends.md for how DeepSpeed maps onto the hooks.
+
+Nothing here imports deepspeed at module level: listing plugins or parsing ``drivetrain launch`` options
+stays fast; the engine modules import it when a run starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from drivetrain import hookimpl
+from drivetrain.plugins import Capabilities, PluginInfo
+from drivetrain_deepspeed.config import DeepSpeedPlugin
+
+PLUGIN_INFO = PluginInfo(
+    kind="backend",
+    requires=("deepspeed",),
+    description="DeepSpeed engines: ZeRO stages 0-3, CPU/NVMe offload, several models",
+    capabilities=Capabilities(multi_process=True, sharded_state=True, precisions=("no", "bf16", "fp16"),
+                              devices=("cpu", "cuda")),
+    distributed_type="DEEPSPEED",
+    config_class=DeepSpeedPlugin,
+    places_model=True,
+)
+
+
+@hookimpl
+def register_extensions(registry: Any) -> None:
+    from drivetrain_deepspeed.launcher import add_launch_options, launch_with_deepspeed
+
+    registry.add_launch_options(add_launch_options)
+    registry.add_launcher("deepspeed", launch_with_deepspeed)
+
+
+@hookimpl
+def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> Any:
+    from drivetrain_deepspeed.process_group import join_process_group
+
+    return join_process_group(device, init_kwargs)
+
+
+@hookimpl
+def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) -> Any:
+    from drivetrain_deepspeed.engine import build_engine, engine_precision, record_of_engine
+
+    if record_of_engine(model) is not None:
+        return None
+    engine = build_engine(model, accelerator, evaluation_mode)
+    if accelerator.mixed_precision == "no" and engine_precision(accelerator) != "no":
+        # The DeepSpeed config alone asked for 16-bit: the module's weights are 16-bit now, so its forward
+        # must run under autocast (the kernel patches forward only when mixed_precision is set).
+        from drivetrain.accelerator import _patch_forward_with_autocast
+
+        _patch_forward_with_autocast(model, accelerator.autocast)
+    return engine
+
+
+@hookimpl
+def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> Any:
+    from drivetrain_deepspeed.engine import engine_optimizer
+
+    return engine_optimizer(optimizer)
+
+
+@hookimpl
+def backward(loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, Any]) -> bool:
+    from drivetrain_deepspeed.engine import backward as engine_backward
+
+    engine_backward(loss, accelerator, backward_kwargs)
+    return True
+
+
+@hookimpl
+def clip_grad_norm(parameters: list, max_norm: float, norm_type: float, accelerator: Any) -> torch.Tensor:
+    from drivetrain_deepspeed.engine import grad_norm
+
+    return grad_norm(accelerator, max_norm)
+
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@hookimpl
+def autocast(accelerator: Any, autocast_kwargs: dict[str, Any]) -> Any:
+    from drivetrain_deepspeed.engine import engine_precision
+
+    dtype = _AUTOCAST_DTYPES.get(engine_precision(accelerator))
+    if dtype is None:
+        return contextlib.nullcontext()
+    # The engine keeps 16-bit weights; autocast lets fp32 inputs meet them.
+    return torch.autocast(device_type=accelerator.device.type, dtype=dtype, **autocast_kwargs)
+
+
+@hookimpl
+def save_state(output_dir: str, accelerator: Any, models: list, schedulers: list) -> bool:
+    from drivetrain_deepspeed.checkpoint import save_state as save
+
+    save(output_dir, accelerator, models, schedulers, dict(getattr(accelerator, "_save_model_func_kwargs", {}) or {}))
+    return True
+
+
+@hookimpl
+def load_state(input_dir: str, accelerator: Any, models: list, schedulers: list, map_location: Any) -> bool:
+    from drivetrain_deepspeed.checkpoint import load_state as load
+
+    load(input_dir, accelerator, models, schedulers, map_location)
+    return True

@@ -1,0 +1,102 @@
+"""Which DeepSpeed configuration is in charge: one plugin, a ``deepspeed_plugins`` dict, or the launcher's.
+
+``Accelerator(deepspeed_plugins={"student": ..., "teacher": ...})`` arrives as
+``accelerator.state.backend_config``, a dict (with ``.backend_name``) of plugins. The first one is active
+until :func:`select_deepspeed_plugin` picks another; the next model prepared uses the active one.
+Without any plugin the launcher's settings (``DRIVETRAIN_BACKEND_CONFIG``, from ``--zero_stage`` etc. or the
+config file's ``deepspeed_config`` section) build one, else DeepSpeed's defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from drivetrain.errors import ConfigurationError
+from drivetrain_deepspeed.config import DeepSpeedPlugin
+
+BACKEND_CONFIG_VARIABLE = "DRIVETRAIN_BACKEND_CONFIG"
+
+#: Plugin built from the launcher's settings, per process (the environment does not change in a run).
+_from_environment: dict[str, DeepSpeedPlugin] = {}
+
+
+def plugin_from_environment() -> DeepSpeedPlugin | None:
+    text = os.environ.get(BACKEND_CONFIG_VARIABLE)
+    if not text:
+        return None
+    if text not in _from_environment:
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigurationError(f"{BACKEND_CONFIG_VARIABLE} is not valid JSON ({exc})") from None
+        if not isinstance(values, dict):
+            raise ConfigurationError(f"{BACKEND_CONFIG_VARIABLE} must hold a JSON object of deepspeed settings")
+        _from_environment.clear()
+        _from_environment[text] = DeepSpeedPlugin.from_mapping(values, BACKEND_CONFIG_VARIABLE)
+    return _from_environment[text]
+
+
+def _state_of(state_or_accelerator: Any) -> Any:
+    return getattr(state_or_accelerator, "state", state_or_accelerator)
+
+
+def _backend_config(state_or_accelerator: Any) -> Any:
+    state = _state_of(state_or_accelerator)
+    if getattr(state, "backend_name", "deepspeed") != "deepspeed":
+        raise ConfigurationError(
+            f"this run uses backend {state.backend_name!r}, not 'deepspeed'; DeepSpeed plugins apply only with "
+            "Accelerator(deepspeed_plugin=...) or --backend deepspeed"
+        )
+    return getattr(state, "backend_config", None)
+
+
+def get_active_deepspeed_plugin(state: Any) -> DeepSpeedPlugin:
+    """The plugin the next ``prepare`` uses (``state``: an AcceleratorState or an Accelerator)."""
+    config = _backend_config(state)
+    if isinstance(config, DeepSpeedPlugin):
+        return config
+    if isinstance(config, dict):
+        _check_group(config)
+        for plugin in config.values():
+            if plugin.selected:
+                return plugin
+        first = next(iter(config.values()))
+        first.select()
+        return first
+    from_environment = plugin_from_environment()
+    if from_environment is not None:
+        return from_environment
+    if "default" not in _from_environment:
+        _from_environment["default"] = DeepSpeedPlugin()
+    return _from_environment["default"]
+
+
+def select_deepspeed_plugin(state: Any, name: str) -> DeepSpeedPlugin:
+    """Make ``deepspeed_plugins[name]`` the active plugin (Accelerate's ``state.select_deepspeed_plugin``)."""
+    config = _backend_config(state)
+    if not isinstance(config, dict):
+        raise ConfigurationError(
+            "select_deepspeed_plugin needs several plugins: Accelerator(deepspeed_plugins={'name': DeepSpeedPlugin(...)})"
+        )
+    _check_group(config)
+    if name not in config:
+        raise ConfigurationError(
+            f"no DeepSpeed plugin named {name!r}; deepspeed_plugins holds: {', '.join(map(repr, config))}"
+        )
+    for key, plugin in config.items():
+        if key == name:
+            plugin.select()
+        else:
+            plugin._unselect()
+    return config[name]
+
+
+def _check_group(config: dict[str, Any]) -> None:
+    wrong = [key for key, value in config.items() if not isinstance(value, DeepSpeedPlugin)]
+    if wrong or not config:
+        raise ConfigurationError(
+            "deepspeed_plugins must map names to DeepSpeedPlugin objects"
+            + (f"; not a DeepSpeedPlugin: {', '.join(map(repr, wrong))}" if wrong else " (it is empty)")
+        )

@@ -1,0 +1,175 @@
+"""Checkpoints of sharded models: SHARDED through torch.distributed.checkpoint (each rank writes its own
+shard; loading reshards onto any number of processes) or FULL (gathered to rank 0 on CPU, one file).
+
+Folder layout inside a checkpoint (Accelerate's names):
+
+* SHARDED: ``pytorch_model_fsdp_<i>/`` and ``optimizer_<i>/`` (DCP folders: ``.metadata`` + ``__<rank>_0.distcp``);
+* FULL: ``model.safetensors`` (``model_<i>.safetensors``, or ``pytorch_model*.bin``) and ``optimizer.bin``.
+
+Loading looks at what the folder holds, so a checkpoint loads whatever ``state_dict_type`` is set now.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from drivetrain.checkpoint.serialization import safe_load
+from drivetrain.checkpoint.training_objects import (
+    model_file_name,
+    optimizer_file_name,
+    scheduler_file_name,
+    torch_save_durable,
+    write_model_weights,
+    writes_shared_files,
+)
+from drivetrain.errors import CheckpointError
+from drivetrain_fsdp.config import FullyShardedDataParallelPlugin, StateDictType
+from drivetrain_fsdp.wrapping import CONFIG_ATTRIBUTE
+
+MODEL_FOLDER = "pytorch_model_fsdp"
+OPTIMIZER_FOLDER = "optimizer"
+#: Top-level key of the model (and optimizer) state inside a DCP folder; merge_fsdp_weights strips it.
+MODEL_KEY = "model"
+OPTIMIZER_KEY = "optimizer"
+
+
+def model_folder(output_dir: str, index: int) -> str:
+    return os.path.join(output_dir, f"{MODEL_FOLDER}_{index}")
+
+
+def optimizer_folder(output_dir: str, index: int) -> str:
+    return os.path.join(output_dir, f"{OPTIMIZER_FOLDER}_{index}")
+
+
+def _options(full: bool, **kwargs: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=full, **kwargs)
+
+
+def _module(model: torch.nn.Module, accelerator: Any) -> torch.nn.Module:
+    """The sharded module itself (fully_shard works in place; torch.compile wraps it)."""
+    return accelerator.unwrap_model(model, keep_torch_compile=False)
+
+
+def _inner(optimizer: Any) -> torch.optim.Optimizer:
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def owner_of(optimizer: torch.optim.Optimizer, modules: list[torch.nn.Module]) -> torch.nn.Module:
+    """The model whose parameters ``optimizer`` updates (its state dict is keyed by that model's names)."""
+    wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for module in modules:
+        if wanted <= {id(p) for p in module.parameters()}:
+            return module
+    raise CheckpointError(
+        f"{type(optimizer).__name__} updates parameters of several prepared models (or of none); the fsdp "
+        "backend saves an optimizer together with the one model it belongs to: use one optimizer per model"
+    )
+
+
+def _config(module: torch.nn.Module, fallback: FullyShardedDataParallelPlugin) -> FullyShardedDataParallelPlugin:
+    return module.__dict__.get(CONFIG_ATTRIBUTE, fallback)
+
+
+def save(output_dir: str, accelerator: Any, models: list, optimizers: list, schedulers: list,
+         safe_serialization: bool, config: FullyShardedDataParallelPlugin) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    writer = writes_shared_files(accelerator)
+    modules = [_module(model, accelerator) for model in models]
+    for index, module in enumerate(modules):
+        if _config(module, config).state_dict_type == StateDictType.SHARDED_STATE_DICT:
+            dcp.save({MODEL_KEY: get_model_state_dict(module)}, checkpoint_id=model_folder(output_dir, index))
+        else:
+            state = get_model_state_dict(module, options=_options(True, cpu_offload=True))
+            if writer:
+                write_model_weights(state, os.path.join(output_dir, model_file_name(index, safe_serialization)),
+                                    safe_serialization)
+    all_modules = [_module(model, accelerator) for model in accelerator._models]
+    for index, optimizer in enumerate(optimizers):
+        inner = _inner(optimizer)
+        module = owner_of(inner, all_modules)
+        if _config(module, config).state_dict_type == StateDictType.SHARDED_STATE_DICT:
+            state = get_optimizer_state_dict(module, inner)
+            dcp.save({OPTIMIZER_KEY: state}, checkpoint_id=optimizer_folder(output_dir, index))
+        else:
+            state = get_optimizer_state_dict(module, inner, options=_options(True, cpu_offload=True))
+            if writer:
+                torch_save_durable(state, os.path.join(output_dir, optimizer_file_name(index)))
+    if writer:
+        for index, scheduler in enumerate(schedulers):
+            torch_save_durable(scheduler.state_dict(), os.path.join(output_dir, scheduler_file_name(index)))
+
+
+def _full_model_file(input_dir: str, index: int) -> str | None:
+    for safe in (True, False):
+        path = os.path.join(input_dir, model_file_name(index, safe))
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def load(input_dir: str, accelerator: Any, models: list, optimizers: list, schedulers: list,
+         map_location: Any) -> None:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    load_kwargs = dict(getattr(accelerator, "_checkpoint_load_kwargs", None) or {})
+    is_rank0 = dist.get_rank() == 0
+    modules = [_module(model, accelerator) for model in models]
+    for index, module in enumerate(modules):
+        folder = model_folder(input_dir, index)
+        if os.path.isdir(folder):
+            state = {MODEL_KEY: get_model_state_dict(module)}
+            dcp.load(state, checkpoint_id=folder)
+            set_model_state_dict(module, state[MODEL_KEY])
+            continue
+        path = _full_model_file(input_dir, index)
+        if path is None:
+            raise CheckpointError(
+                f"{input_dir} holds no weights for model {index} (neither {os.path.basename(folder)}/ nor "
+                f"{model_file_name(index, True)}); was it saved with the same number of prepared models?"
+            )
+        full: dict[str, torch.Tensor] = {}
+        if is_rank0:
+            if path.endswith(".safetensors"):
+                from safetensors.torch import load_file
+
+                full = load_file(path)
+            else:
+                full = safe_load(path, map_location="cpu", **load_kwargs)
+        set_model_state_dict(module, full, options=_options(True, broadcast_from_rank0=True))
+
+    all_modules = [_module(model, accelerator) for model in accelerator._models]
+    for index, optimizer in enumerate(optimizers):
+        inner = _inner(optimizer)
+        module = owner_of(inner, all_modules)
+        folder = optimizer_folder(input_dir, index)
+        if os.path.isdir(folder):
+            state = {OPTIMIZER_KEY: get_optimizer_state_dict(module, inner)}
+            dcp.load(state, checkpoint_id=folder)
+            set_optimizer_state_dict(module, inner, state[OPTIMIZER_KEY])
+            continue
+        path = os.path.join(input_dir, optimizer_file_name(index))
+        if not os.path.isfile(path):
+            raise CheckpointError(f"{input_dir} holds no state for optimizer {index} (neither "
+                                  f"{os.path.basename(folder)}/ nor {optimizer_file_name(index)})")
+        full_state = safe_load(path, map_location="cpu", **load_kwargs) if is_rank0 else {}
+        set_optimizer_state_dict(module, inner, full_state, options=_options(True, broadcast_from_rank0=True))
+
+    for index, scheduler in enumerate(schedulers):
+        path = os.path.join(input_dir, scheduler_file_name(index))
+        if not os.path.isfile(path):
+            raise CheckpointError(f"{path} not found: the checkpoint has no state for scheduler {index}")
+        scheduler.load_state_dict(safe_load(path, map_location="cpu", **load_kwargs))
