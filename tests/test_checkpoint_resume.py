@@ -84,3 +84,12 @@ def test_ddp_two_ranks_resume_at_boundary_and_mid_epoch(tmp_path):
     for where in ("boundary", "mid"):
         launch_script(SCRIPT, 2, args=["second", str(tmp_path), EPOCHS, str(DDP[where]), "state"], env=env)
         _assert_same_weights(tmp_path, f"final_{DDP[where]}_state.pt")
+
+
+def test_single_process_mid_epoch_resume_when_the_loader_shuffles_from_the_global_rng(tmp_path):
+    # Most scripts build DataLoader(shuffle=True) without a generator, and dropout draws from the same
+    # global RNG: starting the resumed iterator must not consume an extra global draw.
+    env = {"CKPT_GENERATOR": "global"}
+    _run(tmp_path, "full", str(SINGLE["mid"]), env=env)
+    _run(tmp_path, "second", str(SINGLE["mid"]), "state", env=env)
+    _assert_same_weights(tmp_path, f"final_{SINGLE['mid']}_state.pt")

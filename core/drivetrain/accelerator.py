@@ -7,6 +7,7 @@ tracking (``tracking.TrackingMixin``) and profiling (``profiling.ProfilingMixin`
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import gc
@@ -189,8 +190,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[Any] = []
         self._custom_objects: list[Any] = []
-        self._save_state_pre_hooks: dict[int, Callable] = {}
-        self._load_state_pre_hooks: dict[int, Callable] = {}
+        self._save_state_pre_hooks: dict[int, Callable] = collections.OrderedDict()
+        self._load_state_pre_hooks: dict[int, Callable] = collections.OrderedDict()
         #: optimizers passed to the prepare() call in progress (DeepSpeed builds its engine from both)
         self.pending_optimizers: list[torch.optim.Optimizer] = []
         self.flag_tensor: torch.Tensor | None = None

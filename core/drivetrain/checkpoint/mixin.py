@@ -9,7 +9,6 @@ renames the folder into place; then old automatic checkpoints are pruned.
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -29,11 +28,6 @@ from drivetrain.checkpoint.training_objects import (
 from drivetrain.errors import CheckpointError, ConfigurationError
 
 CHECKPOINTS_FOLDER = "checkpoints"
-
-
-def _weakrefable(hooks: dict) -> dict:
-    """RemovableHandle keeps a weak reference to the hook dict, which a plain dict does not allow."""
-    return hooks if type(hooks) is not dict else OrderedDict(hooks)
 
 
 class CheckpointingMixin:
@@ -63,7 +57,6 @@ class CheckpointingMixin:
         """Call ``hook(models, weights, output_dir)`` in :meth:`save_state` before anything is written.
         ``weights`` holds the models' state dicts; remove one to keep that model out of the checkpoint.
         ``output_dir`` is the folder being built (renamed into place once complete): write extra files there."""
-        self._save_state_pre_hooks = _weakrefable(self._save_state_pre_hooks)
         handle = RemovableHandle(self._save_state_pre_hooks)
         self._save_state_pre_hooks[handle.id] = hook
         return handle
@@ -71,7 +64,6 @@ class CheckpointingMixin:
     def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, input_dir)`` in :meth:`load_state` before anything is read; remove a model from
         ``models`` to keep it from being loaded."""
-        self._load_state_pre_hooks = _weakrefable(self._load_state_pre_hooks)
         handle = RemovableHandle(self._load_state_pre_hooks)
         self._load_state_pre_hooks[handle.id] = hook
         return handle
@@ -242,7 +234,16 @@ class CheckpointingMixin:
 
     # -- single objects and models ---------------------------------------------------------------------------
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        """The state dict of a prepared model; ``unwrap`` takes the user's module's (no ``module.`` prefix)."""
+        """The full state dict of a prepared model; ``unwrap`` takes the user's module's (no ``module.``
+        prefix).
+
+        A backend whose wrapped model holds only a shard (FSDP, DeepSpeed ZeRO-3) gives its wrapper a
+        ``full_state_dict()`` method — part of the model protocol in docs/hooks.md — that gathers the whole
+        state dict (on CPU, complete on the main process); it is used whenever present.
+        """
+        gather_full = getattr(model, "full_state_dict", None)
+        if callable(gather_full):
+            return gather_full()
         if unwrap:
             model = self.unwrap_model(model)
         return model.state_dict()

@@ -120,6 +120,13 @@ def prepare_data_loader(
     if dispatch_batches is None:
         dispatch_batches = iterable and num_processes > 1
     settings = _loader_settings(dataloader)
+    if settings.get("generator") is None:
+        # Starting an iterator draws a base seed (for worker seeds) from the loader's generator, or from the
+        # global RNG when it has none. That extra global draw would make a resumed run diverge from an
+        # uninterrupted one (RNG states are restored before the new iterator starts), so the loader gets a
+        # generator of its own, seeded once here from the global RNG.
+        settings["generator"] = torch.Generator()
+        settings["generator"].manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
     common = {
         "device": device if put_on_device else None,
         "non_blocking": non_blocking,

@@ -62,6 +62,8 @@ _EXPORTS = {
     "patch_environment": "drivetrain.environment",
     "clear_environment": "drivetrain.environment",
     "extract_model_from_parallel": "drivetrain.modeling",
+    "save": "drivetrain.checkpointing",
+    "clean_state_dict_for_safetensors": "drivetrain.checkpointing",
     # logging and progress
     "get_logger": "drivetrain.logging",
     "tqdm": "drivetrain.progress",

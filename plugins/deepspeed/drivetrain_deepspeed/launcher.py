@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -60,10 +61,27 @@ def _setting(args: Any, name: str) -> Any:
     return config.get(name)
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _only_this_machine(hostfile: str) -> bool:
+    local = {"localhost", "127.0.0.1", socket.gethostname()}
+    with open(hostfile, encoding="utf-8") as handle:
+        hosts = {line.split()[0] for line in handle if line.strip() and not line.lstrip().startswith("#")}
+    return bool(hosts) and hosts <= local
+
+
 def runner_command(args: Any, script_argv: list[str], env_file: str) -> list[str]:
     """The ``deepspeed.launcher.runner`` command line for this launch."""
     command = [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(_setting(args, "deepspeed_hostfile")),
                "--no_local_rank"]
+    local = _only_this_machine(str(_setting(args, "deepspeed_hostfile")))
+    if local:
+        # DeepSpeed asks the first host over ssh (reachable? its address?) even when it starts everything here.
+        command.append("--no_ssh_check")
     launcher = _setting(args, "deepspeed_multinode_launcher")
     if launcher:
         command += ["--launcher", str(launcher)]
@@ -71,8 +89,8 @@ def runner_command(args: Any, script_argv: list[str], env_file: str) -> list[str
         value = _setting(args, name)
         if value:
             command += [flag, str(value)]
-    address = getattr(args, "main_process_ip", None) or getattr(args, "main_process_ip", None)
-    port = getattr(args, "main_process_port", None)
+    address = getattr(args, "main_process_ip", None) or ("127.0.0.1" if local else None)
+    port = getattr(args, "main_process_port", None) or (_free_port() if local else None)
     if address:
         command += ["--master_addr", str(address)]
     if port:

@@ -43,6 +43,26 @@ def shutdown_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+    _forget_deepspeed_groups()
+
+
+def _forget_deepspeed_groups() -> None:
+    """DeepSpeed caches its communication backend and the groups it derived from the process group; after
+    the group is destroyed they are stale, so a later Accelerator in this process (after
+    ``drivetrain.reset_state(destroy_process_group=True)``) must start from scratch."""
+    import sys
+
+    comm = sys.modules.get("deepspeed.comm.comm")
+    if comm is not None:
+        comm.cdb = None
+    groups = sys.modules.get("deepspeed.utils.groups")
+    if groups is not None:
+        for name, value in list(vars(groups).items()):
+            if name.startswith("_") and name.isupper() and not name.startswith("__"):
+                if isinstance(value, dict):
+                    setattr(groups, name, {})
+                elif value is not None and not isinstance(value, (int, str, float, bool)):
+                    setattr(groups, name, None)
 
 
 def join_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> DistributedEnvironment:

@@ -43,10 +43,8 @@ def one_process(monkeypatch):
                         "TORCH_EXTENSIONS_DIR": EXTENSIONS_DIR}.items():
         monkeypatch.setenv(name, value)
     yield
-    import torch.distributed as dist
-
     from drivetrain.state import reset_state
+    from drivetrain_deepspeed.process_group import shutdown_process_group
 
     reset_state()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    shutdown_process_group()

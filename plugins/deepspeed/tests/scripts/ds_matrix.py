@@ -16,12 +16,12 @@ import sys
 import tempfile
 
 import torch
+from drivetrain_deepspeed import select_deepspeed_plugin
+from drivetrain_deepspeed.engine import gathered_state_dict
 
 from drivetrain import Accelerator
 from drivetrain.state import reset_state
 from drivetrain.utils import DeepSpeedPlugin, DummyOptim, DummyScheduler
-from drivetrain_deepspeed import select_deepspeed_plugin
-from drivetrain_deepspeed.engine import gathered_state_dict
 
 GAS = 2
 PER_PROCESS_BATCH = 4
@@ -197,7 +197,7 @@ def run_multi_models(checkpoint_root: str) -> None:
 
     before = gathered_state_dict(student)
     lrs = []
-    for x, y in loader:
+    for x, _ in loader:
         with torch.no_grad():
             target = teacher(x)
             expected_target = original_teacher(x)

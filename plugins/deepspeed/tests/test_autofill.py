@@ -1,0 +1,128 @@
+""""auto" values and their conflicts, with a real one-process DeepSpeed engine (gloo group of one)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from drivetrain import Accelerator
+from drivetrain.errors import ConfigurationError
+from drivetrain_deepspeed import DeepSpeedPlugin, DummyOptim, DummyScheduler
+from drivetrain_deepspeed.engine import records_of
+
+pytestmark = pytest.mark.usefixtures("one_process")
+
+
+def objects(batch_size: int = 4):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(16, 3), torch.randn(16, 1)), batch_size=batch_size
+    )
+    return model, loader
+
+
+def engine_config(accelerator) -> dict:
+    return records_of(accelerator)[-1].config
+
+
+def test_auto_values_come_from_accelerator_and_loader():
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=1, gradient_clipping=0.7),
+                              gradient_accumulation_steps=3, mixed_precision="bf16")
+    model, loader = objects(batch_size=5)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    config = engine_config(accelerator)
+    assert config["train_micro_batch_size_per_gpu"] == 5  # read from the loader of the same prepare() call
+    assert config["gradient_accumulation_steps"] == 3
+    assert config["train_batch_size"] == 15
+    assert config["bf16"]["enabled"] is True and config["fp16"]["enabled"] is False
+    assert config["gradient_clipping"] == 0.7
+    assert model.bfloat16_enabled() and model.gradient_clipping() == 0.7
+
+
+def test_config_accumulation_steps_reach_the_accelerator():
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={"gradient_accumulation_steps": 4}))
+    model, loader = objects()
+    accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+    assert accelerator.gradient_accumulation_steps == 4
+
+
+@pytest.mark.parametrize(("config", "accelerator_kwargs", "message"), [
+    ({"gradient_accumulation_steps": 4}, {"gradient_accumulation_steps": 2},
+     "gradient_accumulation_steps.*says 4 but the Accelerator's is 2"),
+    ({"train_micro_batch_size_per_gpu": 8}, {}, "train_micro_batch_size_per_gpu is 8 but the prepared data loader "
+     "yields 4"),
+    ({"bf16": {"enabled": True}}, {"mixed_precision": "fp16"}, "enables bf16 but the Accelerator's mixed_precision"),
+    ({"bf16": {"enabled": False}}, {"mixed_precision": "bf16"}, "mixed_precision is 'bf16' but .* bf16.enabled=false"),
+    ({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, {}, "defines an \"optimizer\" but prepare\\(\\) got "
+     "a SGD"),
+    ({"zero_optimization": {"stage": 2, "round_robin_gradients": "auto"}}, {},
+     "cannot fill: zero_optimization.round_robin_gradients"),
+])
+def test_conflicting_explicit_values_are_errors_naming_both(config, accelerator_kwargs, message):
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config), **accelerator_kwargs)
+    model, loader = objects()
+    with pytest.raises(ConfigurationError, match=message):
+        accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+
+
+def test_micro_batch_unknown_without_a_loader_is_an_error():
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=0))
+    model, _ = objects()
+    with pytest.raises(ConfigurationError, match="no data loader was prepared"):
+        accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_dummy_optimizer_and_scheduler_fill_the_config():
+    config = {
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto", "torch_adam": True}},
+        "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                          "warmup_num_steps": "auto", "total_num_steps": "auto"}},
+    }
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config))
+    model, loader = objects()
+    optimizer = DummyOptim(model.parameters(), lr=0.02, weight_decay=0.1)
+    scheduler = DummyScheduler(optimizer, total_num_steps=10, warmup_num_steps=2)
+    model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
+    filled = engine_config(accelerator)
+    assert filled["optimizer"]["params"] == {"lr": 0.02, "weight_decay": 0.1, "torch_adam": True}
+    assert filled["scheduler"]["params"] == {"warmup_min_lr": 0.0, "warmup_max_lr": 0.02, "warmup_num_steps": 2,
+                                             "total_num_steps": 10}
+    lrs = []
+    for x, y in loader:
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        scheduler.step()
+        lrs.append(scheduler.get_last_lr()[0])
+    assert lrs[0] < lrs[1] == pytest.approx(0.02)  # warmed up over 2 steps, by the engine's scheduler
+
+
+def test_dummy_optimizer_without_config_section_is_an_error():
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=1))
+    model, loader = objects()
+    with pytest.raises(ConfigurationError, match="DummyOptim was passed.*no \"optimizer\" section"):
+        accelerator.prepare(model, DummyOptim(model.parameters()), loader)
+
+
+def test_offload_with_a_torch_optimizer_trains():
+    """DeepSpeed refuses a torch optimizer with optimizer offload unless zero_force_ds_cpu_optimizer is false;
+    the backend sets it and the torch optimizer steps the CPU partitions."""
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2, offload_optimizer_device="cpu"))
+    model, loader = objects()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    before = model.weight.detach().clone()
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    assert engine_config(accelerator)["zero_force_ds_cpu_optimizer"] is False
+    for x, y in loader:
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+    assert not torch.equal(model.module.weight.detach(), before)
+
+
+def test_backend_config_from_the_launcher_environment(monkeypatch):
+    monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", '{"zero_stage": 1, "gradient_clipping": 2.0}')
+    accelerator = Accelerator(backend="deepspeed")
+    model, loader = objects()
+    model, _, _ = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+    assert model.zero_optimization_stage() == 1 and model.gradient_clipping() == 2.0
