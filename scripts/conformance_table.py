@@ -54,8 +54,10 @@ weights, SGD, {steps} steps of {per_rank} samples per process) element-wise with
 
 fp32 differs only by summation order (measured: about 1e-8 for ddp with 2 processes); bf16/fp16 round every
 matmul and, for backends that compress gradients (bf16-ddp), the all-reduced gradients (measured: up to
-about 3e-4 in bf16). One-process training is compared the same way. Checkpoint resume, unwrap_model and the
-second Accelerator are compared bit for bit.
+about 3e-4 in bf16). `bf16-weights` applies to backends declaring `low_precision_weights=True`, which keep
+the weights themselves in bf16 (DeepSpeed's bf16 mode; one bf16 step of a weight near 1 is 8e-3). One-process
+training is compared the same way. Checkpoint resume, unwrap_model and the second Accelerator are compared
+bit for bit.
 """
 
 

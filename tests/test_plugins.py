@@ -137,10 +137,10 @@ def test_trace_logs_every_hook_call_with_plugin_and_time(tmp_path):
 
 
 def test_plugin_provided_name_without_its_plugin_names_the_distribution():
-    with pytest.raises(ImportError, match="pip install drivetrain-deepspeed"):
-        resolve_export("DeepSpeedPlugin")
-    with pytest.raises(ImportError, match="pip install drivetrain-fsdp"):
-        from drivetrain import FullyShardedDataParallelPlugin  # noqa: F401
+    with pytest.raises(ImportError, match="pip install drivetrain-megatron"):
+        resolve_export("MegatronLMPlugin")
+    with pytest.raises(ImportError, match="pip install drivetrain-fp8"):
+        from drivetrain.utils import FP8RecipeKwargs  # noqa: F401
 
 
 def test_plugin_provided_name_resolves_through_exports_entry_points():

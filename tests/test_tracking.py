@@ -149,9 +149,9 @@ def test_log_with_errors(tmp_path, registered):
         validate_log_with([3])
     with pytest.raises(ConfigurationError, match="needs a logging directory"):
         resolve_log_with("jsonlines", logging_dir=None)
-    accelerator = Accelerator(cpu=True, log_with="jsonlines")  # no project_dir: refused when the run starts
+    # No project_dir: refused when the Accelerator is built, as Accelerate does, not later in the run.
     with pytest.raises(ConfigurationError, match="'jsonlines' writes files and needs a logging directory"):
-        accelerator.init_trackers("run")
+        Accelerator(cpu=True, log_with="jsonlines")
     with pytest.raises(ValueError, match="call accelerator.init_trackers"):
         Accelerator(cpu=True).get_tracker("jsonlines")
 

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-import tomllib
 import warnings
 from pathlib import Path
+
+import tomllib
 
 from drivetrain.errors import PluginError
 from drivetrain.plugins import check_requirements, get_plugin_manager

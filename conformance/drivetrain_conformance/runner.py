@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from drivetrain_conformance import worker
-from drivetrain_conformance.properties import PROPERTIES, TOLERANCES, not_applicable
+from drivetrain_conformance.properties import PROPERTIES, not_applicable, tolerance_for
 from drivetrain_conformance.static import check_spec
 from drivetrain_conformance.targets import target_name
 
@@ -117,19 +117,19 @@ def _tail(output: str, lines: int = 6) -> str:
     return " | ".join(line for line in output.strip().splitlines()[-lines:])
 
 
-def _training_verdict(target_id: str, launch: Launch, processes: int) -> tuple[bool, str]:
+def _training_verdict(target_id: str, launch: Launch, processes: int, info: Any) -> tuple[bool, str]:
     """Compare every rank's weights with one process on the combined batch, per precision."""
     import torch
 
     found = []
     for rank in range(processes):
         path = os.path.join(launch.tensors_dir, f"{target_id}.rank{rank}.pt")
-        tensors = torch.load(path) if os.path.exists(path) else {}
+        tensors = torch.load(path, weights_only=False) if os.path.exists(path) else {}
         for key, weights in sorted(tensors.items()):
             if not key.startswith("training/"):
                 continue
             precision = key.split("/")[1]
-            tolerance = TOLERANCES[precision]
+            tolerance = tolerance_for(precision, info)
             expected = _oracle_cache[f"oracle/{precision}/{processes}"]
             worst = max(float(((a - e).abs() - tolerance.rtol * e.abs()).max()) for a, e in zip(weights, expected))
             difference = max(float((a - e).abs().max()) for a, e in zip(weights, expected))
@@ -141,7 +141,7 @@ def _training_verdict(target_id: str, launch: Launch, processes: int) -> tuple[b
     return True, "max difference " + ", ".join(found)
 
 
-def _worker_verdict(prop: str, target_id: str, launch: Launch, processes: int) -> Verdict:
+def _worker_verdict(prop: str, target_id: str, launch: Launch, processes: int, info: Any) -> Verdict:
     details = {}
     for rank in range(processes):
         mine = [r for r in launch.records[rank] if r.get("target") == target_id and r.get("property") == prop]
@@ -153,7 +153,10 @@ def _worker_verdict(prop: str, target_id: str, launch: Launch, processes: int) -
             return Verdict(prop, FAIL, prefix + mine[0]["detail"])
         details[rank] = mine[0]["detail"]
     if prop in ("one_process_matches_local", "multi_process_matches_combined_batch"):
-        ok, detail = _training_verdict(target_id, launch, processes)
+        try:
+            ok, detail = _training_verdict(target_id, launch, processes, info)
+        except Exception as exc:
+            return Verdict(prop, FAIL, f"could not compare the recorded weights: {type(exc).__name__}: {exc}")
         return Verdict(prop, PASS if ok else FAIL, detail)
     return Verdict(prop, PASS, details[0])
 
@@ -203,6 +206,6 @@ def run_suite(targets: list[str], processes: int = 1, timeout: float = 600,
                 elif prop.where == "launch":
                     verdicts.append(_exit_verdict(launch, processes))
                 else:
-                    verdicts.append(_worker_verdict(prop.name, ids[spec], launch, processes))
+                    verdicts.append(_worker_verdict(prop.name, ids[spec], launch, processes, info))
             reports[spec] = Report(target_name(spec), processes, verdicts)
         return reports

@@ -24,13 +24,29 @@ BROKEN_BACKENDS = {
     "autocast_dtype.py": ("autocast", 1),
     "accumulation_rescaled.py": ("gradient_accumulation", 1),
     "state_not_restored.py": ("checkpoint_resume", 1),
-    "class_swapped.py": ("unwrap_model", 1),
+    "unwrap_stale.py": ("unwrap_model", 1),
     "teardown_previous.py": ("second_accelerator", 1),
     "gather_reversed.py": ("collectives", 2),
     "grads_summed.py": ("multi_process_matches_combined_batch", 2),
     "no_sync_ignored.py": ("no_sync", 2),
     "unsharded_loader.py": ("dataloader_modes", 2),
 }
+
+
+#: every backend in plugins/ that can run here (the kernel's local first); contrib/ backends test themselves
+REPOSITORY_BACKENDS = repository_backends(REPOSITORY, ("plugins",))
+
+#: Known, open failures: strict, so the test turns red the day the backend is fixed and this entry must go.
+KNOWN_FAILURES = {
+    ("deepspeed", 1): "bf16 weights differ from the reference by 0.053 (tolerance 0.03) - see issue 8 note",
+    ("deepspeed", 2): "fp32 weights of 2 ranks differ from one process on the combined batch by 0.022 although "
+                      "its own tests match DDP within 2e-5 - see issue 8 note",
+}
+
+
+def _with_known_failures(processes: int) -> list:
+    return [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[(name, processes)]))
+            if (name, processes) in KNOWN_FAILURES else name for name in REPOSITORY_BACKENDS]
 
 
 def _broken(processes: int) -> list[str]:
@@ -49,41 +65,42 @@ def rendered_template(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def one_process(rendered_template, tmp_path_factory):
-    targets = [*repository_backends(REPOSITORY, ("plugins",)), *_broken(1),
-               str(rendered_template / "drivetrain_fresh_backend" / "plugin.py")]
-    return run_suite(targets, processes=1, workdir=str(tmp_path_factory.mktemp("one")))
+    # Ours and the broken ones first: a backend that hangs the launch is last and takes only itself down.
+    targets = [*_broken(1), str(rendered_template / "drivetrain_fresh_backend" / "plugin.py"),
+               *REPOSITORY_BACKENDS]
+    return run_suite(targets, processes=1, workdir=str(tmp_path_factory.mktemp("one")), timeout=300)
 
 
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
-    targets = [*repository_backends(REPOSITORY, ("plugins",)), *_broken(2)]
-    return run_suite(targets, processes=2, workdir=str(tmp_path_factory.mktemp("two")))
+    targets = [*_broken(2), *REPOSITORY_BACKENDS]
+    return run_suite(targets, processes=2, workdir=str(tmp_path_factory.mktemp("two")), timeout=300)
 
 
 def _statuses(report) -> dict[str, str]:
     return {v.property: v.status for v in report.verdicts}
 
 
-def test_repository_backends_pass_in_one_process(one_process):
-    for name in repository_backends(REPOSITORY, ("plugins",)):
-        report = one_process[name]
-        assert report.ok, report.format()
-        statuses = _statuses(report)
-        assert statuses["one_process_matches_local"] == "pass"
-        assert statuses["multi_process_matches_combined_batch"] == "n/a"
-        assert [v.property for v in report.verdicts] == [p.name for p in PROPERTIES]
+@pytest.mark.parametrize("name", _with_known_failures(1))
+def test_repository_backend_passes_in_one_process(one_process, name):
+    report = one_process[name]
+    assert report.ok, report.format()
+    statuses = _statuses(report)
+    assert statuses["one_process_matches_local"] == "pass"
+    assert statuses["multi_process_matches_combined_batch"] == "n/a"
+    assert [v.property for v in report.verdicts] == [p.name for p in PROPERTIES]
 
 
 @pytest.mark.multiprocess
-def test_repository_backends_pass_in_two_processes(two_processes):
-    for name in repository_backends(REPOSITORY, ("plugins",)):
-        report = two_processes[name]
-        assert report.ok, report.format()
-        if name == "local":  # one process only: every run-time property is n/a, with the reason
-            assert {v.status for v in report.verdicts[1:]} == {"n/a"}
-            assert "multi_process=False" in report.verdicts[1].reason
-        else:
-            assert _statuses(report)["multi_process_matches_combined_batch"] == "pass", report.format()
+@pytest.mark.parametrize("name", _with_known_failures(2))
+def test_repository_backend_passes_in_two_processes(two_processes, name):
+    report = two_processes[name]
+    assert report.ok, report.format()
+    if name == "local":  # one process only: every run-time property is n/a, with the reason
+        assert {v.status for v in report.verdicts[1:]} == {"n/a"}
+        assert "multi_process=False" in report.verdicts[1].reason
+    else:
+        assert _statuses(report)["multi_process_matches_combined_batch"] == "pass", report.format()
 
 
 @pytest.mark.parametrize("name", [n for n, (_, p) in BROKEN_BACKENDS.items() if p == 1])
@@ -101,7 +118,7 @@ def test_broken_backend_fails_exactly_its_property_in_two_processes(two_processe
 
 def test_rendered_template_is_a_ready_package(rendered_template, one_process):
     pyproject = (rendered_template / "pyproject.toml").read_text()
-    assert 'fresh-backend = "drivetrain_fresh_backend.plugin"' in pyproject
+    assert '"fresh-backend" = "drivetrain_fresh_backend.plugin"' in pyproject
     assert (rendered_template / "tests" / "test_conformance.py").read_text().count('"fresh-backend"') == 1
     assert (rendered_template / "README.md").exists()
     report = one_process[str(rendered_template / "drivetrain_fresh_backend" / "plugin.py")]

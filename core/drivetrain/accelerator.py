@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import gc
 import warnings
 from collections.abc import Callable, Iterator
@@ -30,7 +29,12 @@ from drivetrain.enums import DistributedType, RNGType
 from drivetrain.errors import ConfigurationError
 from drivetrain.kwargs_handlers import AutocastKwargs, GradScalerKwargs, InitProcessGroupKwargs, KwargsHandler
 from drivetrain.memory import empty_device_cache
-from drivetrain.modeling import ORIGINAL_FORWARD_ATTRIBUTE, extract_model_from_parallel, remember_original
+from drivetrain.modeling import (
+    ORIGINAL_FORWARD_ATTRIBUTE,
+    extract_model_from_parallel,
+    patch_forward_with_autocast,
+    remember_original,
+)
 from drivetrain.optimizer import AcceleratedOptimizer
 from drivetrain.profiling import ProfilingMixin
 from drivetrain.scheduler import AcceleratedScheduler
@@ -68,20 +72,6 @@ class _ConfigGroup(dict):
     def __init__(self, configs: dict[str, Any], backend_name: str) -> None:
         super().__init__(configs)
         self.backend_name = backend_name
-
-
-def _patch_forward_with_autocast(model: torch.nn.Module, autocast_context: Callable[[], Any]) -> None:
-    """Run ``model.forward`` under autocast and return fp32 outputs; undone by ``unwrap_model``."""
-    original = model.forward
-
-    @functools.wraps(original)
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        with autocast_context():
-            outputs = original(*args, **kwargs)
-        return operations.convert_to_fp32(outputs)
-
-    model.__dict__[ORIGINAL_FORWARD_ATTRIBUTE] = original
-    model.forward = forward  # type: ignore[method-assign]
 
 
 class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
@@ -192,8 +182,10 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
         self._custom_objects: list[Any] = []
         self._save_state_pre_hooks: dict[int, Callable] = collections.OrderedDict()
         self._load_state_pre_hooks: dict[int, Callable] = collections.OrderedDict()
-        #: optimizers passed to the prepare() call in progress (DeepSpeed builds its engine from both)
+        #: optimizers and data loaders of the prepare() call in progress: models are wrapped first, and a
+        #: backend may need them then (DeepSpeed builds its engine with the optimizer and reads the batch size)
         self.pending_optimizers: list[torch.optim.Optimizer] = []
+        self.pending_dataloaders: list[Any] = []
         self.flag_tensor: torch.Tensor | None = None
         self.step = 0
 
@@ -242,7 +234,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
         return checked
 
     def _make_grad_scaler(self) -> Any:
-        if self.state.mixed_precision != "fp16":
+        if self.state.mixed_precision != "fp16" or self._plugins_info(self.backend).manages_precision:
+            # A backend that manages precision (DeepSpeed's engine) scales the loss itself.
             return None
         handler = self._handler(GradScalerKwargs)
         kwargs = handler.to_kwargs() if handler else {}
@@ -373,7 +366,8 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
                 f"device_placement has {len(device_placement)} entries but prepare() got {len(args)} objects"
             )
         results = list(args)
-        self.pending_optimizers = [obj for obj in args if isinstance(obj, torch.optim.Optimizer)]
+        self.pending_optimizers = [obj for obj in args if _kind_of(obj) == "optimizer"]
+        self.pending_dataloaders = [obj for obj in args if _kind_of(obj) == "dataloader"]
         try:
             for kind in ("model", "optimizer", "scheduler", "dataloader"):
                 for index, (obj, placement) in enumerate(zip(args, device_placement)):
@@ -381,6 +375,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
                         results[index] = self._prepare_one(kind, obj, placement)
         finally:
             self.pending_optimizers = []
+            self.pending_dataloaders = []
         return results[0] if len(results) == 1 else tuple(results)
 
     def _prepare_one(self, kind: str, obj: Any, device_placement: bool | None) -> Any:
@@ -404,7 +399,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
         if device_placement and not backend_info.places_model and not spans_devices:
             model = model.to(self.device)
         if self.mixed_precision in ("fp16", "bf16") and ORIGINAL_FORWARD_ATTRIBUTE not in model.__dict__:
-            _patch_forward_with_autocast(model, self.autocast)
+            patch_forward_with_autocast(model, self.autocast)
         model = self._plugins.chain("wrap_model", "model", model, accelerator=self, evaluation_mode=evaluation_mode)
         remember_original(model, original)
         dynamo = self.state.dynamo_plugin

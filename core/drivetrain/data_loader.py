@@ -1,25 +1,4 @@
 """Accelerate's module name for the data-loading classes; they live in :mod:`drivetrain.data`."""
 
-from drivetrain.data import (
-    BatchSamplerShard,
-    DataLoaderDispatcher,
-    DataLoaderShard,
-    IterableDatasetShard,
-    SeedableRandomSampler,
-    SkipBatchSampler,
-    SkipDataLoader,
-    prepare_data_loader,
-    skip_first_batches,
-)
-
-__all__ = [
-    "BatchSamplerShard",
-    "DataLoaderDispatcher",
-    "DataLoaderShard",
-    "IterableDatasetShard",
-    "SeedableRandomSampler",
-    "SkipBatchSampler",
-    "SkipDataLoader",
-    "prepare_data_loader",
-    "skip_first_batches",
-]
+from drivetrain.data import *  # noqa: F403
+from drivetrain.data import __all__  # noqa: F401

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = [
+_MODULE_HOOK_NAMES = (
     "ModelHook",
     "SequentialHook",
     "AlignDevicesHook",
@@ -20,12 +20,13 @@ __all__ = [
     "attach_align_device_hook",
     "attach_align_device_hook_on_blocks",
     "attach_execution_device_hook",
-]
+)
+__all__ = list(_MODULE_HOOK_NAMES)  # resolved lazily below
 
 
 def __getattr__(name: str) -> Any:
     from drivetrain._lazy import lazy_getattr
 
-    if name not in __all__:
+    if name not in _MODULE_HOOK_NAMES:
         raise AttributeError(f"module 'drivetrain.hooks' has no attribute {name!r}")
     return lazy_getattr(__name__, {}, name)

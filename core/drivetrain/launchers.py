@@ -7,26 +7,11 @@ the notebook's globals. CUDA cannot survive a fork: if it was initialised before
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
+from drivetrain.environment import patch_environment
 from drivetrain.errors import DrivetrainError
-
-
-@contextlib.contextmanager
-def _patched_environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
 
 
 def _run_in_child(function: Callable, args: tuple) -> Any:
@@ -52,7 +37,7 @@ def _fork_launch(function: Callable, args: tuple, *, nprocs: int, master_addr: s
         rdzv_endpoint=f"{master_addr}:{port}", rdzv_backend=rdzv_backend, rdzv_configs=rdzv_configs,
         max_restarts=max_restarts, monitor_interval=monitor_interval, start_method="fork",
     )
-    with _patched_environment({"FORK_LAUNCHED": "1", "MASTER_ADDR": master_addr, "MASTER_PORT": str(port),
+    with patch_environment(**{"FORK_LAUNCHED": "1", "MASTER_ADDR": master_addr, "MASTER_PORT": str(port),
                                **env}):
         try:
             return elastic_launch(config, _run_in_child)(function, args)
@@ -110,7 +95,7 @@ def notebook_launcher(
     env = {"DRIVETRAIN_MIXED_PRECISION": str(mixed_precision).lower()}
     if num_processes <= 1 and num_nodes <= 1:
         print(f"Launching training on one process ({'GPU' if torch.cuda.is_available() else 'CPU'}).")
-        with _patched_environment(env):
+        with patch_environment(**env):
             return function(*args)
     _check_cuda_not_initialised()
     if rdzv_endpoint:

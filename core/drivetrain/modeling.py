@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,6 +19,23 @@ def remember_original(wrapped: Any, original: torch.nn.Module) -> None:
     """Record on ``wrapped`` which module the user passed in (plugins convert in place or wrap)."""
     if wrapped is not original:
         object.__setattr__(wrapped, ORIGINAL_MODULE_ATTRIBUTE, original)
+
+
+def patch_forward_with_autocast(model: torch.nn.Module, autocast_context: Callable[[], Any]) -> None:
+    """Run ``model.forward`` under ``autocast_context()`` and return fp32 outputs; undone by
+    :func:`restore_forward` (``unwrap_model(keep_fp32_wrapper=False)``)."""
+    from drivetrain.operations import convert_to_fp32
+
+    original = model.forward
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with autocast_context():
+            outputs = original(*args, **kwargs)
+        return convert_to_fp32(outputs)
+
+    model.__dict__[ORIGINAL_FORWARD_ATTRIBUTE] = original
+    model.forward = forward  # type: ignore[method-assign]
 
 
 def restore_forward(model: torch.nn.Module) -> None:

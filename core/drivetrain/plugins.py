@@ -6,6 +6,7 @@ first time something needs it, and a backend's third-party library only when tha
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import importlib.metadata as importlib_metadata
@@ -43,6 +44,13 @@ class Capabilities:
     sharded_state: bool = False
     precisions: tuple[str, ...] = ("no",)
     devices: tuple[str, ...] = ("cpu",)
+    #: Between synchronisations each process's own gradients are in ``param.grad`` (DDP). False for
+    #: backends that keep them elsewhere (FSDP2 accumulates unsharded gradients internally; DeepSpeed's
+    #: engine reduces them inside backward), where ``no_sync`` cannot be observed through ``param.grad``.
+    local_gradients: bool = True
+    #: Weights themselves are kept in the 16-bit compute precision (DeepSpeed bf16), so training drifts
+    #: further from fp32 weights than autocast does; the conformance suite uses its looser tolerance.
+    low_precision_weights: bool = False
 
 
 @attrs.define(frozen=True)
@@ -69,6 +77,8 @@ class PluginInfo:
     select_for_multiprocess: bool = False
     #: For backends that place parameters themselves (DeepSpeed, FSDP meta-device loading).
     places_model: bool = False
+    #: For backends whose engine handles mixed precision and loss scaling itself (DeepSpeed): no GradScaler.
+    manages_precision: bool = False
 
 
 @attrs.define
@@ -345,7 +355,9 @@ def check_requirements(info: PluginInfo) -> str | None:
     """Import the plugin's third-party libraries; return why one fails, or None when all import."""
     for requirement in info.requires:
         try:
-            importlib.import_module(requirement)
+            # Some libraries print on import (deepspeed's accelerator banner); keep stdout for our output.
+            with contextlib.redirect_stdout(sys.stderr):
+                importlib.import_module(requirement)
         except Exception as exc:
             return f"{requirement} does not import: {type(exc).__name__}: {exc}"
     return None

@@ -112,7 +112,9 @@ class CheckpointingMixin:
         temporary = manifests.incomplete_path(location)
 
         models = list(self._models)
-        weights = [self.get_state_dict(model, unwrap=True) for model in models]
+        # The user's module's own state dict (not get_state_dict): a sharded backend saves its shards itself
+        # and must not gather the whole model on every save just for the pre-hooks.
+        weights = [self.unwrap_model(model).state_dict() for model in models]
         pairs = list(zip(models, weights))
         for hook in list(self._save_state_pre_hooks.values()):
             # Hooks write their extra files (configs, models they save themselves) into the folder being

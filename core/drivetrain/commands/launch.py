@@ -19,9 +19,15 @@ from typing import Any
 
 import attrs
 
-from drivetrain.commands.main import USAGE_ERROR, ArgumentParser, UsageError, add_option, error_line
+from drivetrain.commands.main import (
+    ArgumentParser,
+    UsageError,
+    add_option,
+    error_line,
+    exit_code_of,
+)
 from drivetrain.config_file import KEYS, PRECISIONS, RDZV_BACKENDS, ConfigFile, load_config
-from drivetrain.errors import ConfigurationError, DrivetrainError, PluginError
+from drivetrain.errors import ConfigurationError, PluginError
 
 HELP = "Launch a script in several processes and machines (torch's elastic launcher)."
 DEFAULT_MULTI_NODE_PORT = 29500
@@ -536,14 +542,5 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``drivetrain launch`` and ``python -m drivetrain.launch``."""
-    try:
-        args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-        return run(args)
-    except (UsageError, ConfigurationError, PluginError) as exc:
-        print(error_line(str(exc)), file=sys.stderr)
-        return USAGE_ERROR
-    except DrivetrainError as exc:
-        print(error_line(str(exc)), file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    return exit_code_of(lambda: run(build_parser().parse_args(arguments)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from drivetrain.errors import ConfigurationError, DrivetrainError, PluginError
 
@@ -116,23 +116,11 @@ def error_line(message: str) -> str:
     return "drivetrain: error: " + " ".join(str(message).split())
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def exit_code_of(run: Callable[[], int | None]) -> int:
+    """Run a command and turn user errors into one line on stderr and an exit code, never a traceback:
+    2 for bad flags, values and configuration, 1 for other drivetrain errors, 130 when interrupted."""
     try:
-        if argv[:1] == ["launch"]:
-            # The launcher only needs its own parser: skip building every other command's.
-            from drivetrain.commands import launch
-
-            return launch.main(argv[1:])
-        plugin_errors: list[str] = []
-        parser = build_parser(plugin_errors)
-        args = parser.parse_args(argv)
-        if args.command is None:
-            parser.print_help()
-            for problem in plugin_errors:
-                print(f"warning: {problem}", file=sys.stderr)
-            return USAGE_ERROR
-        return int(args._run(args) or 0)
+        return int(run() or 0)
     except (UsageError, ConfigurationError, PluginError) as exc:
         print(error_line(str(exc)), file=sys.stderr)
         return USAGE_ERROR
@@ -142,6 +130,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(error_line("interrupted"), file=sys.stderr)
         return 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["launch"]:
+        # The launcher only needs its own parser: skip building every other command's.
+        from drivetrain.commands import launch
+
+        return launch.main(argv[1:])
+
+    def run() -> int | None:
+        plugin_errors: list[str] = []
+        parser = build_parser(plugin_errors)
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            for problem in plugin_errors:
+                print(f"warning: {problem}", file=sys.stderr)
+            return USAGE_ERROR
+        return args._run(args)
+
+    return exit_code_of(run)
 
 
 if __name__ == "__main__":  # pragma: no cover

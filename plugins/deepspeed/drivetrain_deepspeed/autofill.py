@@ -28,27 +28,9 @@ _DEFAULTED_ZERO_KEYS = ("stage3_max_live_parameters", "stage3_max_reuse_distance
 _PRECISION_SECTIONS = {"bf16": "bf16", "fp16": "fp16"}
 
 
-def _pending_dataloaders(accelerator: Any) -> list[Any]:
-    """The data loaders passed to the ``prepare`` call in progress (models are wrapped before loaders)."""
-    pending = getattr(accelerator, "pending_dataloaders", None)
-    if pending is not None:
-        return list(pending)
-    # Until the kernel offers ``accelerator.pending_dataloaders`` (requested), read them from the arguments of
-    # the Accelerator.prepare frame that is running (a bridge, removed when the attribute exists).
-    import sys
-
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "prepare" and frame.f_locals.get("self") is accelerator:
-            arguments = frame.f_locals.get("args") or ()
-            return [obj for obj in arguments if isinstance(obj, torch.utils.data.DataLoader)]
-        frame = frame.f_back
-    return []
-
-
 def micro_batch_size(accelerator: Any) -> int | None:
     """Per-process batch size of the data loaders of this ``prepare`` call, or of those prepared before."""
-    for loader in _pending_dataloaders(accelerator):
+    for loader in accelerator.pending_dataloaders:
         size = getattr(loader, "batch_size", None)
         if size is None:
             size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)

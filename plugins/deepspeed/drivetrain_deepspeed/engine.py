@@ -285,10 +285,12 @@ def zero3_init(plugin_or_accelerator: Any = None, enabled: bool = True) -> Itera
 
     config = copy.deepcopy(plugin.deepspeed_config)
     precision = resolve_precision(config, mixed_precision)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-    # zero.Init reads only the ZeRO section; the batch sizes must merely be consistent numbers.
+    # zero.Init reads the ZeRO section and the precision (its dtype= argument is ignored on devices without
+    # fp16 support, so the dtype goes through the config); the batch sizes must merely be consistent numbers.
     init_config = {
         "zero_optimization": {k: v for k, v in config["zero_optimization"].items() if v != "auto"},
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": precision == "fp16"},
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
     }
@@ -298,6 +300,6 @@ def zero3_init(plugin_or_accelerator: Any = None, enabled: bool = True) -> Itera
             section["device"] = "none"
     device_type = "cpu" if os.environ.get("DS_ACCELERATOR") == "cpu" else None
     deepspeed = import_deepspeed(device_type or "cuda")
-    with deepspeed.zero.Init(config_dict_or_path=init_config, dtype=dtype):
+    with deepspeed.zero.Init(config_dict_or_path=init_config):
         yield
 

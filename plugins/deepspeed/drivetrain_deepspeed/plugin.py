@@ -20,11 +20,15 @@ PLUGIN_INFO = PluginInfo(
     kind="backend",
     requires=("deepspeed",),
     description="DeepSpeed engines: ZeRO stages 0-3, CPU/NVMe offload, several models",
-    capabilities=Capabilities(multi_process=True, sharded_state=True, precisions=("no", "bf16", "fp16"),
-                              devices=("cpu", "cuda")),
+    # fp16 is handed to DeepSpeed (its loss scaler) but DeepSpeed refuses it on CPU and it is untested here.
+    # The engine reduces gradients inside backward (local_gradients=False) and keeps bf16 weights with fp32
+    # master copies in the optimizer (low_precision_weights=True).
+    capabilities=Capabilities(multi_process=True, sharded_state=True, precisions=("no", "bf16"),
+                              devices=("cpu", "cuda"), local_gradients=False, low_precision_weights=True),
     distributed_type="DEEPSPEED",
     config_class=DeepSpeedPlugin,
     places_model=True,
+    manages_precision=True,
 )
 
 
@@ -53,9 +57,9 @@ def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) 
     if accelerator.mixed_precision == "no" and engine_precision(accelerator) != "no":
         # The DeepSpeed config alone asked for 16-bit: the module's weights are 16-bit now, so its forward
         # must run under autocast (the kernel patches forward only when mixed_precision is set).
-        from drivetrain.accelerator import _patch_forward_with_autocast
+        from drivetrain.modeling import patch_forward_with_autocast
 
-        _patch_forward_with_autocast(model, accelerator.autocast)
+        patch_forward_with_autocast(model, accelerator.autocast)
     return engine
 
 

@@ -43,8 +43,9 @@ def one_process(monkeypatch):
                         "TORCH_EXTENSIONS_DIR": EXTENSIONS_DIR}.items():
         monkeypatch.setenv(name, value)
     yield
-    from drivetrain.state import reset_state
     from drivetrain_deepspeed.process_group import shutdown_process_group
+
+    from drivetrain.state import reset_state
 
     reset_state()
     shutdown_process_group()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from drivetrain_deepspeed import DeepSpeedPlugin, DummyOptim, DummyScheduler
+from drivetrain_deepspeed.engine import records_of
 
 from drivetrain import Accelerator
 from drivetrain.errors import ConfigurationError
-from drivetrain_deepspeed import DeepSpeedPlugin, DummyOptim, DummyScheduler
-from drivetrain_deepspeed.engine import records_of
 
 pytestmark = pytest.mark.usefixtures("one_process")
 
@@ -126,3 +126,28 @@ def test_backend_config_from_the_launcher_environment(monkeypatch):
     model, loader = objects()
     model, _, _ = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
     assert model.zero_optimization_stage() == 1 and model.gradient_clipping() == 2.0
+
+
+def test_zero3_init_creates_partitioned_parameters_that_train():
+    from drivetrain.utils import zero3_init
+
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+    with zero3_init(accelerator):
+        model = torch.nn.Linear(3, 1)
+    assert hasattr(model.weight, "ds_id")  # created already partitioned
+    _, loader = objects()
+    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+    before = model.full_state_dict()["weight"]
+    for x, y in loader:
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+    assert model.full_state_dict()["weight"].shape == (1, 3)
+    assert not torch.equal(model.full_state_dict()["weight"], before)
+
+
+def test_zero3_init_outside_stage_3_does_nothing():
+    from drivetrain.utils import zero3_init
+
+    with zero3_init(DeepSpeedPlugin(zero_stage=2)):
+        model = torch.nn.Linear(3, 1)
+    assert not hasattr(model.weight, "ds_id")

@@ -6,11 +6,16 @@ import json
 import types
 
 import pytest
-
-from drivetrain.errors import ConfigurationError
-from drivetrain_deepspeed import DeepSpeedPlugin, HfDeepSpeedConfig, get_active_deepspeed_plugin, select_deepspeed_plugin
+from drivetrain_deepspeed import (
+    DeepSpeedPlugin,
+    HfDeepSpeedConfig,
+    get_active_deepspeed_plugin,
+    select_deepspeed_plugin,
+)
 from drivetrain_deepspeed.launcher import runner_command
 from drivetrain_deepspeed.selection import plugin_from_environment
+
+from drivetrain.errors import ConfigurationError
 
 
 def test_fields_build_a_config():

@@ -21,8 +21,10 @@ from drivetrain_fsdp.config import FullyShardedDataParallelPlugin, from_environm
 PLUGIN_INFO = PluginInfo(
     kind="backend",
     description="PyTorch FSDP2: parameters, gradients and optimizer state sharded across processes",
+    # FSDP2 keeps the gradients accumulated under no_sync() unsharded inside its parameters' state, not in
+    # param.grad: local_gradients=False (plugins/fsdp/tests check accumulation equals the full batch).
     capabilities=Capabilities(multi_process=True, sharded_state=True, precisions=("no", "bf16", "fp16"),
-                              devices=("cpu", "cuda")),
+                              devices=("cpu", "cuda"), local_gradients=False),
     distributed_type="FSDP",
     config_class=FullyShardedDataParallelPlugin,
     # The backend places parameters itself: each rank materialises only its shard (and with
