@@ -89,7 +89,10 @@ def run(python: str, impl: str, task: str, folder: str, layers: int) -> dict:
     evict(folder)
     output = subprocess.run(
         [python, __file__, "--child", impl, task, "--folder", folder, "--layers", str(layers)],
-        check=True, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     ).stdout
     return json.loads(output.strip().splitlines()[-1])
 
@@ -119,12 +122,16 @@ def main() -> None:
     impls = [("drivetrain", sys.executable)] + ([("accelerate", args.ref_python)] if args.ref_python else [])
     for impl, python in impls:
         load = run(python, impl, "load", args.folder, layers)
-        print(f"{impl:10s} load to CPU: {load['seconds']:.2f} s ({load['seconds'] / cat_seconds:.2f}x cat), "
-              f"peak RSS {load['peak_rss_mb']:.0f} MiB ({load['peak_rss_mb'] / size_mb:.2f}x checkpoint)")
+        print(
+            f"{impl:10s} load to CPU: {load['seconds']:.2f} s ({load['seconds'] / cat_seconds:.2f}x cat), "
+            f"peak RSS {load['peak_rss_mb']:.0f} MiB ({load['peak_rss_mb'] / size_mb:.2f}x checkpoint)"
+        )
     for impl, python in impls:
         forward = run(python, impl, "forward", args.folder, layers)
-        print(f"{impl:10s} disk-offloaded forward (cold cache): best {forward['seconds']:.2f} s, "
-              f"first {forward['first']:.2f} s, peak RSS {forward['peak_rss_mb']:.0f} MiB")
+        print(
+            f"{impl:10s} disk-offloaded forward (cold cache): best {forward['seconds']:.2f} s, "
+            f"first {forward['first']:.2f} s, peak RSS {forward['peak_rss_mb']:.0f} MiB"
+        )
     resource.getrusage(resource.RUSAGE_CHILDREN)
 
 

@@ -110,7 +110,9 @@ def _child(system: str, size_mb: int, directory: str, repeats: int) -> dict:
 
         def save() -> None:
             os.makedirs(directory, exist_ok=True)
-            save_file(model.state_dict(), os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+            save_file(
+                model.state_dict(), os.path.join(directory, "model.safetensors"), metadata={"format": "pt"}
+            )
             torch.save(optimizer.state_dict(), os.path.join(directory, "optimizer.bin"))
             if system == "raw+fsync":
                 _fsync_tree(directory)
@@ -119,8 +121,14 @@ def _child(system: str, size_mb: int, directory: str, repeats: int) -> dict:
             model.load_state_dict(load_file(os.path.join(directory, "model.safetensors")))
             optimizer.load_state_dict(torch.load(os.path.join(directory, "optimizer.bin"), weights_only=True))
 
-    result = {"system": system, "checkpoint_mb": nbytes / 2**20, "save_s": [], "load_s": [],
-              "save_extra_mb": 0.0, "load_extra_mb": 0.0}
+    result = {
+        "system": system,
+        "checkpoint_mb": nbytes / 2**20,
+        "save_s": [],
+        "load_s": [],
+        "save_extra_mb": 0.0,
+        "load_extra_mb": 0.0,
+    }
     for _ in range(repeats):
         shutil.rmtree(directory, ignore_errors=True)
         with PeakMemory() as memory:
@@ -142,8 +150,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mb", type=int, default=512, help="model weights in MiB (fp32)")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--reference-python", default="/tmp/ref-venv/bin/python",
-                        help="interpreter with accelerate installed (skipped when missing)")
+    parser.add_argument(
+        "--reference-python",
+        default="/tmp/ref-venv/bin/python",
+        help="interpreter with accelerate installed (skipped when missing)",
+    )
     parser.add_argument("--systems", default="drivetrain,raw,raw+fsync,accelerate")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
@@ -164,9 +175,21 @@ def main() -> None:
             if system == "accelerate":
                 env.pop("PYTHONPATH", None)
             completed = subprocess.run(
-                [python, os.path.abspath(__file__), "--child", system, "--dir", os.path.join(scratch, system),
-                 "--size-mb", str(args.size_mb), "--repeats", str(args.repeats)],
-                env=env, capture_output=True, text=True,
+                [
+                    python,
+                    os.path.abspath(__file__),
+                    "--child",
+                    system,
+                    "--dir",
+                    os.path.join(scratch, system),
+                    "--size-mb",
+                    str(args.size_mb),
+                    "--repeats",
+                    str(args.repeats),
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
             )
             if completed.returncode != 0:
                 print(f"{system} failed:\n{completed.stderr[-3000:]}", file=sys.stderr)
@@ -175,12 +198,18 @@ def main() -> None:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    print(f"checkpoint: {rows[0]['checkpoint_mb']:.0f} MiB (weights + AdamW state); "
-          f"largest tensor {rows[0]['largest_tensor_mb']:.0f} MiB" if rows else "no results")
+    print(
+        f"checkpoint: {rows[0]['checkpoint_mb']:.0f} MiB (weights + AdamW state); "
+        f"largest tensor {rows[0]['largest_tensor_mb']:.0f} MiB"
+        if rows
+        else "no results"
+    )
     print(f"{'system':<12} {'save s':>8} {'load s':>8} {'save +MiB':>10} {'load +MiB':>10}")
     for row in rows:
-        print(f"{row['system']:<12} {min(row['save_s']):>8.2f} {min(row['load_s']):>8.2f} "
-              f"{row['save_extra_mb']:>10.0f} {row['load_extra_mb']:>10.0f}")
+        print(
+            f"{row['system']:<12} {min(row['save_s']):>8.2f} {min(row['load_s']):>8.2f} "
+            f"{row['save_extra_mb']:>10.0f} {row['load_extra_mb']:>10.0f}"
+        )
 
 
 if __name__ == "__main__":

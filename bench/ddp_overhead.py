@@ -30,8 +30,13 @@ import torch
 
 def make_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                               torch.nn.Linear(64, 1))
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 1),
+    )
 
 
 def time_block(step, inputs: torch.Tensor, targets: torch.Tensor, steps: int, barrier) -> float:
@@ -59,7 +64,9 @@ def worker(steps: int, rounds: int) -> dict[str, float]:
     raw_optimizer = torch.optim.SGD(raw_model.parameters(), lr=0.01)
 
     model = make_model()
-    prepared_model, prepared_optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
+    prepared_model, prepared_optimizer = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.01)
+    )
 
     def raw_step(x: torch.Tensor, y: torch.Tensor) -> None:
         loss = torch.nn.functional.mse_loss(raw_model(x), y)
@@ -84,8 +91,12 @@ def worker(steps: int, rounds: int) -> dict[str, float]:
         order = (raw_step, prepared_step) if round_index % 2 == 0 else (prepared_step, raw_step)
         for step in order:
             (raw if step is raw_step else prepared).append(time_block(step, inputs, targets, steps, barrier))
-    result = {"raw": statistics.median(raw), "prepared": statistics.median(prepared),
-              "raw_min": min(raw), "prepared_min": min(prepared)}
+    result = {
+        "raw": statistics.median(raw),
+        "prepared": statistics.median(prepared),
+        "raw_min": min(raw),
+        "prepared_min": min(prepared),
+    }
     accelerator.end_training()
     return result
 
@@ -94,14 +105,30 @@ def run(num_processes: int, steps: int, rounds: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="ddp-bench-") as tmp:
         output = os.path.join(tmp, "result.json")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": tmp}
-        worker_args = [__file__, "--worker", "--steps", str(steps), "--rounds", str(rounds), "--output", output]
+        worker_args = [
+            __file__,
+            "--worker",
+            "--steps",
+            str(steps),
+            "--rounds",
+            str(rounds),
+            "--output",
+            output,
+        ]
         if num_processes == 1:
             command = [sys.executable, *worker_args]
             for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
                 env.pop(name, None)
         else:
-            command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                       f"--nproc_per_node={num_processes}", "--monitor_interval=0.1", *worker_args]
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={num_processes}",
+                "--monitor_interval=0.1",
+                *worker_args,
+            ]
         completed = subprocess.run(command, env=env, capture_output=True, text=True)
         if completed.returncode != 0:
             raise SystemExit(f"benchmark run failed:\n{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}")
@@ -128,8 +155,10 @@ def main() -> int:
         for suffix, statistic in (("", "median"), ("_min", "fastest")):
             raw, prepared = result["raw" + suffix], result["prepared" + suffix]
             ratio = prepared / raw
-            print(f"{label:20s} {statistic:8s} raw {raw * 1e6:8.1f} us/step   prepared {prepared * 1e6:8.1f} us/step"
-                  f"   ratio {ratio:.3f}  {'ok' if ratio <= 1.05 else 'above target 1.05'}")
+            print(
+                f"{label:20s} {statistic:8s} raw {raw * 1e6:8.1f} us/step   prepared {prepared * 1e6:8.1f} us/step"
+                f"   ratio {ratio:.3f}  {'ok' if ratio <= 1.05 else 'above target 1.05'}"
+            )
     return 0
 
 

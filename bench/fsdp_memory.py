@@ -37,8 +37,11 @@ def worker(ram_efficient: bool, million_params: int, output: str) -> None:
     from drivetrain import Accelerator, FullyShardedDataParallelPlugin
 
     torch.set_num_threads(1)
-    plugin = FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=ram_efficient, auto_wrap_policy="SIZE_BASED_WRAP",
-                                            min_num_params=LAYER_WIDTH * LAYER_WIDTH)
+    plugin = FullyShardedDataParallelPlugin(
+        cpu_ram_efficient_loading=ram_efficient,
+        auto_wrap_policy="SIZE_BASED_WRAP",
+        min_num_params=LAYER_WIDTH * LAYER_WIDTH,
+    )
     accelerator = Accelerator(fsdp_plugin=plugin)
     before = peak_rss_mib()
     if ram_efficient and not accelerator.is_main_process:
@@ -49,9 +52,9 @@ def worker(ram_efficient: bool, million_params: int, output: str) -> None:
     model = accelerator.prepare(model)
     growth = peak_rss_mib() - before
     local = sum(p.to_local().numel() for p in model.parameters()) * 4 / 2**20
-    results = accelerator.state.collectives.all_gather_object({"rank": accelerator.process_index,
-                                                               "peak_growth_mib": round(growth, 1),
-                                                               "shard_mib": round(local, 1)})
+    results = accelerator.state.collectives.all_gather_object(
+        {"rank": accelerator.process_index, "peak_growth_mib": round(growth, 1), "shard_mib": round(local, 1)}
+    )
     if accelerator.is_main_process:
         with open(output, "w") as handle:
             json.dump(results, handle)
@@ -75,13 +78,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for mode in ("plain", "ram_efficient"):
             output = os.path.join(folder, f"{mode}.json")
-            launch_script(os.path.abspath(__file__), num_processes=2,
-                          args=["--worker", mode, "--params", str(args.params), "--output", output],
-                          env={"TMPDIR": folder})
+            launch_script(
+                os.path.abspath(__file__),
+                num_processes=2,
+                args=["--worker", mode, "--params", str(args.params), "--output", output],
+                env={"TMPDIR": folder},
+            )
             with open(output) as handle:
                 for row in json.load(handle):
-                    print(f"{mode:>14}  rank {row['rank']}: peak host memory growth {row['peak_growth_mib']:8.1f} MiB"
-                          f"  (its shard: {row['shard_mib']:.1f} MiB)")
+                    print(
+                        f"{mode:>14}  rank {row['rank']}: peak host memory growth {row['peak_growth_mib']:8.1f} MiB"
+                        f"  (its shard: {row['shard_mib']:.1f} MiB)"
+                    )
 
 
 if __name__ == "__main__":

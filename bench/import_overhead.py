@@ -43,11 +43,15 @@ def main() -> None:
     print(f"import torch       {torch_time * 1000:8.1f} ms CPU")
     print(f"import drivetrain  {ours * 1000:8.1f} ms CPU   ratio {ours / torch_time:.3f}x torch")
     full = median_time(sys.executable, "from drivetrain import Accelerator", args.repeats)
-    print(f"from drivetrain import Accelerator {full * 1000:8.1f} ms CPU   ratio {full / torch_time:.3f}x torch")
+    print(
+        f"from drivetrain import Accelerator {full * 1000:8.1f} ms CPU   ratio {full / torch_time:.3f}x torch"
+    )
     if args.reference_python:
         reference = median_time(args.reference_python, "import accelerate", args.repeats)
         reference_torch = median_time(args.reference_python, "import torch", args.repeats)
-        print(f"import accelerate  {reference * 1000:8.1f} ms CPU   ratio {reference / reference_torch:.3f}x torch")
+        print(
+            f"import accelerate  {reference * 1000:8.1f} ms CPU   ratio {reference / reference_torch:.3f}x torch"
+        )
 
 
 if __name__ == "__main__":

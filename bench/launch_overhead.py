@@ -42,10 +42,26 @@ def main() -> None:
         script = folder / "noop.py"
         script.write_text(NOOP)
         commands = {
-            "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                         str(script), tmp],
-            "drivetrain launch": [sys.executable, "-m", "drivetrain.launch", "--cpu", "--num_processes", "2",
-                                  "--quiet", str(script), tmp],
+            "torchrun": [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node=2",
+                str(script),
+                tmp,
+            ],
+            "drivetrain launch": [
+                sys.executable,
+                "-m",
+                "drivetrain.launch",
+                "--cpu",
+                "--num_processes",
+                "2",
+                "--quiet",
+                str(script),
+                tmp,
+            ],
         }
         results: dict[str, list[float]] = {name: [] for name in commands}
         for _ in range(args.repeats):  # interleaved, so background load affects both alike
@@ -54,7 +70,9 @@ def main() -> None:
     medians = {name: statistics.median(times) for name, times in results.items()}
     for name, value in medians.items():
         print(f"{name:18s} median {value:.3f} s  (runs: {', '.join(f'{t:.2f}' for t in results[name])})")
-    print(f"ratio drivetrain/torchrun: {medians['drivetrain launch'] / medians['torchrun']:.3f} (target <= 1.10)")
+    print(
+        f"ratio drivetrain/torchrun: {medians['drivetrain launch'] / medians['torchrun']:.3f} (target <= 1.10)"
+    )
 
 
 if __name__ == "__main__":

@@ -81,11 +81,24 @@ def main() -> None:
         ours_times.append(run_prepared(args.steps, Accelerator))
     ratios = [ours / raw for ours, raw in zip(ours_times, raw_times)]
     print(f"raw step        {statistics.median(raw_times) * 1e6:8.1f} us CPU")
-    print(f"prepared step   {statistics.median(ours_times) * 1e6:8.1f} us CPU   ratio {statistics.median(ratios):.3f}x")
+    print(
+        f"prepared step   {statistics.median(ours_times) * 1e6:8.1f} us CPU   ratio {statistics.median(ratios):.3f}x"
+    )
     if args.reference_python:
         result = subprocess.run(
-            [args.reference_python, __file__, "--only", "accelerate", "--steps", str(args.steps),
-             "--repeats", str(args.repeats)], capture_output=True, text=True, check=True,
+            [
+                args.reference_python,
+                __file__,
+                "--only",
+                "accelerate",
+                "--steps",
+                str(args.steps),
+                "--repeats",
+                str(args.repeats),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
         )
         print(f"accelerate step ratio {float(result.stdout.strip().splitlines()[-1]):.3f}x raw")
 

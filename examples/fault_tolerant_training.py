@@ -70,7 +70,11 @@ def main() -> None:
 
     marker = os.path.join(args.output_dir, "crashed_once")
     while progress.step < args.steps:
-        if progress.step == args.crash_at_step and accelerator.process_index == 1 and not os.path.exists(marker):
+        if (
+            progress.step == args.crash_at_step
+            and accelerator.process_index == 1
+            and not os.path.exists(marker)
+        ):
             open(marker, "w").close()
             os._exit(17)  # a hard crash: no cleanup, no exception handling
         inputs, targets = batch(progress.step, accelerator.process_index)
@@ -84,7 +88,9 @@ def main() -> None:
 
     if accelerator.is_main_process:
         weights = accelerator.unwrap_model(model).state_dict()
-        torch.save({k: v.cpu() for k, v in weights.items()}, os.path.join(args.output_dir, "final_weights.pt"))
+        torch.save(
+            {k: v.cpu() for k, v in weights.items()}, os.path.join(args.output_dir, "final_weights.pt")
+        )
     accelerator.end_training()
 
 

@@ -44,7 +44,11 @@ def main() -> None:
     train_loader = DataLoader(make_spirals(4096, seed=1), batch_size=args.batch_size, shuffle=True)
     eval_loader = DataLoader(make_spirals(1024, seed=2), batch_size=256)
     model = torch.nn.Sequential(
-        torch.nn.Linear(2, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2)
+        torch.nn.Linear(2, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 2),
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(
@@ -53,8 +57,10 @@ def main() -> None:
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, eval_loader, scheduler
     )
-    accelerator.print(f"training on {accelerator.num_processes} process(es), backend {accelerator.backend}, "
-                      f"device {accelerator.device}, precision {accelerator.mixed_precision}")
+    accelerator.print(
+        f"training on {accelerator.num_processes} process(es), backend {accelerator.backend}, "
+        f"device {accelerator.device}, precision {accelerator.mixed_precision}"
+    )
 
     for epoch in range(args.epochs):
         model.train()

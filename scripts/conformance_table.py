@@ -77,9 +77,13 @@ def main() -> int:
 
     lines = [INTRO]
     lines += [f"- **{prop.name}**: {prop.summary}." for prop in PROPERTIES]
-    lines.append(TOLERANCE_TEXT.format(
-        steps=TRAINING_STEPS, per_rank=PER_RANK,
-        rows="\n".join(f"| `{name}` | {tol.rtol:g} | {tol.atol:g} |" for name, tol in TOLERANCES.items())))
+    lines.append(
+        TOLERANCE_TEXT.format(
+            steps=TRAINING_STEPS,
+            per_rank=PER_RANK,
+            rows="\n".join(f"| `{name}` | {tol.rtol:g} | {tol.atol:g} |" for name, tol in TOLERANCES.items()),
+        )
+    )
     lines.append("## Results\n")
     header = "| property | " + " | ".join(f"{b} ({n}p)" for b in backends for n in (1, 2)) + " |"
     lines += [header, "|---" * (1 + 2 * len(backends)) + "|"]
@@ -91,7 +95,9 @@ def main() -> int:
         for count in (1, 2):
             for verdict in reports[count][backend].verdicts:
                 if verdict.status != "pass":
-                    notes.append(f"- {backend}, {count}p, {verdict.property}: {verdict.status} — {verdict.reason}")
+                    notes.append(
+                        f"- {backend}, {count}p, {verdict.property}: {verdict.status} — {verdict.reason}"
+                    )
     if notes:
         lines += ["", "Reasons for everything that is not a pass:", "", *notes]
     if unavailable:

@@ -17,7 +17,9 @@ from pathlib import Path
 
 from drivetrain.testing import launch_script
 
-TRAINING_SCRIPT = Path(__file__).resolve().parents[1] / "plugins" / "ddp" / "tests" / "scripts" / "ddp_train_exit.py"
+TRAINING_SCRIPT = (
+    Path(__file__).resolve().parents[1] / "plugins" / "ddp" / "tests" / "scripts" / "ddp_train_exit.py"
+)
 ABORT_MARKERS = ("terminate called", "Aborted", "core dumped", "SIGABRT")
 
 
@@ -29,7 +31,9 @@ def run_many(runs: int, num_processes: int = 2, script: Path = TRAINING_SCRIPT) 
             result = launch_script(str(script), num_processes=num_processes, env={"TMPDIR": tmp}, check=False)
             output = result.stdout + result.stderr
             marker = next((m for m in ABORT_MARKERS if m in output), "")
-            problem = f"abort message {marker!r}" if marker else ("" if result.returncode == 0 else output[-2000:])
+            problem = (
+                f"abort message {marker!r}" if marker else ("" if result.returncode == 0 else output[-2000:])
+            )
             outcomes.append((result.returncode, problem))
     return outcomes
 
@@ -43,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     outcomes = run_many(args.runs, args.num_processes)
     failures = [(i, code, problem) for i, (code, problem) in enumerate(outcomes) if code != 0 or problem]
-    print(f"{args.runs} runs of {args.num_processes} processes in {time.perf_counter() - start:.0f} s: "
-          f"exit codes {[code for code, _ in outcomes]}")
+    print(
+        f"{args.runs} runs of {args.num_processes} processes in {time.perf_counter() - start:.0f} s: "
+        f"exit codes {[code for code, _ in outcomes]}"
+    )
     for index, code, problem in failures:
         print(f"run {index} failed (exit code {code}): {problem}")
     return 1 if failures else 0

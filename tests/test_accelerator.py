@@ -121,7 +121,10 @@ def test_sync_with_dataloader_false_ignores_the_end():
 
 def test_accumulation_steps_in_both_places_is_an_error():
     with pytest.raises(ConfigurationError, match="not both"):
-        Accelerator(gradient_accumulation_steps=2, gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2))
+        Accelerator(
+            gradient_accumulation_steps=2,
+            gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2),
+        )
 
 
 def test_scheduler_steps_only_with_the_optimizer_and_adjusts_for_accumulation():
@@ -146,7 +149,9 @@ def test_scheduler_steps_only_with_the_optimizer_and_adjusts_for_accumulation():
 def test_seed_self_contained_gradient_accumulation_example_prints_documented_weights():
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "gradient_accumulation.py")],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     lines = result.stdout.strip().splitlines()
     assert lines == [
@@ -312,7 +317,11 @@ def test_free_memory_forgets_prepared_objects():
 def test_state_reports_one_process():
     accelerator = Accelerator()
     assert accelerator.distributed_type == "NO"
-    assert (accelerator.num_processes, accelerator.process_index, accelerator.local_process_index) == (1, 0, 0)
+    assert (accelerator.num_processes, accelerator.process_index, accelerator.local_process_index) == (
+        1,
+        0,
+        0,
+    )
     assert accelerator.is_main_process and accelerator.is_local_main_process and accelerator.is_last_process
     assert not accelerator.use_distributed
     assert accelerator.device == torch.device("cpu")
@@ -323,7 +332,9 @@ def test_project_configuration_directories():
 
     accelerator = Accelerator(project_dir="runs/x")
     assert accelerator.project_dir == "runs/x" and accelerator.logging_dir == "runs/x"
-    config = ProjectConfiguration(project_dir="a", logging_dir="b", automatic_checkpoint_naming=True, total_limit=2)
+    config = ProjectConfiguration(
+        project_dir="a", logging_dir="b", automatic_checkpoint_naming=True, total_limit=2
+    )
     accelerator = Accelerator(project_config=config)
     assert accelerator.logging_dir == "b" and accelerator.save_iteration == 0
 

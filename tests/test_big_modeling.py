@@ -115,8 +115,14 @@ def test_auto_map_cpu_and_disk_same_logits(tmp_path) -> None:
         no_split_module_classes=["Block"],
         offload_folder=str(tmp_path / "offload"),
     )
-    assert model.hf_device_map == {"embed": "cpu", "blocks.0": "cpu", "blocks.1": "cpu", "blocks.2": "disk",
-                                   "blocks.3": "disk", "head": "cpu"}, model.hf_device_map
+    assert model.hf_device_map == {
+        "embed": "cpu",
+        "blocks.0": "cpu",
+        "blocks.1": "cpu",
+        "blocks.2": "disk",
+        "blocks.3": "disk",
+        "head": "cpu",
+    }, model.hf_device_map
     # No Block is cut in two, and the tied head goes where the embedding goes.
     for name in model.hf_device_map:
         assert not any(name.startswith(f"blocks.{i}.") for i in range(4)), name
@@ -125,7 +131,9 @@ def test_auto_map_cpu_and_disk_same_logits(tmp_path) -> None:
     assert not [f for f in os.listdir(tmp_path / "offload") if f.endswith(".safetensors")]
     with torch.no_grad():
         torch.testing.assert_close(model(IDS), expected, rtol=0, atol=0)
-        torch.testing.assert_close(model(IDS), expected, rtol=0, atol=0)  # second pass uses prefetched weights
+        torch.testing.assert_close(
+            model(IDS), expected, rtol=0, atol=0
+        )  # second pass uses prefetched weights
     assert model._drivetrain_prefetcher.hits > 0
 
 
@@ -135,11 +143,20 @@ def test_hand_made_map_with_param_entries_and_bin_checkpoint(tmp_path) -> None:
     torch.save(reference.state_dict(), tmp_path / "pytorch_model.bin")
     with init_empty_weights():
         model = TinyLM()
-    device_map = {"embed": "cpu", "head": "cpu", "blocks.0": "disk", "blocks.1": "cpu", "blocks.2.norm": "disk",
-                  "blocks.2.linear1": "cpu", "blocks.2.linear2.weight": "disk", "blocks.2.linear2.bias": "cpu",
-                  "blocks.3": "disk"}
-    model = load_checkpoint_and_dispatch(model, str(tmp_path), device_map=device_map,
-                                         offload_folder=str(tmp_path / "off"))
+    device_map = {
+        "embed": "cpu",
+        "head": "cpu",
+        "blocks.0": "disk",
+        "blocks.1": "cpu",
+        "blocks.2.norm": "disk",
+        "blocks.2.linear1": "cpu",
+        "blocks.2.linear2.weight": "disk",
+        "blocks.2.linear2.bias": "cpu",
+        "blocks.3": "disk",
+    }
+    model = load_checkpoint_and_dispatch(
+        model, str(tmp_path), device_map=device_map, offload_folder=str(tmp_path / "off")
+    )
     # .bin weights for the disk are written once, as safetensors.
     assert [f for f in os.listdir(tmp_path / "off") if f.endswith(".safetensors")]
     with torch.no_grad():
@@ -182,7 +199,10 @@ def test_no_split_module_classes_respected() -> None:
 
 def test_dtype_and_keep_in_fp32(tmp_path) -> None:
     reference = _reference(3)
-    save_file({k: v for k, v in reference.state_dict().items() if k != "head.weight"}, tmp_path / "model.safetensors")
+    save_file(
+        {k: v for k, v in reference.state_dict().items() if k != "head.weight"},
+        tmp_path / "model.safetensors",
+    )
     with init_empty_weights():
         model = TinyLM()
     load_checkpoint_in_model(model, str(tmp_path), dtype=torch.float16, keep_in_fp32_modules=["norm"])
@@ -194,7 +214,10 @@ def test_dtype_and_keep_in_fp32(tmp_path) -> None:
 
 def test_strict_and_truncated_checkpoint(tmp_path) -> None:
     reference = _reference(4)
-    save_file({"embed.weight": reference.embed.weight.detach(), "extra": torch.zeros(1)}, tmp_path / "model.safetensors")
+    save_file(
+        {"embed.weight": reference.embed.weight.detach(), "extra": torch.zeros(1)},
+        tmp_path / "model.safetensors",
+    )
     with init_empty_weights():
         model = TinyLM()
     with pytest.raises(CheckpointError, match="missing.*blocks.0.norm.weight.*unexpected.*extra"):
@@ -230,7 +253,9 @@ def test_missing_plugin_says_how_to_install(monkeypatch) -> None:
     reset_plugin_manager()
     try:
         with pytest.raises(Exception, match="pip install drivetrain-offload"):
-            dispatch_model(_reference(), {"embed": "cpu", "blocks": "disk", "head": "cpu"}, offload_dir="/tmp")
+            dispatch_model(
+                _reference(), {"embed": "cpu", "blocks": "disk", "head": "cpu"}, offload_dir="/tmp"
+            )
         model = dispatch_model(_reference(), {"": "cpu"})  # one device: the reference backend does it
         assert model.hf_device_map == {"": "cpu"}
     finally:

@@ -76,10 +76,21 @@ def test_save_and_load_state_round_trip(tmp_path):
     torch.manual_seed(123)
     location = accelerator.save_state(tmp_path / "ckpt")
     after_rng = torch.rand(3)  # what the RNG yields right after the save
-    assert sorted(os.listdir(location)) == sorted([
-        manifests.MANIFEST_NAME, SAFE_WEIGHTS_NAME, "optimizer.bin", "scheduler.bin", "random_states_0.pkl",
-        "custom_checkpoint_0.pkl"])
-    assert set(load_file(os.path.join(location, SAFE_WEIGHTS_NAME))) == {"embed.weight", "mid.weight", "mid.bias"}
+    assert sorted(os.listdir(location)) == sorted(
+        [
+            manifests.MANIFEST_NAME,
+            SAFE_WEIGHTS_NAME,
+            "optimizer.bin",
+            "scheduler.bin",
+            "random_states_0.pkl",
+            "custom_checkpoint_0.pkl",
+        ]
+    )
+    assert set(load_file(os.path.join(location, SAFE_WEIGHTS_NAME))) == {
+        "embed.weight",
+        "mid.weight",
+        "mid.bias",
+    }
 
     _train(accelerator, model, optimizer, scheduler, steps=3)
     counter.count = 9
@@ -105,7 +116,9 @@ def test_bin_serialization_and_scaler_file(tmp_path):
 
 
 def test_automatic_naming_total_limit_and_latest(tmp_path):
-    accelerator, model, optimizer, scheduler = _setup(tmp_path, automatic_checkpoint_naming=True, total_limit=2)
+    accelerator, model, optimizer, scheduler = _setup(
+        tmp_path, automatic_checkpoint_naming=True, total_limit=2
+    )
     saved = []
     for _ in range(4):
         _train(accelerator, model, optimizer, scheduler, steps=1)
@@ -164,7 +177,9 @@ def test_malicious_registered_object_runs_nothing_unless_opted_out(tmp_path):
     holder = Holder()
     accelerator.register_for_checkpointing(holder)
     location = accelerator.save_state(tmp_path / "ckpt")
-    with pytest.raises(CheckpointError, match=r"custom_checkpoint_0\.pkl holds objects that safe loading refuses"):
+    with pytest.raises(
+        CheckpointError, match=r"custom_checkpoint_0\.pkl holds objects that safe loading refuses"
+    ):
         accelerator.load_state(location)
     assert not marker.exists()
     accelerator.load_state(location, load_kwargs={"weights_only": False})  # the documented opt-out

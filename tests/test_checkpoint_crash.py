@@ -30,7 +30,9 @@ def _fresh_accelerator(project_dir):
     set_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Linear(64, 4))
     optimizer = torch.optim.AdamW(model.parameters())
-    config = ProjectConfiguration(project_dir=str(project_dir), automatic_checkpoint_naming=True, total_limit=1)
+    config = ProjectConfiguration(
+        project_dir=str(project_dir), automatic_checkpoint_naming=True, total_limit=1
+    )
     accelerator = Accelerator(project_config=config)
     model, optimizer = accelerator.prepare(model, optimizer)
     return accelerator, model, optimizer
@@ -39,8 +41,9 @@ def _fresh_accelerator(project_dir):
 @pytest.mark.parametrize(("kill_at", "survivor"), KILL_POINTS, ids=[k for k, _ in KILL_POINTS])
 def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path, kill_at, survivor):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CKPT_KILL_AT": kill_at, "TMPDIR": str(tmp_path)}
-    result = subprocess.run([sys.executable, SCRIPT, str(tmp_path), "1"], env=env, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, SCRIPT, str(tmp_path), "1"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == -signal.SIGKILL, result.stdout + result.stderr
 
     root = tmp_path / "checkpoints"

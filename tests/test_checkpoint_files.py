@@ -101,8 +101,17 @@ def test_non_tensor_values_are_refused_by_the_safe_writer():
         deduplicate_shared({"w": torch.zeros(1), "step": 3})
 
 
-@pytest.mark.parametrize(("text", "expected"), [("5MB", 5 * 10**6), ("10GB", 10**10), ("2GiB", 2 * 2**30),
-                                                ("100kb", 10**5), (1234, 1234), ("1.5MB", 1_500_000)])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("5MB", 5 * 10**6),
+        ("10GB", 10**10),
+        ("2GiB", 2 * 2**30),
+        ("100kb", 10**5),
+        (1234, 1234),
+        ("1.5MB", 1_500_000),
+    ],
+)
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
 
@@ -222,7 +231,10 @@ def test_latest_complete_skips_incomplete_and_numbers_sort_numerically(tmp_path)
     os.makedirs(os.path.join(root, "checkpoint_11"))  # no manifest: never complete
     manifests.start_incomplete(os.path.join(root, "checkpoint_12"))  # a killed save
     assert [os.path.basename(p) for p in manifests.complete_checkpoints(root)] == [
-        "checkpoint_2", "checkpoint_9", "checkpoint_10"]
+        "checkpoint_2",
+        "checkpoint_9",
+        "checkpoint_10",
+    ]
 
 
 def test_prune_keeps_newest_and_limit_and_foreign_folders(tmp_path):
@@ -267,8 +279,11 @@ def test_malicious_pickle_runs_nothing(tmp_path):
     marker = tmp_path / "pwned"
     path = str(tmp_path / "optimizer.bin")
     torch.save({"state": _WritesAFile(str(marker))}, path)
-    with pytest.raises(CheckpointError, match=r"optimizer\.bin holds objects that safe loading refuses.*"
-                                              r"weights_only': False"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"optimizer\.bin holds objects that safe loading refuses.*"
+        r"weights_only': False",
+    ):
         safe_load(path)
     assert not marker.exists()
     # A plain pickle (not a torch zip file) is refused as well.

@@ -24,8 +24,13 @@ DDP = {"boundary": 6, "mid": 9}
 
 def _run(out, *args, env=None):
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(out), **(env or {})}
-    result = subprocess.run([sys.executable, SCRIPT, args[0], str(out), EPOCHS, *args[1:]], env=full_env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, SCRIPT, args[0], str(out), EPOCHS, *args[1:]],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
@@ -78,8 +83,9 @@ def test_single_process_stop_then_resume_mid_epoch_with_skip_first_batches(tmp_p
 def test_ddp_two_ranks_resume_at_boundary_and_mid_epoch(tmp_path):
     env = {"TMPDIR": str(tmp_path)}
     launch_script(SCRIPT, 2, args=["full", str(tmp_path), EPOCHS, f"{DDP['boundary']},{DDP['mid']}"], env=env)
-    assert sorted(f for f in os.listdir(tmp_path / f"ckpt_{DDP['mid']}") if f.startswith("random_states")) == [
-        "random_states_0.pkl", "random_states_1.pkl"]
+    assert sorted(
+        f for f in os.listdir(tmp_path / f"ckpt_{DDP['mid']}") if f.startswith("random_states")
+    ) == ["random_states_0.pkl", "random_states_1.pkl"]
     _assert_export_matches(tmp_path)
     for where in ("boundary", "mid"):
         launch_script(SCRIPT, 2, args=["second", str(tmp_path), EPOCHS, str(DDP[where]), "state"], env=env)

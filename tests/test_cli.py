@@ -25,8 +25,15 @@ def config_dir(tmp_path, monkeypatch):
 
 def cli(*args, stdin=None, env=None, cwd=None):
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "drivetrain.commands.main", *args], input=stdin, text=True,
-                          capture_output=True, env=full_env, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "drivetrain.commands.main", *args],
+        input=stdin,
+        text=True,
+        capture_output=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=120,
+    )
 
 
 def test_plugins_lists_local_and_ddp_with_hooks_and_json(capsys):
@@ -74,11 +81,16 @@ def test_user_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
     cases = [
         (["launch", "--num_processes", "zero", "x.py"], "--num_processes expects a whole number"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
-        (["launch", "--mixed_precision", "fp12", "x.py"], "--mixed_precision must be one of no, fp16, bf16, fp8"),
+        (
+            ["launch", "--mixed_precision", "fp12", "x.py"],
+            "--mixed_precision must be one of no, fp16, bf16, fp8",
+        ),
         (["launch", "--backend", "nope", "x.py"], "unknown drivetrain plugin 'nope'; installed: "),
         (["launch", "--config_file", str(bad_file), "x.py"], "did you mean 'num_processes'?"),
-        (["launch", "--num_processes", "3", "--num_machines", "2", "--main_process_ip", "h", "x.py"],
-         "must be a multiple of --num_machines 2"),
+        (
+            ["launch", "--num_processes", "3", "--num_machines", "2", "--main_process_ip", "h", "x.py"],
+            "must be a multiple of --num_machines 2",
+        ),
         (["launch", "--num_machines", "2", "x.py"], "needs --main_process_ip"),
         (["launch", "--env", "NOEQUALS", "x.py"], "--env expects KEY=VALUE"),
         (["launch", "--rdzv_backend", "static", "--max_restarts", "1", "x.py"], "needs --rdzv_backend c10d"),
@@ -100,7 +112,12 @@ def test_user_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
 def test_help_groups_options_by_topic(capsys):
     result = cli("launch", "--help")
     assert result.returncode == 0
-    for section in ("hardware and backend:", "processes and precision:", "multi-node", "fault tolerance and logs:"):
+    for section in (
+        "hardware and backend:",
+        "processes and precision:",
+        "multi-node",
+        "fault tolerance and logs:",
+    ):
         assert section in result.stdout
     assert "--num_processes N" in result.stdout and "--num-processes" not in result.stdout
     with pytest.raises(SystemExit):
@@ -119,8 +136,12 @@ def test_plugin_commands_are_listed_with_their_plugin_and_run(capsys):
         @staticmethod
         @hookimpl
         def register_extensions(registry):
-            registry.add_command("merge-things", lambda p: p.add_argument("--count", type=int, required=True),
-                                 lambda args: calls.append(args.count) or 0, help="merge some things")
+            registry.add_command(
+                "merge-things",
+                lambda p: p.add_argument("--count", type=int, required=True),
+                lambda args: calls.append(args.count) or 0,
+                help="merge some things",
+            )
 
     get_plugin_manager().register("merger", MergePlugin())
     with pytest.raises(SystemExit):
@@ -164,9 +185,16 @@ def test_config_default_and_update_accelerate_file(config_dir, tmp_path, capsys)
     loaded = load_config(accelerate_file)
     assert loaded.format == "accelerate"
     # Accelerate's always-written "no choice" values (mixed_precision: no, use_cpu: false) are dropped
-    assert loaded.values == {"num_processes": 2, "num_machines": 1, "machine_rank": 0, "rdzv_backend": "static",
-                             "same_network": True, "backend": "fsdp", "dynamo_backend": "INDUCTOR",
-                             "backend_config": {"fsdp_sharding_strategy": "FULL_SHARD"}}
+    assert loaded.values == {
+        "num_processes": 2,
+        "num_machines": 1,
+        "machine_rank": 0,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "backend": "fsdp",
+        "dynamo_backend": "INDUCTOR",
+        "backend_config": {"fsdp_sharding_strategy": "FULL_SHARD"},
+    }
     assert main(["config", "update", "--config_file", str(accelerate_file)]) == 0
     assert load_config(accelerate_file).format == "drivetrain"
     assert load_config(accelerate_file).values == loaded.values
@@ -176,29 +204,48 @@ def test_launch_precedence_flag_over_file_over_default(tmp_path, config_dir):
     config_dir.mkdir()
     (config_dir / "default_config.yaml").write_text(
         "num_processes: 4\nmixed_precision: fp16\nuse_cpu: true\ngradient_accumulation_steps: 2\n"
-        "env:\n  TEST_FROM_FILE: 'yes'\n")
-    args = build_parser().parse_args(["--mixed-precision", "bf16", "--env", "TEST_X=1", "train.py", "--lr", "3"])
+        "env:\n  TEST_FROM_FILE: 'yes'\n"
+    )
+    args = build_parser().parse_args(
+        ["--mixed-precision", "bf16", "--env", "TEST_X=1", "train.py", "--lr", "3"]
+    )
     plan = resolve_plan(args, environ={})
     assert plan.chosen == {"mixed_precision": "bf16", "use_cpu": True, "gradient_accumulation_steps": 2}
     assert plan.num_processes == 4 and plan.env == {"TEST_FROM_FILE": "yes", "TEST_X": "1"}
     assert plan.script == "train.py" and plan.script_args == ["--lr", "3"]
-    bare = resolve_plan(build_parser().parse_args(["--config_file", str(tmp_path / "empty.yaml"), "t.py"])
-                        if (tmp_path / "empty.yaml").write_text("{}\n") else None, environ={})
+    bare = resolve_plan(
+        build_parser().parse_args(["--config_file", str(tmp_path / "empty.yaml"), "t.py"])
+        if (tmp_path / "empty.yaml").write_text("{}\n")
+        else None,
+        environ={},
+    )
     assert bare.rdzv_backend == "c10d" and bare.main_process_port > 0
 
 
 def test_slurm_environment_fills_unset_multi_node_flags(config_dir):
     assert first_host("node[07-09,12],gpu1") == "node07" and first_host("gpu-a3") == "gpu-a3"
-    environ = {"SLURM_STEP_ID": "0", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
-               "SLURM_JOB_NODELIST": "trn[003-004]"}
+    environ = {
+        "SLURM_STEP_ID": "0",
+        "SLURM_NNODES": "2",
+        "SLURM_NODEID": "1",
+        "SLURM_JOB_NODELIST": "trn[003-004]",
+    }
     assert slurm_settings(environ) == {"num_machines": 2, "machine_rank": 1, "main_process_ip": "trn003"}
     assert slurm_settings({"SLURM_NNODES": "2"}) == {}  # the batch script itself, outside srun
     plan = resolve_plan(build_parser().parse_args(["--num_processes", "4", "t.py"]), environ=environ)
-    assert (plan.num_machines, plan.machine_rank, plan.main_process_ip, plan.main_process_port) == \
-        (2, 1, "trn003", 29500)
+    assert (plan.num_machines, plan.machine_rank, plan.main_process_ip, plan.main_process_port) == (
+        2,
+        1,
+        "trn003",
+        29500,
+    )
     assert plan.rdzv_backend == "static" and plan.nproc_per_node == 2
-    flagged = resolve_plan(build_parser().parse_args(
-        ["--num_processes", "4", "--machine_rank", "0", "--main_process_ip", "10.0.0.1", "t.py"]), environ=environ)
+    flagged = resolve_plan(
+        build_parser().parse_args(
+            ["--num_processes", "4", "--machine_rank", "0", "--main_process_ip", "10.0.0.1", "t.py"]
+        ),
+        environ=environ,
+    )
     assert (flagged.machine_rank, flagged.main_process_ip) == (0, "10.0.0.1")
 
 
@@ -220,9 +267,19 @@ def test_estimate_memory_transformers_config_folder(tmp_path, capsys):
     pytest.importorskip("transformers")
     folder = tmp_path / "tiny-bert"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-        "intermediate_size": 64, "vocab_size": 100, "max_position_embeddings": 64}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "bert",
+                "hidden_size": 32,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "intermediate_size": 64,
+                "vocab_size": 100,
+                "max_position_embeddings": 64,
+            }
+        )
+    )
     assert main(["estimate-memory", str(folder / "config.json")]) == 0
     table = capsys.readouterr().out
     assert "| float32 |" in table and "| int4    |" in table and "Training using Adam" in table

@@ -31,7 +31,9 @@ def _documented_signatures() -> dict[str, list[str]]:
     for match in re.finditer(r"^## (\w+)\n(.*?)(?=^## |\Z)", text, flags=re.S | re.M):
         definition = re.search(r"def (\w+)\(([^)]*)\)", match.group(2))
         if definition:
-            assert definition.group(1) == match.group(1), f"section {match.group(1)} documents {definition.group(1)}"
+            assert definition.group(1) == match.group(1), (
+                f"section {match.group(1)} documents {definition.group(1)}"
+            )
             found[match.group(1)] = [arg.strip() for arg in definition.group(2).split(",") if arg.strip()]
     return found
 
@@ -72,8 +74,15 @@ def test_every_spec_says_how_it_is_called():
         assert firstresult == ("**first result**" in doc), hook
 
 
-BACKEND_LIBRARIES = ("deepspeed", "torch_xla", "intel_extension_for_pytorch", "transformer_engine", "msamp",
-                     "megatron", "torchao")
+BACKEND_LIBRARIES = (
+    "deepspeed",
+    "torch_xla",
+    "intel_extension_for_pytorch",
+    "transformer_engine",
+    "msamp",
+    "megatron",
+    "torchao",
+)
 
 
 def test_the_kernel_imports_no_backend_library():
@@ -85,6 +94,9 @@ def test_the_kernel_imports_no_backend_library():
                 modules = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:
                 modules = [node.module]
-            offenders += [f"{path.relative_to(ROOT)}: {m}" for m in modules if m.split(".")[0] in BACKEND_LIBRARIES
-                          or m.startswith("drivetrain_")]
+            offenders += [
+                f"{path.relative_to(ROOT)}: {m}"
+                for m in modules
+                if m.split(".")[0] in BACKEND_LIBRARIES or m.startswith("drivetrain_")
+            ]
     assert offenders == []

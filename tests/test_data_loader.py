@@ -43,9 +43,14 @@ def shares(length, batch_size, n, split=False, even=True, drop_last=False, itera
     data = Stream(length) if iterable else TensorDataset(torch.arange(length))
     result, loaders = [], []
     for rank in range(n):
-        loader = prepare_data_loader(DataLoader(data, batch_size=batch_size, drop_last=drop_last), num_processes=n,
-                                     process_index=rank, split_batches=split, even_batches=even,
-                                     dispatch_batches=dispatch)
+        loader = prepare_data_loader(
+            DataLoader(data, batch_size=batch_size, drop_last=drop_last),
+            num_processes=n,
+            process_index=rank,
+            split_batches=split,
+            even_batches=even,
+            dispatch_batches=dispatch,
+        )
         result.append([ids(batch) for batch in loader])
         loaders.append(loader)
     return result, loaders
@@ -111,11 +116,14 @@ def test_iterable_datasets_are_dispatched_by_default_with_several_processes():
 
 
 # -- invariants over many layouts --------------------------------------------------------------------------------
-@pytest.mark.parametrize("split,even,drop_last,iterable,dispatch", [
-    (split, even, drop_last, iterable, dispatch)
-    for split, even, drop_last, iterable, dispatch in itertools.product([False, True], repeat=5)
-    if not (iterable and not even) and not (dispatch and not even)
-])
+@pytest.mark.parametrize(
+    "split,even,drop_last,iterable,dispatch",
+    [
+        (split, even, drop_last, iterable, dispatch)
+        for split, even, drop_last, iterable, dispatch in itertools.product([False, True], repeat=5)
+        if not (iterable and not even) and not (dispatch and not even)
+    ],
+)
 def test_every_layout_covers_the_data_exactly_once(split, even, drop_last, iterable, dispatch):
     for length, batch_size, n in itertools.product([1, 5, 8, 13], [2, 4], [2, 3]):
         if split and batch_size % n:
@@ -128,13 +136,20 @@ def test_every_layout_covers_the_data_exactly_once(split, even, drop_last, itera
             assert counts == [len(loader) for loader in loaders], (length, batch_size, n)
         if even or drop_last:
             assert len(set(counts)) == 1
-            assert all(len({len(batch) for batch in step}) == 1 for step in zip(*ranks))  # same sizes per step
+            assert all(
+                len({len(batch) for batch in step}) == 1 for step in zip(*ranks)
+            )  # same sizes per step
         # Global order: step by step, rank by rank; the padding is what lies past the real samples.
-        flat = [sample for step in itertools.zip_longest(*ranks, fillvalue=[]) for batch in step for sample in batch]
+        flat = [
+            sample
+            for step in itertools.zip_longest(*ranks, fillvalue=[])
+            for batch in step
+            for sample in batch
+        ]
         remainder = loaders[0].remainder
         if remainder > 0:
             last = sum(len(step) for step in (r[-1] for r in ranks))
-            flat = flat[:len(flat) - last + remainder]
+            flat = flat[: len(flat) - last + remainder]
         if drop_last:
             assert len(set(flat)) == len(flat) == kept
         else:
@@ -161,8 +176,12 @@ def test_breaking_out_of_a_loop_unregisters_the_loader():
 
 def test_batches_already_on_the_device_are_not_copied():
     data = TensorDataset(torch.arange(4))
-    loader = prepare_data_loader(DataLoader(data, batch_size=2, collate_fn=lambda items: data.tensors[0]),
-                                 put_on_device=True, device="cpu", non_blocking=True)
+    loader = prepare_data_loader(
+        DataLoader(data, batch_size=2, collate_fn=lambda items: data.tensors[0]),
+        put_on_device=True,
+        device="cpu",
+        non_blocking=True,
+    )
     assert next(iter(loader)) is data.tensors[0]
     assert loader.device == torch.device("cpu") and loader.non_blocking
 
@@ -170,7 +189,9 @@ def test_batches_already_on_the_device_are_not_copied():
 def test_custom_sampler_and_batch_sampler_are_kept():
     data = TensorDataset(torch.arange(8))
     reverse = list(range(7, -1, -1))
-    loader = prepare_data_loader(DataLoader(data, batch_size=2, sampler=reverse), num_processes=2, process_index=0)
+    loader = prepare_data_loader(
+        DataLoader(data, batch_size=2, sampler=reverse), num_processes=2, process_index=0
+    )
     assert [ids(batch) for batch in loader] == [[7, 6], [3, 2]]
 
     class Pairs(BatchSampler):
@@ -188,14 +209,19 @@ def test_custom_sampler_and_batch_sampler_are_kept():
 
 def test_split_batches_that_do_not_divide_are_refused_with_the_numbers():
     with pytest.raises(ValueError, match="batch size 3 cannot be split across 2 processes"):
-        prepare_data_loader(DataLoader(TensorDataset(torch.arange(8)), batch_size=3), num_processes=2,
-                            process_index=0, split_batches=True)
+        prepare_data_loader(
+            DataLoader(TensorDataset(torch.arange(8)), batch_size=3),
+            num_processes=2,
+            process_index=0,
+            split_batches=True,
+        )
 
 
 def test_python_objects_are_dispatched_and_sliced():
     words = [f"w{i}" for i in range(5)]
-    loader = prepare_data_loader(DataLoader(words, batch_size=2), num_processes=2, process_index=1,
-                                 dispatch_batches=True)
+    loader = prepare_data_loader(
+        DataLoader(words, batch_size=2), num_processes=2, process_index=1, dispatch_batches=True
+    )
     assert list(loader) == [["w2", "w3"], ["w0"]]  # the last global batch ["w4"] is padded with "w0"
     assert loader.remainder == 1
 
@@ -212,16 +238,20 @@ def test_skip_first_batches_on_prepared_raw_and_iterable_loaders():
     assert [ids(batch) for batch in raw] == [[8, 9]] and len(raw) == 1
     stream = skip_first_batches(DataLoader(Stream(6), batch_size=2), 1)
     assert [ids(batch) for batch in stream] == [[2, 3], [4, 5]]
-    dispatched = skip_first_batches(prepare_data_loader(DataLoader(Stream(10), batch_size=2), num_processes=2,
-                                                        process_index=1), 1)
+    dispatched = skip_first_batches(
+        prepare_data_loader(DataLoader(Stream(10), batch_size=2), num_processes=2, process_index=1), 1
+    )
     assert [ids(batch) for batch in dispatched] == [[6, 7], [9]]
 
 
 # -- seedable sampler ---------------------------------------------------------------------------------------------
 def test_seedable_sampler_is_a_function_of_seed_and_epoch():
     def orders(seed):
-        loader = prepare_data_loader(DataLoader(TensorDataset(torch.arange(16)), batch_size=4, shuffle=True),
-                                     use_seedable_sampler=True, data_seed=seed)
+        loader = prepare_data_loader(
+            DataLoader(TensorDataset(torch.arange(16)), batch_size=4, shuffle=True),
+            use_seedable_sampler=True,
+            data_seed=seed,
+        )
         assert isinstance(loader.batch_sampler.sampler, SeedableRandomSampler)
         return [[ids(batch) for batch in loader] for _ in range(3)], loader
 
@@ -239,9 +269,13 @@ def test_seedable_sampler_is_a_function_of_seed_and_epoch():
 # -- resuming in a new loader ---------------------------------------------------------------------------------
 def _fresh(kind: str, rank: int = 0):
     data = Stream(22) if kind == "iterable" else TensorDataset(torch.arange(22))
-    return prepare_data_loader(DataLoader(data, batch_size=2, shuffle=kind == "shuffle"), num_processes=2,
-                               process_index=rank, use_stateful_dataloader=kind == "stateful",
-                               dispatch_batches=kind == "dispatch" or None)
+    return prepare_data_loader(
+        DataLoader(data, batch_size=2, shuffle=kind == "shuffle"),
+        num_processes=2,
+        process_index=rank,
+        use_stateful_dataloader=kind == "stateful",
+        dispatch_batches=kind == "dispatch" or None,
+    )
 
 
 @pytest.mark.parametrize("kind", ["shuffle", "iterable", "dispatch", "stateful"])
@@ -293,8 +327,9 @@ def test_skip_first_batches_after_load_state_skips_once():
 
 def test_resuming_with_another_layout_is_refused():
     saved = _fresh("shuffle").state_dict()
-    other = prepare_data_loader(DataLoader(TensorDataset(torch.arange(22)), batch_size=4), num_processes=2,
-                                process_index=0)
+    other = prepare_data_loader(
+        DataLoader(TensorDataset(torch.arange(22)), batch_size=4), num_processes=2, process_index=0
+    )
     with pytest.raises(CheckpointError, match="total_batch_size=4 but this loader has total_batch_size=8"):
         other.load_state_dict(saved)
     with pytest.raises(CheckpointError, match="missing batches_yielded"):
@@ -308,3 +343,36 @@ def test_position_counts_per_epoch():
     assert loader.state_dict()["batches_yielded"] == 2
     list(it)
     assert (loader.state_dict()["epoch"], loader.state_dict()["batches_yielded"]) == (1, 0)
+
+
+def test_index_stream_fast_path_deals_exactly_like_the_generic_path():
+    """torch's own BatchSampler takes a slicing fast path; any other batch sampler goes batch by batch.
+    Both must hand every process the same batches, including the padded or dropped last round."""
+    import itertools
+
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    from drivetrain.data.samplers import BatchSamplerShard
+
+    class OtherBatchSampler(BatchSampler):  # same batches, but not torch's own class: generic path
+        pass
+
+    for length, size, processes, drop_last, even in itertools.product(
+        range(0, 26), (1, 3, 4), (2, 3), (False, True), (False, True)
+    ):
+        sampler = SequentialSampler(range(length))
+        for rank in range(processes):
+            fast = BatchSamplerShard(
+                BatchSampler(sampler, size, drop_last),
+                num_processes=processes,
+                process_index=rank,
+                even_batches=even,
+            )
+            generic = BatchSamplerShard(
+                OtherBatchSampler(sampler, size, drop_last),
+                num_processes=processes,
+                process_index=rank,
+                even_batches=even,
+            )
+            assert list(fast) == list(generic), (length, size, processes, drop_last, even, rank)
+            assert fast.final_real_samples == generic.final_real_samples

@@ -25,6 +25,7 @@ def test_every_sharding_mode_covers_the_data_exactly_once_on_two_ranks(launch_en
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("world,examples", [(2, 40), (3, 25)])
 def test_gather_for_metrics_returns_exactly_the_data_property(world, examples, launch_env):
-    result = launch_script(str(SCRIPTS / "data_gather_property.py"), num_processes=world, args=[str(examples)],
-                           env=launch_env)
+    result = launch_script(
+        str(SCRIPTS / "data_gather_property.py"), num_processes=world, args=[str(examples)], env=launch_env
+    )
     assert result.stdout.count("data_gather_property OK") == world

@@ -13,7 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_quickstart_trains_to_high_accuracy_on_one_process(tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "quickstart.py"), "--epochs", "20"],
-        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)},
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr

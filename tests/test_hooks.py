@@ -51,9 +51,13 @@ def test_hook_register_extensions_refuses_a_name_taken_by_another_plugin():
     from drivetrain.errors import PluginError
 
     manager = get_plugin_manager()
-    manager.register("a", _plugin("extension", register_extensions=lambda registry: registry.add_tracker("x", int)))
+    manager.register(
+        "a", _plugin("extension", register_extensions=lambda registry: registry.add_tracker("x", int))
+    )
     with pytest.raises(PluginError, match="already registered by plugin 'a'"):
-        manager.register("b", _plugin("extension", register_extensions=lambda registry: registry.add_tracker("x", str)))
+        manager.register(
+            "b", _plugin("extension", register_extensions=lambda registry: registry.add_tracker("x", str))
+        )
 
 
 def test_hook_detect_device_device_plugin_answers_before_the_backend():
@@ -78,8 +82,11 @@ def test_hook_detect_device_local_picks_cpu_when_forced():
 
 
 def test_hook_setup_process_group_result_describes_the_process():
-    _toy_backend(setup_process_group=lambda device, init_kwargs: DistributedEnvironment(
-        num_processes=1, process_index=0, torch_backend=str(init_kwargs.get("backend"))))
+    _toy_backend(
+        setup_process_group=lambda device, init_kwargs: DistributedEnvironment(
+            num_processes=1, process_index=0, torch_backend=str(init_kwargs.get("backend"))
+        )
+    )
     from drivetrain import Accelerator, InitProcessGroupKwargs
 
     accelerator = Accelerator(backend="toy", kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])

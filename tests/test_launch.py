@@ -19,10 +19,22 @@ pytestmark = pytest.mark.multiprocess
 
 
 def launch(*args, tmp_path, env=None, timeout=180):
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1",
-                "DRIVETRAIN_CONFIG_DIR": str(tmp_path / "no-config"), **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "drivetrain.launch", *map(str, args)], env=full_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    full_env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TMPDIR": str(tmp_path),
+        "PYTHONUNBUFFERED": "1",
+        "DRIVETRAIN_CONFIG_DIR": str(tmp_path / "no-config"),
+        **(env or {}),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "drivetrain.launch", *map(str, args)],
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
 
 
 def finish(process, timeout=180):
@@ -32,33 +44,71 @@ def finish(process, timeout=180):
 
 def test_cpu_two_processes_with_exported_settings(tmp_path):
     report = tmp_path / "report.json"
-    code, out, err = finish(launch(
-        "--cpu", "--num-processes", "2", "--mixed_precision", "bf16", "--gradient-accumulation-steps", "2",
-        "--debug", "--env", "TEST_GREETING=hi", "--num_cpu_threads_per_process", "1", "--monitor_interval", "0.2",
-        SCRIPTS / "launch_report.py", report, "--lr", "0.1", tmp_path=tmp_path))
+    code, out, err = finish(
+        launch(
+            "--cpu",
+            "--num-processes",
+            "2",
+            "--mixed_precision",
+            "bf16",
+            "--gradient-accumulation-steps",
+            "2",
+            "--debug",
+            "--env",
+            "TEST_GREETING=hi",
+            "--num_cpu_threads_per_process",
+            "1",
+            "--monitor_interval",
+            "0.2",
+            SCRIPTS / "launch_report.py",
+            report,
+            "--lr",
+            "0.1",
+            tmp_path=tmp_path,
+        )
+    )
     assert code == 0, err
-    assert "drivetrain launch: backend ddp (automatic), 2 processes on 1 machine" in err and "precision bf16" in err
+    assert (
+        "drivetrain launch: backend ddp (automatic), 2 processes on 1 machine" in err
+        and "precision bf16" in err
+    )
     ranks = json.loads(report.read_text())
     assert [r["rank"] for r in ranks] == [0, 1] and {r["world"] for r in ranks} == {2}
     assert {r["backend"] for r in ranks} == {"ddp"}
     exported = {k: v for k, v in ranks[0]["env"].items() if k != "DRIVETRAIN_CONFIG_DIR"}
-    assert exported == {"DRIVETRAIN_CPU": "1", "DRIVETRAIN_MIXED_PRECISION": "bf16",
-                               "DRIVETRAIN_GRADIENT_ACCUMULATION_STEPS": "2", "DRIVETRAIN_DEBUG_MODE": "1",
-                               "TEST_GREETING": "hi"}
+    assert exported == {
+        "DRIVETRAIN_CPU": "1",
+        "DRIVETRAIN_MIXED_PRECISION": "bf16",
+        "DRIVETRAIN_GRADIENT_ACCUMULATION_STEPS": "2",
+        "DRIVETRAIN_DEBUG_MODE": "1",
+        "TEST_GREETING": "hi",
+    }
     assert ranks[1]["argv"] == ["--lr", "0.1"] and ranks[1]["omp"] == "1"
     assert ranks[0]["weights"] == ranks[1]["weights"]  # DDP synchronised different data
 
 
 def test_script_argument_contradicting_a_flag_is_an_error_naming_both(tmp_path):
-    code, out, err = finish(launch("--mixed_precision", "fp16", SCRIPTS / "launch_conflict.py", tmp_path=tmp_path))
+    code, out, err = finish(
+        launch("--mixed_precision", "fp16", SCRIPTS / "launch_conflict.py", tmp_path=tmp_path)
+    )
     assert code != 0 and "no conflict detected" not in out
     assert "conflicting 'mixed_precision'" in err and "Accelerator(mixed_precision='bf16')" in err
     assert "DRIVETRAIN_MIXED_PRECISION=fp16" in err
 
 
 def test_no_python_with_backend_flag(tmp_path):
-    code, out, err = finish(launch("--no_python", "--backend", "local", "--quiet", "sh", "-c",
-                                   "echo rank=$RANK backend=$DRIVETRAIN_BACKEND", tmp_path=tmp_path))
+    code, out, err = finish(
+        launch(
+            "--no_python",
+            "--backend",
+            "local",
+            "--quiet",
+            "sh",
+            "-c",
+            "echo rank=$RANK backend=$DRIVETRAIN_BACKEND",
+            tmp_path=tmp_path,
+        )
+    )
     assert code == 0, err
     assert "rank=0 backend=local" in out and "drivetrain launch:" not in err
 
@@ -67,9 +117,20 @@ def test_drivetrain_test_runs_self_check_with_the_users_config(tmp_path):
     config = tmp_path / "cfg"
     config.mkdir()
     (config / "default_config.yaml").write_text("num_processes: 2\nuse_cpu: true\n")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), "DRIVETRAIN_CONFIG_DIR": str(config)}
-    result = subprocess.run([sys.executable, "-m", "drivetrain.commands.main", "test"], env=env, text=True,
-                            capture_output=True, timeout=180, cwd=tmp_path)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TMPDIR": str(tmp_path),
+        "DRIVETRAIN_CONFIG_DIR": str(config),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "drivetrain.commands.main", "test"],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=180,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert "drivetrain self-check: 2 process(es), backend ddp" in result.stdout
     assert "Test is a success!" in result.stdout
@@ -77,11 +138,22 @@ def test_drivetrain_test_runs_self_check_with_the_users_config(tmp_path):
 
 def test_two_machines_on_loopback(tmp_path):
     port = free_port()
-    common = ["--cpu", "--num_processes", "4", "--num_machines", "2", "--main_process_ip", "127.0.0.1",
-              "--main_process_port", port]
+    common = [
+        "--cpu",
+        "--num_processes",
+        "4",
+        "--num_machines",
+        "2",
+        "--main_process_ip",
+        "127.0.0.1",
+        "--main_process_port",
+        port,
+    ]
     report = tmp_path / "report.json"
-    machines = [launch(*common, "--machine_rank", rank, SCRIPTS / "launch_report.py", report, tmp_path=tmp_path)
-                for rank in (0, 1)]
+    machines = [
+        launch(*common, "--machine_rank", rank, SCRIPTS / "launch_report.py", report, tmp_path=tmp_path)
+        for rank in (0, 1)
+    ]
     results = [finish(machine) for machine in machines]
     for code, _, err in results:
         assert code == 0, err
@@ -98,8 +170,20 @@ def test_crashed_rank_restarts_group_and_resumes_to_same_weights(tmp_path):
     runs = {}
     for name, extra in (("clean", []), ("crashed", ["--crash_at_step", "5"])):
         out_dir = tmp_path / name
-        code, out, err = finish(launch("--cpu", "--num_processes", "2", "--max_restarts", "1", example,
-                                       "--output_dir", out_dir, *extra, tmp_path=tmp_path))
+        code, out, err = finish(
+            launch(
+                "--cpu",
+                "--num_processes",
+                "2",
+                "--max_restarts",
+                "1",
+                example,
+                "--output_dir",
+                out_dir,
+                *extra,
+                tmp_path=tmp_path,
+            )
+        )
         assert code == 0, err
         runs[name] = (out_dir, out, err)
     crashed_dir, crashed_out, crashed_err = runs["crashed"]
@@ -112,18 +196,33 @@ def test_crashed_rank_restarts_group_and_resumes_to_same_weights(tmp_path):
 
 
 def test_a_crash_without_restarts_fails_with_the_exit_code(tmp_path):
-    code, out, err = finish(launch("--cpu", "--num_processes", "2", "--no_python", "sh", "-c",
-                                   "exit $((RANK * 3))", tmp_path=tmp_path))
+    code, out, err = finish(
+        launch(
+            "--cpu",
+            "--num_processes",
+            "2",
+            "--no_python",
+            "sh",
+            "-c",
+            "exit $((RANK * 3))",
+            tmp_path=tmp_path,
+        )
+    )
     assert code == 3
-    assert err.strip().splitlines()[-1].startswith("drivetrain: error: process of global rank 1 failed with exit")
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith("drivetrain: error: process of global rank 1 failed with exit")
+    )
 
 
 def _gather_rank(tag):
     from drivetrain.state import PartialState
 
     state = PartialState()
-    seen = state.collectives.all_gather_object((state.process_index, tag, os.environ.get("DRIVETRAIN_MIXED_PRECISION"),
-                                                state.device.type))
+    seen = state.collectives.all_gather_object(
+        (state.process_index, tag, os.environ.get("DRIVETRAIN_MIXED_PRECISION"), state.device.type)
+    )
     state.destroy_process_group()
     return seen
 
@@ -134,7 +233,9 @@ def test_debug_launcher_and_notebook_launcher_fork_real_processes(tmp_path, monk
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     results = debug_launcher(_gather_rank, ("dbg",), num_processes=2)
     assert results[0] == results[1] == [(0, "dbg", None, "cpu"), (1, "dbg", None, "cpu")]
-    results = notebook_launcher(_gather_rank, ("nb",), num_processes=2, mixed_precision="bf16", use_port=free_port())
+    results = notebook_launcher(
+        _gather_rank, ("nb",), num_processes=2, mixed_precision="bf16", use_port=free_port()
+    )
     assert results[1] == [(0, "nb", "bf16", "cpu"), (1, "nb", "bf16", "cpu")]
     assert "DRIVETRAIN_MIXED_PRECISION" not in os.environ  # restored after the launch
     # one process runs in place

@@ -114,7 +114,10 @@ def test_two_processes(tmp_path):
     assert [line for line in lines if line.startswith("once")] == ["once from 0"]
     assert sorted(line for line in lines if line.startswith("each")) == ["each from 0", "each from 1"]
     assert [line for line in lines if line.startswith("ordered")] == [
-        "ordered 0 from 0", "ordered 0 from 1", "ordered 1 from 0", "ordered 1 from 1",
+        "ordered 0 from 0",
+        "ordered 0 from 1",
+        "ordered 1 from 0",
+        "ordered 1 from 1",
     ]
     assert "bar of rank 0" in result.stderr
     assert not re.search("bar of rank 1", result.stderr)

@@ -145,10 +145,21 @@ def test_slice_and_concatenate_are_inverse():
 
 
 def test_convert_to_fp32_only_touches_half_precision():
-    data = [torch.ones(1, dtype=torch.float16), torch.ones(1, dtype=torch.bfloat16), torch.ones(1, dtype=torch.long),
-            torch.ones(1, dtype=torch.float64), "x"]
+    data = [
+        torch.ones(1, dtype=torch.float16),
+        torch.ones(1, dtype=torch.bfloat16),
+        torch.ones(1, dtype=torch.long),
+        torch.ones(1, dtype=torch.float64),
+        "x",
+    ]
     out = ops.convert_to_fp32(data)
-    assert [getattr(t, "dtype", None) for t in out] == [torch.float32, torch.float32, torch.long, torch.float64, None]
+    assert [getattr(t, "dtype", None) for t in out] == [
+        torch.float32,
+        torch.float32,
+        torch.long,
+        torch.float64,
+        None,
+    ]
     forward = ops.convert_outputs_to_fp32(lambda x: {"y": x.half()})
     assert forward(torch.ones(1))["y"].dtype == torch.float32
     with pytest.raises(pickle.PicklingError, match="unwrap"):
@@ -157,7 +168,9 @@ def test_convert_to_fp32_only_touches_half_precision():
 
 def test_listify():
     assert ops.listify({"a": torch.tensor([1, 2]), "b": (torch.tensor(1.5, dtype=torch.bfloat16),)}) == {
-        "a": [1, 2], "b": (1.5,)}
+        "a": [1, 2],
+        "b": (1.5,),
+    }
 
 
 # -- collectives on one process -----------------------------------------------------------------------------------
@@ -215,8 +228,9 @@ def test_gather_for_metrics_takes_explicit_states():
     loader = LoaderPosition(True, 1)
     gradient_state._add_dataloader(loader)
     try:
-        out = ops.gather_for_metrics(torch.arange(3), use_gather_object=True, state=PartialState(),
-                                     gradient_state=gradient_state)
+        out = ops.gather_for_metrics(
+            torch.arange(3), use_gather_object=True, state=PartialState(), gradient_state=gradient_state
+        )
         assert out.tolist() == [0]
     finally:
         gradient_state._remove_dataloader(loader)

@@ -33,8 +33,10 @@ def test_import_drivetrain_imports_no_plugin_and_no_backend_library():
 
 def test_import_drivetrain_does_not_import_torch_distributed_backends_eagerly():
     # The kernel's top-level import must stay cheap: no Accelerator, no plugin discovery.
-    loaded = _run_python("import sys, drivetrain; print('drivetrain.accelerator' in sys.modules, "
-                         "'drivetrain.plugins' in sys.modules)")
+    loaded = _run_python(
+        "import sys, drivetrain; print('drivetrain.accelerator' in sys.modules, "
+        "'drivetrain.plugins' in sys.modules)"
+    )
     assert loaded == "False False"
 
 
@@ -128,8 +130,13 @@ def test_trace_logs_every_hook_call_with_plugin_and_time(tmp_path):
     )
     import os
 
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            env={**os.environ, "DRIVETRAIN_TRACE_PLUGINS": "1"}, check=True)
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DRIVETRAIN_TRACE_PLUGINS": "1"},
+        check=True,
+    )
     lines = [line for line in result.stderr.splitlines() if line.startswith("[drivetrain trace]")]
     hooks = {line.split()[3] for line in lines}
     assert {"detect_device", "setup_process_group", "wrap_model", "backward"} <= hooks

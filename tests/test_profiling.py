@@ -26,12 +26,15 @@ def test_options_are_validated():
     with pytest.raises(ConfigurationError, match="on_trace_ready must be callable"):
         ProfileKwargs(on_trace_ready="print")
     assert ProfileKwargs(record_shapes=True, activities=["cpu"]).to_kwargs() == {
-        "activities": ["cpu"], "record_shapes": True,
+        "activities": ["cpu"],
+        "record_shapes": True,
     }
 
 
 def test_profile_records_shapes_flops_and_writes_trace(tmp_path):
-    handler = ProfileKwargs(activities=["cpu"], record_shapes=True, with_flops=True, output_trace_dir=tmp_path / "t")
+    handler = ProfileKwargs(
+        activities=["cpu"], record_shapes=True, with_flops=True, output_trace_dir=tmp_path / "t"
+    )
     accelerator = Accelerator(cpu=True, kwargs_handlers=[handler])
     model = accelerator.prepare(torch.nn.Linear(16, 8))
     with accelerator.profile() as prof:
@@ -81,8 +84,13 @@ def test_chrome_trace_per_rank(tmp_path):
 
     script = tmp_path / "profiled_script.py"  # not profile.py: that would shadow the stdlib module
     script.write_text(SCRIPT)
-    launch_script(str(script), num_processes=2, args=[str(tmp_path / "traces")], env={"TMPDIR": str(tmp_path)})
-    assert sorted(path.name for path in (tmp_path / "traces").iterdir()) == ["profile_0.json", "profile_1.json"]
+    launch_script(
+        str(script), num_processes=2, args=[str(tmp_path / "traces")], env={"TMPDIR": str(tmp_path)}
+    )
+    assert sorted(path.name for path in (tmp_path / "traces").iterdir()) == [
+        "profile_0.json",
+        "profile_1.json",
+    ]
     for rank in (0, 1):
         trace = json.loads((tmp_path / "traces" / f"profile_{rank}.json").read_text())
         assert any(event.get("name") == "aten::mm" for event in trace["traceEvents"])

@@ -106,7 +106,9 @@ def test_backend_argument_contradicting_config_object_is_an_error():
 def test_two_backend_configs_are_an_error():
     from drivetrain import Accelerator
 
-    with pytest.raises(ConfigurationError, match="fsdp_plugin, deepspeed_plugin|deepspeed_plugin, fsdp_plugin"):
+    with pytest.raises(
+        ConfigurationError, match="fsdp_plugin, deepspeed_plugin|deepspeed_plugin, fsdp_plugin"
+    ):
         Accelerator(fsdp_plugin=ToyConfig(), deepspeed_plugin=ToyConfig())
 
 

@@ -76,8 +76,10 @@ def registered(monkeypatch):
     monkeypatch.setenv("DRIVETRAIN_LOAD_PLUGINS", "local,ddp")
     plugin = types.SimpleNamespace(
         register_extensions=hookimpl(
-            lambda registry: [registry.add_tracker(cls.name, cls)
-                              for cls in (JsonLinesTracker, NoDirTracker, MissingLibraryTracker)]
+            lambda registry: [
+                registry.add_tracker(cls.name, cls)
+                for cls in (JsonLinesTracker, NoDirTracker, MissingLibraryTracker)
+            ]
         )
     )
     get_plugin_manager().register("test-trackers", plugin)
@@ -87,9 +89,14 @@ def registered(monkeypatch):
 
 def test_named_tracker_lifecycle(tmp_path, registered):
     accelerator = Accelerator(cpu=True, log_with="jsonlines", project_dir=tmp_path)
-    accelerator.init_trackers("run1", config={"lr": 0.1, "layers": 2}, init_kwargs={"jsonlines": {"suffix": "-a"}})
-    accelerator.log({"loss": torch.tensor(0.5), "acc": torch.tensor([0.25]), "note": "hi"}, step=3,
-                    log_kwargs={"jsonlines": {"extra": 1}, "other": {"ignored": True}})
+    accelerator.init_trackers(
+        "run1", config={"lr": 0.1, "layers": 2}, init_kwargs={"jsonlines": {"suffix": "-a"}}
+    )
+    accelerator.log(
+        {"loss": torch.tensor(0.5), "acc": torch.tensor([0.25]), "note": "hi"},
+        step=3,
+        log_kwargs={"jsonlines": {"extra": 1}, "other": {"ignored": True}},
+    )
     tracker = accelerator.get_tracker("jsonlines")
     assert isinstance(tracker, JsonLinesTracker)
     assert accelerator.get_tracker("jsonlines", unwrap=True) == tmp_path / "run1" / "jsonlines-a.jsonl"
@@ -100,10 +107,15 @@ def test_named_tracker_lifecycle(tmp_path, registered):
         {"kind": "init", "payload": "run1"},
         {"kind": "config", "payload": {"lr": 0.1, "layers": 2}},
         # tensors arrive as Python numbers; only this tracker's log_kwargs reach it
-        {"kind": "log", "payload": {"values": {"loss": 0.5, "acc": 0.25, "note": "hi"}, "step": 3, "extra": 1}},
+        {
+            "kind": "log",
+            "payload": {"values": {"loss": 0.5, "acc": 0.25, "note": "hi"}, "step": 3, "extra": 1},
+        },
         {"kind": "finish", "payload": None},
     ]
-    with pytest.raises(ValueError, match="'wandb' is not a tracker of this Accelerator; its trackers: jsonlines"):
+    with pytest.raises(
+        ValueError, match="'wandb' is not a tracker of this Accelerator; its trackers: jsonlines"
+    ):
         accelerator.get_tracker("wandb")
 
 
@@ -124,8 +136,9 @@ def test_instances_names_and_enum_mix(tmp_path, registered):
             self.logged.append((values, step))
 
     custom = Custom()
-    accelerator = Accelerator(cpu=True, log_with=[custom, "jsonlines", "jsonlines", LoggerType.ALL],
-                              project_dir=tmp_path)
+    accelerator = Accelerator(
+        cpu=True, log_with=[custom, "jsonlines", "jsonlines", LoggerType.ALL], project_dir=tmp_path
+    )
     accelerator.init_trackers("run", init_kwargs={"nodir": {"where": str(tmp_path)}})
     # order kept, duplicates dropped, "all" adds every other available tracker (not the one missing its library)
     assert [t.name for t in accelerator.trackers] == ["custom", "jsonlines", "nodir"]
@@ -136,8 +149,11 @@ def test_instances_names_and_enum_mix(tmp_path, registered):
 
 
 def test_log_with_errors(tmp_path, registered):
-    with pytest.raises(ConfigurationError, match=r"unknown tracker 'jsonline'.*installed: jsonlines, needs-missing-lib, "
-                                                 r"nodir"):
+    with pytest.raises(
+        ConfigurationError,
+        match=r"unknown tracker 'jsonline'.*installed: jsonlines, needs-missing-lib, "
+        r"nodir",
+    ):
         Accelerator(cpu=True, log_with=["jsonline"], project_dir=tmp_path)
     with pytest.raises(ConfigurationError, match=r"pip install 'drivetrain-trackers\[wandb\]'"):
         validate_log_with(["wandb"])
@@ -230,10 +246,19 @@ def test_only_main_process_writes_unless_tracker_says_otherwise(tmp_path):
     script = tmp_path / "track.py"
     script.write_text(MULTIPROCESS_SCRIPT.format(tests_dir=os.path.dirname(__file__)))
     out = tmp_path / "out"
-    result = launch_script(str(script), num_processes=2, args=[str(out)], env={"TMPDIR": str(tmp_path), "DRIVETRAIN_LOAD_PLUGINS": "local,ddp"})
+    result = launch_script(
+        str(script),
+        num_processes=2,
+        args=[str(out)],
+        env={"TMPDIR": str(tmp_path), "DRIVETRAIN_LOAD_PLUGINS": "local,ddp"},
+    )
     assert "rank 0 trackers=['jsonlines', 'everyrank'] unwrap=" in result.stdout
     assert "rank 1 trackers=['everyrank'] unwrap=<inactive tracker 'jsonlines'" in result.stdout
-    assert sorted(p.name for p in (out / "run").iterdir()) == ["everyrank0.jsonl", "everyrank1.jsonl", "jsonlines.jsonl"]
+    assert sorted(p.name for p in (out / "run").iterdir()) == [
+        "everyrank0.jsonl",
+        "everyrank1.jsonl",
+        "jsonlines.jsonl",
+    ]
     main = read(out / "run" / "jsonlines.jsonl")
     assert [r["kind"] for r in main] == ["init", "config", "log", "finish"]
     assert main[1]["payload"] == {"rank_seen": 0} and main[2]["payload"]["values"] == {"loss": 1.0}

@@ -94,14 +94,21 @@ def max_difference(left: list[torch.Tensor], right: list[torch.Tensor]) -> float
     return max(float((a.float() - b.float()).abs().max()) for a, b in zip(left, right, strict=True))
 
 
-def require_close(what: str, actual: list[torch.Tensor], expected: list[torch.Tensor],
-                  rtol: float = 1e-5, atol: float = 1e-6) -> None:
+def require_close(
+    what: str,
+    actual: list[torch.Tensor],
+    expected: list[torch.Tensor],
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+) -> None:
     if len(actual) != len(expected):
         raise PropertyFailure(f"{what}: {len(actual)} tensors, expected {len(expected)}")
     for a, e in zip(actual, expected):
         if a.shape != e.shape or not torch.allclose(a.float(), e.float(), rtol=rtol, atol=atol):
-            raise PropertyFailure(f"{what}: max difference {max_difference(actual, expected):.3g} "
-                                  f"(allowed {atol:g} + {rtol:g}*|expected|)")
+            raise PropertyFailure(
+                f"{what}: max difference {max_difference(actual, expected):.3g} "
+                f"(allowed {atol:g} + {rtol:g}*|expected|)"
+            )
 
 
 def reference_gradients(batch: tuple[torch.Tensor, ...], scale: float = 1.0) -> list[torch.Tensor]:
@@ -126,7 +133,9 @@ def current_gradients(model: Any) -> list[torch.Tensor]:
 # ---------------------------------------------------------------------------------------------------------
 # Oracle: the reference backend on combined batches
 # ---------------------------------------------------------------------------------------------------------
-def train_steps(accelerator: Any, model: Any, optimizer: Any, batches: list[tuple[torch.Tensor, ...]]) -> None:
+def train_steps(
+    accelerator: Any, model: Any, optimizer: Any, batches: list[tuple[torch.Tensor, ...]]
+) -> None:
     for batch in batches:
         accelerator.backward(loss_of(model, batch))
         optimizer.step()
@@ -141,8 +150,10 @@ def oracle(ctx: Context, max_processes: int = 8) -> None:
             model, optimizer = prepared_with_sgd(accelerator, ctx)
             x, y = ctx.x, ctx.y
             per_step = processes * PER_RANK
-            batches = [(x[s * per_step:(s + 1) * per_step], y[s * per_step:(s + 1) * per_step])
-                       for s in range(TRAINING_STEPS)]
+            batches = [
+                (x[s * per_step : (s + 1) * per_step], y[s * per_step : (s + 1) * per_step])
+                for s in range(TRAINING_STEPS)
+            ]
             train_steps(accelerator, model, optimizer, batches)
             ctx.tensors[f"oracle/{precision}/{processes}"] = parameters_of(model)
 
@@ -202,10 +213,17 @@ def gradient_accumulation(ctx: Context) -> str:
         if micro == 0 and max_difference(parameters_of(model), initial) != 0:
             raise PropertyFailure("the optimizer stepped on a non-boundary accumulation step")
     if flags != [False, True, False, True]:
-        raise PropertyFailure(f"sync_gradients over 4 batches with 2 accumulation steps was {flags}, "
-                              "expected [False, True, False, True]")
-    require_close("2 steps accumulating 2 half batches vs 2 steps on the full batches",
-                  parameters_of(model), expected, rtol=1e-4, atol=1e-6)
+        raise PropertyFailure(
+            f"sync_gradients over 4 batches with 2 accumulation steps was {flags}, "
+            "expected [False, True, False, True]"
+        )
+    require_close(
+        "2 steps accumulating 2 half batches vs 2 steps on the full batches",
+        parameters_of(model),
+        expected,
+        rtol=1e-4,
+        atol=1e-6,
+    )
 
     # The end of the data loader forces a sync (loader prepared by the reference backend: this property
     # is about accumulation, dataloader_modes checks the backend's own loaders).
@@ -221,8 +239,10 @@ def gradient_accumulation(ctx: Context) -> str:
             optimizer.zero_grad()
         flags.append(accelerator.sync_gradients)
     if flags != [False, True, True]:
-        raise PropertyFailure(f"sync_gradients over a 3-batch loader with 2 accumulation steps was {flags}, "
-                              "expected [False, True, True] (the loader's end forces a sync)")
+        raise PropertyFailure(
+            f"sync_gradients over a 3-batch loader with 2 accumulation steps was {flags}, "
+            "expected [False, True, True] (the loader's end forces a sync)"
+        )
     return "boundaries and full-batch equality hold"
 
 
@@ -247,23 +267,37 @@ def no_sync(ctx: Context) -> str:
     model, optimizer = prepared_with_sgd(accelerator, ctx)
     with accelerator.no_sync(model):
         accelerator.backward(loss_of(model, ctx.batch(0)))
-    require_close("gradients after a backward inside no_sync() (expected this process's own gradients)",
-                  current_gradients(model), reference_gradients(ctx.batch(0)))
+    require_close(
+        "gradients after a backward inside no_sync() (expected this process's own gradients)",
+        current_gradients(model),
+        reference_gradients(ctx.batch(0)),
+    )
     accelerator.backward(loss_of(model, ctx.batch(1)))
-    require_close("gradients after the synchronised backward that follows no_sync() (expected those of one "
-                  "synchronised backward of both losses)", current_gradients(model), synchronised_once, rtol=1e-4)
+    require_close(
+        "gradients after the synchronised backward that follows no_sync() (expected those of one "
+        "synchronised backward of both losses)",
+        current_gradients(model),
+        synchronised_once,
+        rtol=1e-4,
+    )
     del model, optimizer
 
     accelerator = ctx.accelerator(gradient_accumulation_steps=2)
     model, optimizer = prepared_with_sgd(accelerator, ctx)
     with accelerator.accumulate(model):
         accelerator.backward(loss_of(model, ctx.batch(0)))
-    require_direction("gradients on a non-boundary accumulate() step (expected this process's own gradients)",
-                      current_gradients(model), reference_gradients(ctx.batch(0)))
+    require_direction(
+        "gradients on a non-boundary accumulate() step (expected this process's own gradients)",
+        current_gradients(model),
+        reference_gradients(ctx.batch(0)),
+    )
     with accelerator.accumulate(model):
         accelerator.backward(loss_of(model, ctx.batch(1)))
-    require_direction("gradients on the accumulate() boundary (expected a synchronised backward of both losses)",
-                      current_gradients(model), synchronised_once)
+    require_direction(
+        "gradients on the accumulate() boundary (expected a synchronised backward of both losses)",
+        current_gradients(model),
+        synchronised_once,
+    )
     return "local inside no_sync and between boundaries, synchronised after"
 
 
@@ -286,24 +320,42 @@ def collectives(ctx: Context) -> str:
     from drivetrain import operations
 
     _expect("gather_object", operations.gather_object([f"rank{r}"]), [f"rank{rank}" for rank in range(n)])
-    _expect("broadcast from the last process", operations.broadcast(torch.full((3,), float(r)), from_process=n - 1),
-            torch.full((3,), float(n - 1)))
-    _expect("broadcast_object_list from process 0",
-            operations.broadcast_object_list([f"from{r}"], from_process=0), ["from0"])
-    _expect("reduce sum", accelerator.reduce(torch.tensor([r + 1.0]), reduction="sum"),
-            torch.tensor([n * (n + 1) / 2]))
-    _expect("reduce mean", accelerator.reduce(torch.tensor([r + 1.0]), reduction="mean"),
-            torch.tensor([(n + 1) / 2]))
+    _expect(
+        "broadcast from the last process",
+        operations.broadcast(torch.full((3,), float(r)), from_process=n - 1),
+        torch.full((3,), float(n - 1)),
+    )
+    _expect(
+        "broadcast_object_list from process 0",
+        operations.broadcast_object_list([f"from{r}"], from_process=0),
+        ["from0"],
+    )
+    _expect(
+        "reduce sum",
+        accelerator.reduce(torch.tensor([r + 1.0]), reduction="sum"),
+        torch.tensor([n * (n + 1) / 2]),
+    )
+    _expect(
+        "reduce mean",
+        accelerator.reduce(torch.tensor([r + 1.0]), reduction="mean"),
+        torch.tensor([(n + 1) / 2]),
+    )
     ragged = torch.arange(1.0, r + 2)
     expected_padded = torch.cat([ragged, torch.zeros(n - r - 1)])
     _expect("pad_across_processes", accelerator.pad_across_processes(ragged), expected_padded)
-    _expect("pad_across_processes(pad_first=True)", accelerator.pad_across_processes(ragged, pad_first=True),
-            torch.cat([torch.zeros(n - r - 1), ragged]))
+    _expect(
+        "pad_across_processes(pad_first=True)",
+        accelerator.pad_across_processes(ragged, pad_first=True),
+        torch.cat([torch.zeros(n - r - 1), ragged]),
+    )
     items = list(range(2 * n + 1))
     with accelerator.split_between_processes(items) as share:
         shares = operations.gather_object([share])
-    _expect("split_between_processes (shares in rank order cover the inputs once)",
-            [item for part in shares for item in part], items)
+    _expect(
+        "split_between_processes (shares in rank order cover the inputs once)",
+        [item for part in shares for item in part],
+        items,
+    )
     if r == n - 1:
         accelerator.set_trigger()
     _expect("check_trigger after the last process set it", accelerator.check_trigger(), True)
@@ -314,7 +366,8 @@ def collectives(ctx: Context) -> str:
 
     count = 2 * n * PER_RANK + 3
     loader = local.shard_dataloader(
-        torch.utils.data.DataLoader(torch.arange(count), batch_size=PER_RANK), accelerator, True)
+        torch.utils.data.DataLoader(torch.arange(count), batch_size=PER_RANK), accelerator, True
+    )
     gathered = torch.cat([accelerator.gather_for_metrics(batch) for batch in loader])
     _expect(f"gather_for_metrics over a {count}-sample loader", gathered, torch.arange(count))
     objects = [item for batch in loader for item in accelerator.gather_for_metrics(batch.tolist())]
@@ -348,8 +401,10 @@ def _global_batches(ctx: Context, batches: list[list[int]]) -> list[list[int]]:
 
     per_rank = [rank_batches for _, rank_batches in sorted(operations.gather_object([(ctx.rank, batches)]))]
     steps = max(len(rank_batches) for rank_batches in per_rank)
-    return [[item for rank_batches in per_rank if step < len(rank_batches) for item in rank_batches[step]]
-            for step in range(steps)]
+    return [
+        [item for rank_batches in per_rank if step < len(rank_batches) for item in rank_batches[step]]
+        for step in range(steps)
+    ]
 
 
 def dataloader_modes(ctx: Context) -> str:
@@ -361,14 +416,18 @@ def dataloader_modes(ctx: Context) -> str:
         accelerator = ctx.accelerator(dataloader_config=DataLoaderConfiguration(**config))
         dataset = _Numbers(count) if kind == "iterable" else torch.arange(count)
         batch_size = PER_RANK * ctx.processes if config.get("split_batches") else PER_RANK
-        loader = accelerator.prepare(torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=shuffle))
+        loader = accelerator.prepare(
+            torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=shuffle)
+        )
         batches, ends, remainder = [], [], -1
         for batch in loader:
             batches.append(batch.reshape(-1).tolist())
             ends.append(accelerator.gradient_state.end_of_dataloader)
             remainder = accelerator.gradient_state.remainder
         if not batches or ends != [False] * (len(ends) - 1) + [True]:
-            problems.append(f"{mode}: end_of_dataloader over the batches was {ends}, expected True only on the last")
+            problems.append(
+                f"{mode}: end_of_dataloader over the batches was {ends}, expected True only on the last"
+            )
             continue
         global_batches = _global_batches(ctx, batches)
         sequence = [item for batch in global_batches for item in batch]
@@ -382,8 +441,10 @@ def dataloader_modes(ctx: Context) -> str:
         if sorted(sequence) != list(range(count)):
             missing = sorted(set(range(count)) - set(sequence))
             duplicates = len(sequence) - len(set(sequence))
-            problems.append(f"{mode}: {len(sequence)} samples after removing the padding, expected each of "
-                            f"{count} once (missing {missing[:5]}, {duplicates} duplicated)")
+            problems.append(
+                f"{mode}: {len(sequence)} samples after removing the padding, expected each of "
+                f"{count} once (missing {missing[:5]}, {duplicates} duplicated)"
+            )
         elif not shuffle and sequence != list(range(count)):
             problems.append(f"{mode}: samples out of order: {sequence[:12]}...")
     if problems:
@@ -413,14 +474,18 @@ def checkpoint_resume(ctx: Context) -> str:
     uninterrupted = parameters_of(model)
     accelerator.load_state(folder)
     if max_difference(parameters_of(model), saved) != 0:
-        raise PropertyFailure(f"after load_state the weights differ from the saved ones by "
-                              f"{max_difference(parameters_of(model), saved):.3g}")
+        raise PropertyFailure(
+            f"after load_state the weights differ from the saved ones by "
+            f"{max_difference(parameters_of(model), saved):.3g}"
+        )
     steps(range(2, 4))
     resumed = parameters_of(model)
     if max_difference(resumed, uninterrupted) != 0:
-        raise PropertyFailure(f"training on after load_state differs from the uninterrupted run by "
-                              f"{max_difference(resumed, uninterrupted):.3g} (optimizer or scheduler state "
-                              "not restored?)")
+        raise PropertyFailure(
+            f"training on after load_state differs from the uninterrupted run by "
+            f"{max_difference(resumed, uninterrupted):.3g} (optimizer or scheduler state "
+            "not restored?)"
+        )
     return "bit-identical continuation (model, Adam, StepLR)"
 
 
@@ -428,17 +493,26 @@ def unwrap_model(ctx: Context) -> str:
     accelerator = ctx.accelerator()
     original = make_model()
     keys = list(original.state_dict())
-    model, optimizer = prepare_training(ctx, accelerator, original, torch.optim.SGD(original.parameters(), lr=0.1))
+    model, optimizer = prepare_training(
+        ctx, accelerator, original, torch.optim.SGD(original.parameters(), lr=0.1)
+    )
     train_steps(accelerator, model, optimizer, [ctx.batch(0)])
     unwrapped = accelerator.unwrap_model(model)
     # isinstance, not type identity: FSDP2 shards in place by swapping in a subclass (FSDPConformanceNet).
     if not isinstance(unwrapped, ConformanceNet):
-        raise PropertyFailure(f"unwrap_model returned {type(unwrapped).__name__}, expected the user's ConformanceNet")
+        raise PropertyFailure(
+            f"unwrap_model returned {type(unwrapped).__name__}, expected the user's ConformanceNet"
+        )
     if list(unwrapped.state_dict()) != keys:
         raise PropertyFailure(f"unwrapped state_dict keys {list(unwrapped.state_dict())} differ from {keys}")
     if not ctx.info.capabilities.sharded_state:
-        require_close("weights of the unwrapped module vs the prepared model after a step",
-                      [v.float() for v in unwrapped.state_dict().values()], parameters_of(model), 0, 0)
+        require_close(
+            "weights of the unwrapped module vs the prepared model after a step",
+            [v.float() for v in unwrapped.state_dict().values()],
+            parameters_of(model),
+            0,
+            0,
+        )
     return "user's class, keys and trained weights"
 
 
@@ -452,12 +526,19 @@ def autocast(ctx: Context) -> str:
         accelerator = ctx.accelerator(mixed_precision=precision)
         with accelerator.autocast():
             dtype = layer(x).dtype
-        _expect(f"dtype of a Linear under autocast() with mixed_precision={precision!r}", dtype, _DTYPES[precision])
+        _expect(
+            f"dtype of a Linear under autocast() with mixed_precision={precision!r}",
+            dtype,
+            _DTYPES[precision],
+        )
         with accelerator.autocast(autocast_handler=AutocastKwargs(enabled=False)):
             _expect("dtype under autocast(AutocastKwargs(enabled=False))", layer(x).dtype, torch.float32)
         model, _ = prepared_with_sgd(accelerator, ctx)
-        _expect(f"output dtype of a prepared model with mixed_precision={precision!r}",
-                model(x[:, :1].repeat(1, FEATURES)).dtype, torch.float32)
+        _expect(
+            f"output dtype of a prepared model with mixed_precision={precision!r}",
+            model(x[:, :1].repeat(1, FEATURES)).dtype,
+            torch.float32,
+        )
     return "precisions: " + ", ".join(checked_precisions(ctx.info))
 
 
@@ -470,8 +551,13 @@ def second_accelerator(ctx: Context) -> str:
     train_steps(second, model_2, optimizer_2, [ctx.batch(0)])
     train_steps(first, model_1, optimizer_1, [ctx.batch(1)])
     train_steps(second, model_2, optimizer_2, [ctx.batch(1)])
-    require_close("weights of the first and the second Accelerator's models after the same steps",
-                  parameters_of(model_1), parameters_of(model_2), 0, 0)
+    require_close(
+        "weights of the first and the second Accelerator's models after the same steps",
+        parameters_of(model_1),
+        parameters_of(model_2),
+        0,
+        0,
+    )
     if max_difference(parameters_of(model_1), parameters_of(make_model())) == 0:
         raise PropertyFailure("the models did not train")
     return "both train, identically"

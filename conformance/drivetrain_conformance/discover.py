@@ -12,8 +12,11 @@ from drivetrain.errors import PluginError
 from drivetrain.plugins import check_requirements, get_plugin_manager
 
 
-def repository_backends(root: str | Path, folders: tuple[str, ...] = ("plugins", "contrib"),
-                        unavailable: dict[str, str] | None = None) -> list[str]:
+def repository_backends(
+    root: str | Path,
+    folders: tuple[str, ...] = ("plugins", "contrib"),
+    unavailable: dict[str, str] | None = None,
+) -> list[str]:
     """Backend plugin names declared under ``root``'s ``folders`` that can run here, ``local`` first.
 
     A declared backend that is not installed, does not load, or whose library does not import (DeepSpeed
@@ -42,5 +45,7 @@ def repository_backends(root: str | Path, folders: tuple[str, ...] = ("plugins",
                     continue
                 names.append(name)
     for name, why in skipped.items():
-        warnings.warn(f"conformance: backend {name!r} is not checked here: {why}", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"conformance: backend {name!r} is not checked here: {why}", RuntimeWarning, stacklevel=2
+        )
     return names

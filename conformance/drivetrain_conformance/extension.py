@@ -13,11 +13,22 @@ HELP = "Check that a backend keeps the plugin contract: one verdict per property
 
 
 def register_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("backends", nargs="+", metavar="NAME",
-                        help="installed backend plugin name(s), or a .py file defining a plugin module")
-    parser.add_argument("--processes", type=int, default=1, metavar="N",
-                        help="run the multi-process properties with N processes (gloo on CPU; default 1)")
-    parser.add_argument("--timeout", type=float, default=600, metavar="SECONDS", help="limit for the whole run")
+    parser.add_argument(
+        "backends",
+        nargs="+",
+        metavar="NAME",
+        help="installed backend plugin name(s), or a .py file defining a plugin module",
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the multi-process properties with N processes (gloo on CPU; default 1)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=600, metavar="SECONDS", help="limit for the whole run"
+    )
     parser.add_argument("--json", action="store_true", help="print the verdicts as JSON")
 
 

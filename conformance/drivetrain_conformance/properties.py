@@ -52,21 +52,41 @@ class Property:
 
 
 PROPERTIES = (
-    Property("hooks_match_spec", "hook implementations and PLUGIN_INFO validate against the contract", "static"),
+    Property(
+        "hooks_match_spec", "hook implementations and PLUGIN_INFO validate against the contract", "static"
+    ),
     Property("one_process_matches_local", "one-process training equals the reference backend", "worker"),
-    Property("multi_process_matches_combined_batch",
-             "N-process training equals one process on the combined batch (per-precision tolerance)", "worker"),
-    Property("gradient_accumulation",
-             "accumulate(): steps only at boundaries and at the loader's end; equals the full batch", "worker"),
-    Property("no_sync", "gradients stay local inside no_sync() and on accumulation's non-boundary steps; the "
-             "next synchronised backward averages everything accumulated", "worker"),
-    Property("collectives", "gather, gather_object, broadcast, reduce, pad_across_processes, "
-             "split_between_processes, triggers and gather_for_metrics give their documented results", "worker"),
+    Property(
+        "multi_process_matches_combined_batch",
+        "N-process training equals one process on the combined batch (per-precision tolerance)",
+        "worker",
+    ),
+    Property(
+        "gradient_accumulation",
+        "accumulate(): steps only at boundaries and at the loader's end; equals the full batch",
+        "worker",
+    ),
+    Property(
+        "no_sync",
+        "gradients stay local inside no_sync() and on accumulation's non-boundary steps; the "
+        "next synchronised backward averages everything accumulated",
+        "worker",
+    ),
+    Property(
+        "collectives",
+        "gather, gather_object, broadcast, reduce, pad_across_processes, "
+        "split_between_processes, triggers and gather_for_metrics give their documented results",
+        "worker",
+    ),
     Property("dataloader_modes", "every data loader mode covers the data exactly once", "worker"),
-    Property("checkpoint_resume", "save_state -> load_state -> continue equals the uninterrupted run", "worker"),
+    Property(
+        "checkpoint_resume", "save_state -> load_state -> continue equals the uninterrupted run", "worker"
+    ),
     Property("unwrap_model", "unwrap_model returns the user's module, holding the trained weights", "worker"),
     Property("autocast", "autocast() computes in the requested dtype; prepared models return fp32", "worker"),
-    Property("second_accelerator", "a second Accelerator in the same process works beside the first", "worker"),
+    Property(
+        "second_accelerator", "a second Accelerator in the same process works beside the first", "worker"
+    ),
     Property("clean_exit", "every rank exits with code 0 after end_training()", "launch"),
 )
 PROPERTY_NAMES = tuple(prop.name for prop in PROPERTIES)
@@ -95,10 +115,14 @@ def not_applicable(name: str, info: PluginInfo, processes: int) -> str | None:
         if processes < 2:
             return "needs --processes 2 or more"
     if name == "no_sync" and not caps.local_gradients:
-        return ("the backend declares local_gradients=False: gradients between synchronisations are not kept "
-                "in param.grad, so no_sync cannot be observed there (its own tests check accumulation)")
+        return (
+            "the backend declares local_gradients=False: gradients between synchronisations are not kept "
+            "in param.grad, so no_sync cannot be observed there (its own tests check accumulation)"
+        )
     if name in ("one_process_matches_local", "multi_process_matches_combined_batch", "autocast"):
         if not checked_precisions(info):
-            return (f"the backend declares precisions {list(caps.precisions)}, none of which the reference "
-                    f"backend runs ({', '.join(REFERENCE_PRECISIONS)})")
+            return (
+                f"the backend declares precisions {list(caps.precisions)}, none of which the reference "
+                f"backend runs ({', '.join(REFERENCE_PRECISIONS)})"
+            )
     return None

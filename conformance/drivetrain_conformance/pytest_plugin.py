@@ -1,7 +1,7 @@
 """pytest plugin (entry point ``pytest11``): the ``drivetrain_conformance`` fixture for backend authors.
 
-    def test_my_backend_conforms(drivetrain_conformance):
-        drivetrain_conformance.check("my-backend", processes=2)
+def test_my_backend_conforms(drivetrain_conformance):
+    drivetrain_conformance.check("my-backend", processes=2)
 """
 
 from __future__ import annotations

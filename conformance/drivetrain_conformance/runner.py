@@ -57,12 +57,18 @@ class Report:
         for v in self.verdicts:
             lines.append(f"  {v.status:<4}  {v.property:<{width}}  {v.reason}".rstrip())
         failed = self.failed
-        lines.append(f"{len(failed)} failed: {', '.join(failed)}" if failed else "all applicable properties pass")
+        lines.append(
+            f"{len(failed)} failed: {', '.join(failed)}" if failed else "all applicable properties pass"
+        )
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
-        return {"backend": self.backend, "processes": self.processes, "ok": self.ok,
-                "verdicts": [attrs.asdict(v) for v in self.verdicts]}
+        return {
+            "backend": self.backend,
+            "processes": self.processes,
+            "ok": self.ok,
+            "verdicts": [attrs.asdict(v) for v in self.verdicts],
+        }
 
 
 @attrs.define
@@ -78,8 +84,16 @@ def _launch(args: list[str], processes: int, workdir: str, timeout: float) -> La
     if processes == 1:
         command = [sys.executable, worker.__file__, *args]
     else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-                   "--monitor_interval=0.1", worker.__file__, *args]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={processes}",
+            "--monitor_interval=0.1",
+            worker.__file__,
+            *args,
+        ]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
         returncode, output = done.returncode, done.stdout + done.stderr
@@ -87,7 +101,8 @@ def _launch(args: list[str], processes: int, workdir: str, timeout: float) -> La
         returncode = None
         output = f"timed out after {timeout:.0f} s\n" + "".join(
             part.decode(errors="replace") if isinstance(part, bytes) else (part or "")
-            for part in (exc.stdout, exc.stderr))
+            for part in (exc.stdout, exc.stderr)
+        )
     records = {}
     for rank in range(processes):
         path = os.path.join(workdir, f"rank{rank}.jsonl")
@@ -131,11 +146,15 @@ def _training_verdict(target_id: str, launch: Launch, processes: int, info: Any)
             precision = key.split("/")[1]
             tolerance = tolerance_for(precision, info)
             expected = _oracle_cache[f"oracle/{precision}/{processes}"]
-            worst = max(float(((a - e).abs() - tolerance.rtol * e.abs()).max()) for a, e in zip(weights, expected))
+            worst = max(
+                float(((a - e).abs() - tolerance.rtol * e.abs()).max()) for a, e in zip(weights, expected)
+            )
             difference = max(float((a - e).abs().max()) for a, e in zip(weights, expected))
             if worst > tolerance.atol:
-                return False, (f"rank {rank}, mixed_precision={precision!r}: weights differ from the reference "
-                               f"by up to {difference:.3g} (allowed {tolerance.atol:g} + {tolerance.rtol:g}*|ref|)")
+                return False, (
+                    f"rank {rank}, mixed_precision={precision!r}: weights differ from the reference "
+                    f"by up to {difference:.3g} (allowed {tolerance.atol:g} + {tolerance.rtol:g}*|ref|)"
+                )
             if rank == 0:
                 found.append(f"{precision}: {difference:.1e}")
     return True, "max difference " + ", ".join(found)
@@ -162,17 +181,22 @@ def _worker_verdict(prop: str, target_id: str, launch: Launch, processes: int, i
 
 
 def _exit_verdict(launch: Launch, processes: int) -> Verdict:
-    unfinished = [rank for rank in range(processes) if not any(r.get("finished") for r in launch.records[rank])]
+    unfinished = [
+        rank for rank in range(processes) if not any(r.get("finished") for r in launch.records[rank])
+    ]
     if launch.returncode is None:
         return Verdict("clean_exit", FAIL, f"the run timed out: {_tail(launch.output)}")
     if launch.returncode != 0 or unfinished or "terminate called" in launch.output:
-        what = f"exit code {launch.returncode}" + (f", ranks {unfinished} did not finish" if unfinished else "")
+        what = f"exit code {launch.returncode}" + (
+            f", ranks {unfinished} did not finish" if unfinished else ""
+        )
         return Verdict("clean_exit", FAIL, f"{what}: {_tail(launch.output)}")
     return Verdict("clean_exit", PASS, f"exit code 0 on {processes} rank(s)")
 
 
-def run_suite(targets: list[str], processes: int = 1, timeout: float = 600,
-              workdir: str | None = None) -> dict[str, Report]:
+def run_suite(
+    targets: list[str], processes: int = 1, timeout: float = 600, workdir: str | None = None
+) -> dict[str, Report]:
     """Check every backend in ``targets`` (installed plugin names or ``.py`` files) with ``processes``
     processes in one launch. Returns a :class:`Report` per target, keyed by the target as given."""
     if processes < 1:
@@ -181,9 +205,16 @@ def run_suite(targets: list[str], processes: int = 1, timeout: float = 600,
         workdir = workdir or scratch
         static = {spec: check_spec(spec) for spec in targets}
         ids = {spec: f"t{index}" for index, spec in enumerate(targets)}
-        launched = [spec for spec in targets if static[spec][1] is not None
-                    and any(not_applicable(p.name, static[spec][1], processes) is None
-                            for p in PROPERTIES if p.where == "worker")]
+        launched = [
+            spec
+            for spec in targets
+            if static[spec][1] is not None
+            and any(
+                not_applicable(p.name, static[spec][1], processes) is None
+                for p in PROPERTIES
+                if p.where == "worker"
+            )
+        ]
         args = ["--out", workdir, "--targets", ",".join(f"{ids[spec]}={spec}" for spec in launched)]
         launch = Launch(0, "", {rank: [{"finished": True}] for rank in range(processes)}, workdir)
         if launched:

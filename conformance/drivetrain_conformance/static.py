@@ -19,19 +19,26 @@ def check_spec(spec: str) -> tuple[str | None, PluginInfo | None]:
         return f"the plugin was rejected: {exc}", None
     info = getattr(module, "PLUGIN_INFO", None)
     if info is None:
-        return ("the module declares no PLUGIN_INFO; add PLUGIN_INFO = PluginInfo(kind='backend', "
-                "capabilities=Capabilities(...))"), PluginInfo(kind="backend")
+        return (
+            "the module declares no PLUGIN_INFO; add PLUGIN_INFO = PluginInfo(kind='backend', "
+            "capabilities=Capabilities(...))"
+        ), PluginInfo(kind="backend")
     problems = []
     if info.kind != "backend":
-        problems.append(f"PLUGIN_INFO.kind is {info.kind!r}; the suite checks distribution backends (kind='backend')")
+        problems.append(
+            f"PLUGIN_INFO.kind is {info.kind!r}; the suite checks distribution backends (kind='backend')"
+        )
     unknown = [p for p in info.capabilities.precisions if p not in PrecisionType.list()]
     if unknown:
-        problems.append(f"capabilities.precisions names unknown modes {unknown} (valid: {PrecisionType.list()})")
+        problems.append(
+            f"capabilities.precisions names unknown modes {unknown} (valid: {PrecisionType.list()})"
+        )
     if not info.capabilities.devices:
         problems.append("capabilities.devices is empty")
     for hook in HOOK_SPECS:
         function: Any = getattr(module, hook, None)
         if callable(function) and not hasattr(function, f"{PROJECT_NAME}_impl"):
-            problems.append(f"function {hook!r} is named like a hook but lacks @hookimpl, so drivetrain never "
-                            "calls it")
+            problems.append(
+                f"function {hook!r} is named like a hook but lacks @hookimpl, so drivetrain never calls it"
+            )
     return ("; ".join(problems) or None), info

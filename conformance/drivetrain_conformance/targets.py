@@ -36,8 +36,9 @@ def load_target(spec: str) -> tuple[str, Any]:
     path = os.path.abspath(spec)
     if not os.path.isfile(path):
         raise PluginError(f"backend file {spec!r} does not exist")
-    module_spec = importlib.util.spec_from_file_location(f"drivetrain_conformance_target_{name.replace('-', '_')}",
-                                                         path)
+    module_spec = importlib.util.spec_from_file_location(
+        f"drivetrain_conformance_target_{name.replace('-', '_')}", path
+    )
     if module_spec is None or module_spec.loader is None:
         raise PluginError(f"cannot import backend file {spec!r}")
     module = importlib.util.module_from_spec(module_spec)

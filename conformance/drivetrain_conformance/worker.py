@@ -52,8 +52,14 @@ def main() -> None:
             ctx = checks.Context(name, info, args.out)
         except Exception as exc:
             for prop in WORKER_PROPERTIES:
-                emit({"target": target_id, "property": prop, "ok": False,
-                      "detail": f"not run: the backend did not start: {type(exc).__name__}: {exc}"})
+                emit(
+                    {
+                        "target": target_id,
+                        "property": prop,
+                        "ok": False,
+                        "detail": f"not run: the backend did not start: {type(exc).__name__}: {exc}",
+                    }
+                )
             continue
         done: dict = {}
         for prop in WORKER_PROPERTIES:
@@ -65,8 +71,13 @@ def main() -> None:
                     done[check] = (True, check(ctx))
             except Exception as exc:
                 where = traceback.extract_tb(exc.__traceback__)[-1]
-                detail = str(exc) if isinstance(exc, checks.PropertyFailure) else (
-                    f"{type(exc).__name__}: {exc} (at {os.path.basename(where.filename)}:{where.lineno})")
+                detail = (
+                    str(exc)
+                    if isinstance(exc, checks.PropertyFailure)
+                    else (
+                        f"{type(exc).__name__}: {exc} (at {os.path.basename(where.filename)}:{where.lineno})"
+                    )
+                )
                 done[check] = (False, " ".join(detail.split()))
             ok, detail = done[check]
             emit({"target": target_id, "property": prop, "ok": ok, "detail": detail})

@@ -39,14 +39,21 @@ REPOSITORY_BACKENDS = repository_backends(REPOSITORY, ("plugins",))
 #: Known, open failures: strict, so the test turns red the day the backend is fixed and this entry must go.
 KNOWN_FAILURES = {
     ("deepspeed", 1): "bf16 weights differ from the reference by 0.053 (tolerance 0.03) - see issue 8 note",
-    ("deepspeed", 2): "fp32 weights of 2 ranks differ from one process on the combined batch by 0.022 although "
-                      "its own tests match DDP within 2e-5 - see issue 8 note",
+    (
+        "deepspeed",
+        2,
+    ): "fp32 weights of 2 ranks differ from one process on the combined batch by 0.022 although "
+    "its own tests match DDP within 2e-5 - see issue 8 note",
 }
 
 
 def _with_known_failures(processes: int) -> list:
-    return [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[(name, processes)]))
-            if (name, processes) in KNOWN_FAILURES else name for name in REPOSITORY_BACKENDS]
+    return [
+        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[(name, processes)]))
+        if (name, processes) in KNOWN_FAILURES
+        else name
+        for name in REPOSITORY_BACKENDS
+    ]
 
 
 def _broken(processes: int) -> list[str]:
@@ -58,16 +65,20 @@ def rendered_template(tmp_path_factory) -> Path:
     from cookiecutter.main import cookiecutter
 
     output = tmp_path_factory.mktemp("rendered")
-    project = cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(output),
-                           extra_context={"plugin_name": "fresh-backend"})
+    project = cookiecutter(
+        str(TEMPLATE), no_input=True, output_dir=str(output), extra_context={"plugin_name": "fresh-backend"}
+    )
     return Path(project)
 
 
 @pytest.fixture(scope="module")
 def one_process(rendered_template, tmp_path_factory):
     # Ours and the broken ones first: a backend that hangs the launch is last and takes only itself down.
-    targets = [*_broken(1), str(rendered_template / "drivetrain_fresh_backend" / "plugin.py"),
-               *REPOSITORY_BACKENDS]
+    targets = [
+        *_broken(1),
+        str(rendered_template / "drivetrain_fresh_backend" / "plugin.py"),
+        *REPOSITORY_BACKENDS,
+    ]
     return run_suite(targets, processes=1, workdir=str(tmp_path_factory.mktemp("one")), timeout=300)
 
 
@@ -127,8 +138,10 @@ def test_rendered_template_is_a_ready_package(rendered_template, one_process):
 
 def test_contract_version_mismatch_is_a_clear_failure(tmp_path):
     plugin = tmp_path / "future_backend.py"
-    plugin.write_text("from drivetrain.plugins import PluginInfo\nPLUGIN_INFO = PluginInfo(kind='backend', "
-                      "contract='2.0')\n")
+    plugin.write_text(
+        "from drivetrain.plugins import PluginInfo\nPLUGIN_INFO = PluginInfo(kind='backend', "
+        "contract='2.0')\n"
+    )
     problem, info = check_spec(str(plugin))
     assert info is None
     assert "implements contract 2.0, but this drivetrain implements contract 1.0" in problem
@@ -136,12 +149,19 @@ def test_contract_version_mismatch_is_a_clear_failure(tmp_path):
 
 def test_cli_prints_one_verdict_per_property_and_fails_on_a_dirty_exit(tmp_path):
     """`drivetrain conformance FILE`: exit code 1, clean_exit FAIL with the reason, the rest pass."""
-    result = subprocess.run([sys.executable, "-m", "drivetrain.commands.main", "conformance",
-                             str(BROKEN / "dirty_exit.py")], capture_output=True, text=True, timeout=300,
-                            env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)})
+    result = subprocess.run(
+        [sys.executable, "-m", "drivetrain.commands.main", "conformance", str(BROKEN / "dirty_exit.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)},
+    )
     assert result.returncode == 1, result.stdout + result.stderr
-    lines = {line.split()[1]: line.split()[0] for line in result.stdout.splitlines()
-             if line.startswith("  ") and len(line.split()) >= 2}
+    lines = {
+        line.split()[1]: line.split()[0]
+        for line in result.stdout.splitlines()
+        if line.startswith("  ") and len(line.split()) >= 2
+    }
     assert lines["clean_exit"] == "FAIL"
     assert "exit code 3" in result.stdout
     assert [p for p, status in lines.items() if status == "FAIL"] == ["clean_exit"]
@@ -149,8 +169,12 @@ def test_cli_prints_one_verdict_per_property_and_fails_on_a_dirty_exit(tmp_path)
 
 
 def test_cli_unknown_backend_is_a_usage_error():
-    result = subprocess.run([sys.executable, "-m", "drivetrain.commands.main", "conformance", "no-such-backend"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "drivetrain.commands.main", "conformance", "no-such-backend"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "unknown drivetrain plugin 'no-such-backend'" in result.stderr
     assert result.stderr.count("\n") == 1

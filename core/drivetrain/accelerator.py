@@ -61,7 +61,9 @@ def _backend_config_from(backend_config: Any, named: dict[str, Any], deepspeed_p
         # A dict of configurations of one backend (several DeepSpeed models): the backend handles selection.
         backends = {getattr(value, "backend_name", None) for value in config.values()}
         if len(backends) != 1 or None in backends:
-            raise ConfigurationError("a dict of backend configurations must hold configurations of one backend")
+            raise ConfigurationError(
+                "a dict of backend configurations must hold configurations of one backend"
+            )
         return _ConfigGroup(config, str(backends.pop()))
     return config
 
@@ -400,7 +402,9 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
             model = model.to(self.device)
         if self.mixed_precision in ("fp16", "bf16") and ORIGINAL_FORWARD_ATTRIBUTE not in model.__dict__:
             patch_forward_with_autocast(model, self.autocast)
-        model = self._plugins.chain("wrap_model", "model", model, accelerator=self, evaluation_mode=evaluation_mode)
+        model = self._plugins.chain(
+            "wrap_model", "model", model, accelerator=self, evaluation_mode=evaluation_mode
+        )
         remember_original(model, original)
         dynamo = self.state.dynamo_plugin
         if dynamo is not None and dynamo.enabled:
@@ -408,13 +412,17 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
         self._models.append(model)
         return model
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> Any:
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> Any:
         """Let the active plugins rebind ``optimizer``, then wrap it in :class:`AcceleratedOptimizer`."""
         if isinstance(optimizer, AcceleratedOptimizer):
             return optimizer
         optimizer = self._plugins.chain("wrap_optimizer", "optimizer", optimizer, accelerator=self)
-        prepared = optimizer if isinstance(optimizer, AcceleratedOptimizer) else AcceleratedOptimizer(
-            optimizer, scaler=self.scaler
+        prepared = (
+            optimizer
+            if isinstance(optimizer, AcceleratedOptimizer)
+            else AcceleratedOptimizer(optimizer, scaler=self.scaler)
         )
         self._optimizers.append(prepared)
         return prepared
@@ -425,18 +433,22 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
             return scheduler
         wrapped_optimizer = getattr(scheduler, "optimizer", None)
         optimizers = [
-            optimizer for optimizer in self._optimizers
+            optimizer
+            for optimizer in self._optimizers
             if wrapped_optimizer is optimizer or wrapped_optimizer is optimizer.optimizer
         ] or list(self._optimizers)
         prepared = AcceleratedScheduler(
-            scheduler, optimizers, step_with_optimizer=self.step_scheduler_with_optimizer,
+            scheduler,
+            optimizers,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
             split_batches=self.split_batches,
         )
         self._schedulers.append(prepared)
         return prepared
 
-    def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None,
-                            slice_fn_for_dispatch: Any = None) -> Any:
+    def prepare_data_loader(
+        self, data_loader: Any, device_placement: bool | None = None, slice_fn_for_dispatch: Any = None
+    ) -> Any:
         """Shard ``data_loader`` across processes and move its batches to the device."""
         if device_placement is None:
             device_placement = self.device_placement
@@ -530,8 +542,10 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
         """Divide gradients by the fp16 loss scale (before clipping or inspecting them)."""
         if self.scaler is None:
             return
-        optimizers = [optimizer] if optimizer is not None and not isinstance(optimizer, list) else (
-            optimizer or self._optimizers
+        optimizers = (
+            [optimizer]
+            if optimizer is not None and not isinstance(optimizer, list)
+            else (optimizer or self._optimizers)
         )
         for each in optimizers:
             self.scaler.unscale_(each.optimizer if isinstance(each, AcceleratedOptimizer) else each)
@@ -553,8 +567,9 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
             self.unscale_gradients()
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
-    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True,
-                     keep_torch_compile: bool = True) -> torch.nn.Module:
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> torch.nn.Module:
         """The user's own module inside whatever the plugins (and torch.compile) wrapped it in."""
         return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
 
@@ -568,14 +583,18 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Like :meth:`gather`, minus the samples duplicated to even out the last batch."""
         return operations.gather_for_metrics(
-            input_data, use_gather_object=use_gather_object, state=self.state.partial_state,
+            input_data,
+            use_gather_object=use_gather_object,
+            state=self.state.partial_state,
             gradient_state=self.gradient_state,
         )
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         return operations.reduce(tensor, reduction=reduction, scale=scale)
 
-    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
         return operations.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Any:
@@ -602,7 +621,9 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
     def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
         return self.state.partial_state.on_process(function, process_index=process_index)
 
-    def on_local_process(self, function: Callable | None = None, local_process_index: int | None = None) -> Callable:
+    def on_local_process(
+        self, function: Callable | None = None, local_process_index: int | None = None
+    ) -> Callable:
         return self.state.partial_state.on_local_process(function, local_process_index=local_process_index)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
@@ -658,8 +679,9 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
         return False
 
     @contextlib.contextmanager
-    def maybe_context_parallel(self, buffers: Any = None, buffer_seq_dims: Any = None,
-                               no_restore_buffers: Any = None) -> Iterator[None]:
+    def maybe_context_parallel(
+        self, buffers: Any = None, buffer_seq_dims: Any = None, no_restore_buffers: Any = None
+    ) -> Iterator[None]:
         """Context parallelism where a backend supports it; a no-op otherwise."""
         yield
 

@@ -155,17 +155,54 @@ ACCELERATE_DISTRIBUTED_TYPES: dict[str, tuple[str | None, str | None]] = {
 }
 #: Accelerate keys read as they are (same meaning in drivetrain).
 ACCELERATE_SHARED_KEYS = (
-    "num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port", "rdzv_backend",
-    "same_network", "mixed_precision", "use_cpu", "gpu_ids", "debug", "gradient_accumulation_steps",
+    "num_processes",
+    "num_machines",
+    "machine_rank",
+    "main_process_ip",
+    "main_process_port",
+    "rdzv_backend",
+    "same_network",
+    "mixed_precision",
+    "use_cpu",
+    "gpu_ids",
+    "debug",
+    "gradient_accumulation_steps",
 )
 #: Accelerate keys that have no effect in drivetrain (TPU pods, SageMaker, affinity, ...): accepted, ignored.
 ACCELERATE_IGNORED_KEYS = (
-    "compute_environment", "main_training_function", "downcast_bf16", "enable_cpu_affinity", "tpu_env",
-    "tpu_use_cluster", "tpu_use_sudo", "tpu_name", "tpu_zone", "commands", "command_file", "ipex_config",
-    "mpirun_config", "fp8_config", "parallelism_config", "use_xpu", "deepspeed_config", "fsdp_config",
-    "megatron_lm_config", "dynamo_config", "distributed_type", "ec2_instance_type", "iam_role_name",
-    "profile", "region", "num_cpu_threads_per_process", "sagemaker_inputs_file", "sagemaker_metrics_file",
-    "additional_args", "pytorch_version", "transformers_version", "py_version", "base_job_name",
+    "compute_environment",
+    "main_training_function",
+    "downcast_bf16",
+    "enable_cpu_affinity",
+    "tpu_env",
+    "tpu_use_cluster",
+    "tpu_use_sudo",
+    "tpu_name",
+    "tpu_zone",
+    "commands",
+    "command_file",
+    "ipex_config",
+    "mpirun_config",
+    "fp8_config",
+    "parallelism_config",
+    "use_xpu",
+    "deepspeed_config",
+    "fsdp_config",
+    "megatron_lm_config",
+    "dynamo_config",
+    "distributed_type",
+    "ec2_instance_type",
+    "iam_role_name",
+    "profile",
+    "region",
+    "num_cpu_threads_per_process",
+    "sagemaker_inputs_file",
+    "sagemaker_metrics_file",
+    "additional_args",
+    "pytorch_version",
+    "transformers_version",
+    "py_version",
+    "base_job_name",
 )
 #: Values Accelerate always writes; they state no choice, so a script's own argument must not conflict
 #: with them (Accelerate lets the script win; drivetrain would raise).
@@ -268,7 +305,9 @@ def load_config(path: str | os.PathLike | None = None, *, required: bool = False
         problem = str(exc).replace("\n", " ")
         raise ConfigurationError(f"config file {file} is not valid YAML: {problem}") from None
     if not isinstance(data, dict):
-        raise ConfigurationError(f"config file {file} must hold a mapping of settings, not {type(data).__name__}")
+        raise ConfigurationError(
+            f"config file {file} must hold a mapping of settings, not {type(data).__name__}"
+        )
     values, format_name = normalise(data, f"config file {file}")
     return ConfigFile(path=file, values=values, format=format_name)
 
@@ -287,7 +326,9 @@ def save_config(values: dict[str, Any], path: str | os.PathLike | None = None) -
     return file
 
 
-def write_basic_config(mixed_precision: str = "no", save_location: str | os.PathLike | None = None) -> Path | bool:
+def write_basic_config(
+    mixed_precision: str = "no", save_location: str | os.PathLike | None = None
+) -> Path | bool:
     """Write a config file for this machine (every visible GPU, or one CPU process) unless one exists.
 
     Returns the path written, or False when a file is already there (as Accelerate's does).

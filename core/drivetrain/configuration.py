@@ -21,12 +21,16 @@ def _non_negative_int_or_none(instance: Any, attribute: attrs.Attribute, value: 
 
 def _positive_int_or_none(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ConfigurationError(f"{type(instance).__name__}.{attribute.name} must be an integer >= 1, got {value!r}")
+        raise ConfigurationError(
+            f"{type(instance).__name__}.{attribute.name} must be an integer >= 1, got {value!r}"
+        )
 
 
 def _bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     if not isinstance(value, bool):
-        raise ConfigurationError(f"{type(instance).__name__}.{attribute.name} must be True or False, got {value!r}")
+        raise ConfigurationError(
+            f"{type(instance).__name__}.{attribute.name} must be True or False, got {value!r}"
+        )
 
 
 def _optional_bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:

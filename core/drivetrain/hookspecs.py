@@ -106,7 +106,9 @@ def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> Di
 
 
 @hookspec
-def wrap_model(model: torch.nn.Module, accelerator: Accelerator, evaluation_mode: bool) -> torch.nn.Module | None:
+def wrap_model(
+    model: torch.nn.Module, accelerator: Accelerator, evaluation_mode: bool
+) -> torch.nn.Module | None:
     """Convert or wrap a model for training.
 
     Called by ``Accelerator.prepare``/``prepare_model`` for every model (**chain**, in composition order).
@@ -125,7 +127,9 @@ def wrap_model(model: torch.nn.Module, accelerator: Accelerator, evaluation_mode
 
 
 @hookspec
-def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Accelerator) -> torch.optim.Optimizer | None:
+def wrap_optimizer(
+    optimizer: torch.optim.Optimizer, accelerator: Accelerator
+) -> torch.optim.Optimizer | None:
     """Convert or replace an optimizer.
 
     Called by ``Accelerator.prepare`` for every optimizer, after all models of the same ``prepare`` call
@@ -160,7 +164,9 @@ def shard_dataloader(dataloader: Any, accelerator: Accelerator, device_placement
 
 
 @hookspec(firstresult=True)
-def autocast(accelerator: Accelerator, autocast_kwargs: dict[str, Any]) -> contextlib.AbstractContextManager | None:
+def autocast(
+    accelerator: Accelerator, autocast_kwargs: dict[str, Any]
+) -> contextlib.AbstractContextManager | None:
     """Return the context manager under which forward passes run in the requested precision.
 
     Called by ``Accelerator.autocast()`` and around prepared models' forward (**first result**). ``local``

@@ -25,20 +25,39 @@ def _run_in_child(function: Callable, args: tuple) -> Any:
     return function(*args)
 
 
-def _fork_launch(function: Callable, args: tuple, *, nprocs: int, master_addr: str, port: int, node_rank: int,
-                 num_nodes: int, rdzv_backend: str, max_restarts: int, monitor_interval: float,
-                 env: dict[str, str]) -> dict[int, Any]:
+def _fork_launch(
+    function: Callable,
+    args: tuple,
+    *,
+    nprocs: int,
+    master_addr: str,
+    port: int,
+    node_rank: int,
+    num_nodes: int,
+    rdzv_backend: str,
+    max_restarts: int,
+    monitor_interval: float,
+    env: dict[str, str],
+) -> dict[int, Any]:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     rdzv_configs: dict[str, Any] = {"rank": node_rank} if rdzv_backend == "static" else {}
     config = LaunchConfig(
-        min_nodes=num_nodes, max_nodes=num_nodes, nproc_per_node=nprocs, run_id="drivetrain-notebook",
-        rdzv_endpoint=f"{master_addr}:{port}", rdzv_backend=rdzv_backend, rdzv_configs=rdzv_configs,
-        max_restarts=max_restarts, monitor_interval=monitor_interval, start_method="fork",
+        min_nodes=num_nodes,
+        max_nodes=num_nodes,
+        nproc_per_node=nprocs,
+        run_id="drivetrain-notebook",
+        rdzv_endpoint=f"{master_addr}:{port}",
+        rdzv_backend=rdzv_backend,
+        rdzv_configs=rdzv_configs,
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval,
+        start_method="fork",
     )
-    with patch_environment(**{"FORK_LAUNCHED": "1", "MASTER_ADDR": master_addr, "MASTER_PORT": str(port),
-                               **env}):
+    with patch_environment(
+        **{"FORK_LAUNCHED": "1", "MASTER_ADDR": master_addr, "MASTER_PORT": str(port), **env}
+    ):
         try:
             return elastic_launch(config, _run_in_child)(function, args)
         except ChildFailedError as exc:
@@ -87,7 +106,9 @@ def notebook_launcher(
     from drivetrain.config_file import PRECISIONS
 
     if str(mixed_precision).lower() not in PRECISIONS:
-        raise ValueError(f"mixed_precision={mixed_precision!r} is not valid; choose one of: {', '.join(PRECISIONS)}")
+        raise ValueError(
+            f"mixed_precision={mixed_precision!r} is not valid; choose one of: {', '.join(PRECISIONS)}"
+        )
     if rdzv_backend not in ("static", "c10d"):
         raise ValueError(f"rdzv_backend={rdzv_backend!r} is not valid; choose static or c10d")
     if num_processes is None:
@@ -102,11 +123,23 @@ def notebook_launcher(
         master_addr, _, port_text = rdzv_endpoint.rpartition(":")
         use_port = port_text
     device = "GPUs" if torch.cuda.is_available() else "CPU processes"
-    print(f"Launching training on {num_processes} {device}" + (f" (machine {node_rank} of {num_nodes})."
-                                                                 if num_nodes > 1 else "."))
-    return _fork_launch(function, args, nprocs=num_processes, master_addr=master_addr, port=int(use_port),
-                        node_rank=node_rank, num_nodes=num_nodes, rdzv_backend=rdzv_backend,
-                        max_restarts=max_restarts, monitor_interval=monitor_interval, env=env)
+    print(
+        f"Launching training on {num_processes} {device}"
+        + (f" (machine {node_rank} of {num_nodes})." if num_nodes > 1 else ".")
+    )
+    return _fork_launch(
+        function,
+        args,
+        nprocs=num_processes,
+        master_addr=master_addr,
+        port=int(use_port),
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        rdzv_backend=rdzv_backend,
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval,
+        env=env,
+    )
 
 
 def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2) -> dict[int, Any]:
@@ -114,6 +147,16 @@ def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2)
     code without GPUs. Returns ``{rank: result}``."""
     from drivetrain.commands.launch import free_port
 
-    return _fork_launch(function, args, nprocs=num_processes, master_addr="127.0.0.1", port=free_port(),
-                        node_rank=0, num_nodes=1, rdzv_backend="static", max_restarts=0, monitor_interval=0.1,
-                        env={"DRIVETRAIN_CPU": "1"})
+    return _fork_launch(
+        function,
+        args,
+        nprocs=num_processes,
+        master_addr="127.0.0.1",
+        port=free_port(),
+        node_rank=0,
+        num_nodes=1,
+        rdzv_backend="static",
+        max_restarts=0,
+        monitor_interval=0.1,
+        env={"DRIVETRAIN_CPU": "1"},
+    )

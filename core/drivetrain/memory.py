@@ -51,9 +51,7 @@ def should_reduce_batch_size(exception: BaseException) -> bool:
     return isinstance(exception, MemoryError)
 
 
-def find_executable_batch_size(
-    function: Callable | None = None, starting_batch_size: int = 128
-) -> Callable:
+def find_executable_batch_size(function: Callable | None = None, starting_batch_size: int = 128) -> Callable:
     """Decorator: call ``function(batch_size, ...)`` and, each time it runs out of memory, halve the batch
     size and try again (as Accelerate's documentation describes). The decorated function must take the batch
     size as its first argument and is called without it."""

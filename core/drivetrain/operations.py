@@ -109,15 +109,22 @@ def recursively_apply(
     if isinstance(data, (tuple, list)):
         return honor_type(
             data,
-            [recursively_apply(func, item, *args, test_type=test_type, error_on_other_type=error_on_other_type,
-                               **kwargs) for item in data],
+            [
+                recursively_apply(
+                    func, item, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
+                )
+                for item in data
+            ],
         )
     if isinstance(data, Mapping):
         return _rebuild_mapping(
             data,
-            {key: recursively_apply(func, value, *args, test_type=test_type,
-                                    error_on_other_type=error_on_other_type, **kwargs)
-             for key, value in data.items()},
+            {
+                key: recursively_apply(
+                    func, value, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
+                )
+                for key, value in data.items()
+            },
         )
     if test_type(data):
         return func(data, *args, **kwargs)
@@ -161,8 +168,10 @@ def _send(data: Any, device: torch.device, non_blocking: bool, skip_keys: Any) -
     if kind is tuple or kind is list:
         return kind([_send(item, device, non_blocking, skip_keys) for item in data])
     if kind is dict:
-        return {key: value if key in skip_keys else _send(value, device, non_blocking, skip_keys)
-                for key, value in data.items()}
+        return {
+            key: value if key in skip_keys else _send(value, device, non_blocking, skip_keys)
+            for key, value in data.items()
+        }
     if hasattr(data, "to"):
         return _move(data, device, non_blocking)
     if isinstance(data, (tuple, list)):
@@ -170,8 +179,10 @@ def _send(data: Any, device: torch.device, non_blocking: bool, skip_keys: Any) -
     if isinstance(data, Mapping):
         return _rebuild_mapping(
             data,
-            {key: value if key in skip_keys else _send(value, device, non_blocking, skip_keys)
-             for key, value in data.items()},
+            {
+                key: value if key in skip_keys else _send(value, device, non_blocking, skip_keys)
+                for key, value in data.items()
+            },
         )
     return data
 
@@ -183,7 +194,9 @@ def _as_device(device: Any) -> torch.device:
     # Building a torch.device from a string costs as much as the whole tensor check; remember them.
     known = _DEVICES.get(device)
     if known is None:
-        known = torch.device("npu:0" if device == "npu" else device)  # torch_npu needs an index the first time
+        known = torch.device(
+            "npu:0" if device == "npu" else device
+        )  # torch_npu needs an index the first time
         if len(_DEVICES) < 64:
             _DEVICES[device] = known
     return known
@@ -226,7 +239,9 @@ def get_shape(data: Any) -> Any:
 def initialize_tensors(data_structure: Any) -> Any:
     """Empty tensors laid out like ``data_structure`` (the result of :func:`get_data_structure`)."""
     return recursively_apply(
-        lambda info: torch.empty(info.shape, dtype=info.dtype), data_structure, test_type=is_tensor_information
+        lambda info: torch.empty(info.shape, dtype=info.dtype),
+        data_structure,
+        test_type=is_tensor_information,
     )
 
 
@@ -265,8 +280,9 @@ def listify(data: Any) -> Any:
     return recursively_apply(to_list, data)
 
 
-def slice_tensors(data: Any, tensor_slice: Any, process_index: int | None = None,
-                  num_processes: int | None = None) -> Any:
+def slice_tensors(
+    data: Any, tensor_slice: Any, process_index: int | None = None, num_processes: int | None = None
+) -> Any:
     """``tensor[tensor_slice]`` for every tensor in ``data`` (the extra arguments are accepted for
     compatibility with custom slicing functions and ignored)."""
     return recursively_apply(lambda tensor: tensor[tensor_slice], data)
@@ -278,9 +294,13 @@ def concatenate(data: list[Any], dim: int = 0) -> Any:
         raise ValueError("concatenate needs a non-empty list of structures to concatenate")
     first = data[0]
     if isinstance(first, (tuple, list)):
-        return honor_type(first, [concatenate([item[i] for item in data], dim=dim) for i in range(len(first))])
+        return honor_type(
+            first, [concatenate([item[i] for item in data], dim=dim) for i in range(len(first))]
+        )
     if isinstance(first, Mapping):
-        return _rebuild_mapping(first, {key: concatenate([item[key] for item in data], dim=dim) for key in first})
+        return _rebuild_mapping(
+            first, {key: concatenate([item[key] for item in data], dim=dim) for key in first}
+        )
     if not isinstance(first, torch.Tensor):
         raise TypeError(f"can only concatenate tensors, got {type(first).__name__}")
     return torch.cat(list(data), dim=dim)
@@ -361,7 +381,9 @@ def verify_across_processes(operation: str, data: Any, state: PartialState, comp
     if any(other != paths[0] for other in paths[1:]):
         raise DistributedOperationException(
             f"{operation}: the data structure differs across processes: "
-            + _by_rank(paths, lambda leaves: "[" + ", ".join(f"{kind} at data{path}" for path, kind in leaves) + "]")
+            + _by_rank(
+                paths, lambda leaves: "[" + ", ".join(f"{kind} at data{path}" for path, kind in leaves) + "]"
+            )
             + "; every process must pass the same nesting of tensors"
         )
     for index, (path, kind, _, _) in enumerate(signatures[0]):
@@ -467,8 +489,9 @@ def broadcast(tensor: Any, from_process: int = 0, state: PartialState | None = N
     return recursively_apply(broadcast_one, tensor, error_on_other_type=True)
 
 
-def broadcast_object_list(object_list: list[Any], from_process: int = 0,
-                          state: PartialState | None = None) -> list[Any]:
+def broadcast_object_list(
+    object_list: list[Any], from_process: int = 0, state: PartialState | None = None
+) -> list[Any]:
     """Replace the items of ``object_list`` (in place) with those of process ``from_process``'s list,
     which must have the same length, and return it."""
     if not isinstance(object_list, list):
@@ -482,7 +505,9 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0,
     return state.collectives.broadcast_object_list(object_list, src=from_process)
 
 
-def copy_tensor_to_devices(tensor: torch.Tensor | None = None, state: PartialState | None = None) -> torch.Tensor:
+def copy_tensor_to_devices(
+    tensor: torch.Tensor | None = None, state: PartialState | None = None
+) -> torch.Tensor:
     """Give every process the tensor that exactly one process holds (the others pass None and need not know
     its shape). Returns it on every process, on this process's device."""
     state = _current_state(state)
@@ -504,7 +529,9 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None, state: PartialSta
     return state.collectives.broadcast(tensor.contiguous(), src=holders[0])
 
 
-def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0, state: PartialState | None = None) -> Any:
+def reduce(
+    tensor: Any, reduction: str = "mean", scale: float = 1.0, state: PartialState | None = None
+) -> Any:
     """Combine every process's tensors element-wise: ``"mean"``, ``"sum"``, ``"max"``, ``"min"``,
     ``"product"``, or ``"none"`` (no communication, a copy of the local values). The result is multiplied
     by ``scale`` (except with ``"none"``). Returns new tensors; the inputs are left untouched. The mean of an
@@ -533,8 +560,9 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0, state: Part
     return recursively_apply(reduce_one, tensor, error_on_other_type=True)
 
 
-def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False,
-                         state: PartialState | None = None) -> Any:
+def pad_across_processes(
+    tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False, state: PartialState | None = None
+) -> Any:
     """Pad every tensor along ``dim`` to the largest size any process has there, with ``pad_index``, at the
     end (or at the start with ``pad_first``), so that the tensors can be gathered. Tensors with fewer than
     ``dim + 1`` dimensions and nested tensors are left as they are. One collective for the whole structure."""

@@ -68,7 +68,11 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self.step_was_skipped = False
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
         scale_before = self.scaler.get_scale()
-        result = self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)
+        result = (
+            self.scaler.step(self.optimizer, closure)
+            if closure is not None
+            else self.scaler.step(self.optimizer)
+        )
         self.scaler.update()
         # The scaler lowers its scale exactly when it skipped the step because of inf/nan gradients.
         self.step_was_skipped = self.scaler.get_scale() < scale_before

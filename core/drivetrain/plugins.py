@@ -280,7 +280,9 @@ class PluginManager:
     def load_all(self) -> list[DiscoveredPlugin]:
         return [self.load(name) for name in self.names()]
 
-    def register(self, name: str, plugin: Any, distribution: str = "(registered in code)") -> DiscoveredPlugin:
+    def register(
+        self, name: str, plugin: Any, distribution: str = "(registered in code)"
+    ) -> DiscoveredPlugin:
         """Register a plugin object directly, without an entry point."""
         if name in self.discovered() and self.discovered()[name].loaded:
             raise PluginError(f"a plugin named {name!r} is already registered; pick another name")
@@ -329,7 +331,9 @@ class PluginManager:
             except PluginError as exc:
                 if name not in self._warned:
                     self._warned.add(name)
-                    warnings.warn(f"drivetrain: skipping plugin {name!r}: {exc}", RuntimeWarning, stacklevel=2)
+                    warnings.warn(
+                        f"drivetrain: skipping plugin {name!r}: {exc}", RuntimeWarning, stacklevel=2
+                    )
                 continue
             if info.kind == kind:
                 names.append(name)

@@ -28,7 +28,9 @@ def _check_activities(instance: Any, attribute: attrs.Attribute, value: Any) -> 
     if value is None:
         return
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise ConfigurationError(f"ProfileKwargs.activities must be a list such as ['cpu', 'cuda'], got {value!r}")
+        raise ConfigurationError(
+            f"ProfileKwargs.activities must be a list such as ['cpu', 'cuda'], got {value!r}"
+        )
     known = _activity_names()
     for activity in value:
         if str(activity).lower() not in known:
@@ -61,7 +63,9 @@ def _check_schedule(instance: Any, attribute: attrs.Attribute, value: Any) -> No
         raise ConfigurationError(f"ProfileKwargs.schedule_option needs {', '.join(sorted(missing))} as well")
     for key, number in value.items():
         if not isinstance(number, int) or isinstance(number, bool) or number < 0:
-            raise ConfigurationError(f"ProfileKwargs.schedule_option[{key!r}] must be an int >= 0, got {number!r}")
+            raise ConfigurationError(
+                f"ProfileKwargs.schedule_option[{key!r}] must be an int >= 0, got {number!r}"
+            )
 
 
 def _check_callable(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -95,7 +99,9 @@ class ProfileKwargs(KwargsHandler):
     with_stack: bool = False
     with_flops: bool = False
     with_modules: bool = False
-    output_trace_dir: str | None = attrs.field(default=None, converter=lambda v: None if v is None else os.fspath(v))
+    output_trace_dir: str | None = attrs.field(
+        default=None, converter=lambda v: None if v is None else os.fspath(v)
+    )
 
     def build(self) -> torch.profiler.profile:
         """The ``torch.profiler.profile`` these options describe (not yet started)."""
@@ -103,7 +109,9 @@ class ProfileKwargs(KwargsHandler):
         if self.activities is not None:
             known = _activity_names()
             activities = [known[str(activity).lower()] for activity in self.activities]
-        schedule = torch.profiler.schedule(**self.schedule_option) if self.schedule_option is not None else None
+        schedule = (
+            torch.profiler.schedule(**self.schedule_option) if self.schedule_option is not None else None
+        )
         return torch.profiler.profile(
             activities=activities,
             schedule=schedule,

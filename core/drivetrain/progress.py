@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from drivetrain.logging import process_rank
@@ -58,7 +58,9 @@ def progress_enabled() -> bool:
 
 
 @contextlib.contextmanager
-def progress(total: float | None, description: str, unit: str = "it", unit_scale: bool = False) -> Iterator[Any]:
+def progress(
+    total: float | None, description: str, unit: str = "it", unit_scale: bool = False
+) -> Iterator[Any]:
     """A bar for one of drivetrain's long operations; yields an object with ``update(n)``.
 
     ``with progress(total_bytes, "saving checkpoint", unit="B", unit_scale=True) as bar: ... bar.update(n)``
@@ -76,3 +78,15 @@ def progress(total: float | None, description: str, unit: str = "it", unit_scale
     finally:
         if bar is not None:
             bar.close()
+
+
+def track(
+    items: Iterable[Any], description: str, total: int | None = None, unit: str = "it"
+) -> Iterator[Any]:
+    """Iterate ``items`` with a :func:`progress` bar (one step per item), for loops over files or shards."""
+    if total is None and hasattr(items, "__len__"):
+        total = len(items)  # type: ignore[arg-type]
+    with progress(total, description, unit=unit) as bar:
+        for item in items:
+            yield item
+            bar.update(1)

@@ -19,8 +19,9 @@ import torch
 from drivetrain.enums import RNGType
 
 #: rng types that a device plugin registered: name -> (get_state, set_state, seed)
-_REGISTERED: dict[str, tuple[Callable[[], torch.Tensor], Callable[[torch.Tensor], None],
-                             Callable[[int], None] | None]] = {}
+_REGISTERED: dict[
+    str, tuple[Callable[[], torch.Tensor], Callable[[torch.Tensor], None], Callable[[int], None] | None]
+] = {}
 
 #: torch device modules whose generator state set_seed / capture_rng_state cover when available
 _DEVICE_MODULES = ("cuda", "xpu", "npu", "mlu", "hpu")
@@ -96,12 +97,16 @@ def _rng_accessors(rng_type: str, generator: torch.Generator | None) -> tuple[Ca
         return generator.get_state, generator.set_state
     module = _device_module(rng_type)
     if module is None:
-        hint = " (install the device plugin that registers it, e.g. drivetrain-xla)" if rng_type == "xla" else ""
+        hint = (
+            " (install the device plugin that registers it, e.g. drivetrain-xla)" if rng_type == "xla" else ""
+        )
         raise ValueError(f"rng type {rng_type!r} is not available in this process{hint}")
     return module.get_rng_state, module.set_rng_state
 
 
-def synchronize_rng_state(rng_type: str | RNGType | None = None, generator: torch.Generator | None = None) -> None:
+def synchronize_rng_state(
+    rng_type: str | RNGType | None = None, generator: torch.Generator | None = None
+) -> None:
     """Give every process the state of process 0's generator of kind ``rng_type`` ("torch", "cuda",
     "generator" with ``generator``, ...), so they all draw the same numbers from now on."""
     from drivetrain.operations import broadcast
@@ -118,8 +123,9 @@ def synchronize_rng_state(rng_type: str | RNGType | None = None, generator: torc
     set_state(on_device.to(rng_state.device))
 
 
-def synchronize_rng_states(rng_types: Iterable[str | RNGType] | None = None,
-                           generator: torch.Generator | None = None) -> None:
+def synchronize_rng_states(
+    rng_types: Iterable[str | RNGType] | None = None, generator: torch.Generator | None = None
+) -> None:
     """:func:`synchronize_rng_state` for each of ``rng_types`` (default: torch)."""
     for rng_type in rng_types if rng_types is not None else [RNGType.TORCH]:
         synchronize_rng_state(rng_type, generator=generator)
@@ -140,13 +146,15 @@ def _numpy_state() -> dict[str, Any]:
 
 
 def _restore_numpy_state(saved: dict[str, Any]) -> None:
-    np.random.set_state((
-        saved["bit_generator"],
-        saved["keys"].numpy().astype(np.uint32),
-        saved["pos"],
-        saved["has_gauss"],
-        saved["cached_gaussian"],
-    ))
+    np.random.set_state(
+        (
+            saved["bit_generator"],
+            saved["keys"].numpy().astype(np.uint32),
+            saved["pos"],
+            saved["has_gauss"],
+            saved["cached_gaussian"],
+        )
+    )
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -171,7 +179,9 @@ def restore_rng_state(saved: dict[str, Any]) -> None:
     """Put back the generator states of :func:`capture_rng_state`. States for a device runtime that is not
     present here (a GPU checkpoint resumed on CPU) are skipped with a warning."""
     if not isinstance(saved, dict):
-        raise TypeError(f"restore_rng_state needs the dict from capture_rng_state, got {type(saved).__name__}")
+        raise TypeError(
+            f"restore_rng_state needs the dict from capture_rng_state, got {type(saved).__name__}"
+        )
     for key, value in saved.items():
         if key == "python":
             version, internal, gauss = value
@@ -185,7 +195,9 @@ def restore_rng_state(saved: dict[str, Any]) -> None:
         elif key in _DEVICE_MODULES:
             module = _device_module(key)
             if module is None:
-                warnings.warn(f"the saved {key} random state is not restored: no {key} device here", stacklevel=2)
+                warnings.warn(
+                    f"the saved {key} random state is not restored: no {key} device here", stacklevel=2
+                )
                 continue
             states = list(value)[: module.device_count()]
             if hasattr(module, "set_rng_state_all"):
@@ -194,5 +206,6 @@ def restore_rng_state(saved: dict[str, Any]) -> None:
                 for index, device_state in enumerate(states):
                     module.set_rng_state(device_state, index)
         else:
-            warnings.warn(f"the saved random state {key!r} is not restored: nothing here registers it",
-                          stacklevel=2)
+            warnings.warn(
+                f"the saved random state {key!r} is not restored: nothing here registers it", stacklevel=2
+            )

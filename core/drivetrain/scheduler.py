@@ -16,8 +16,9 @@ class AcceleratedScheduler:
     as a single process seeing the same data would.
     """
 
-    def __init__(self, scheduler: Any, optimizers: Any, step_with_optimizer: bool = True,
-                 split_batches: bool = False) -> None:
+    def __init__(
+        self, scheduler: Any, optimizers: Any, step_with_optimizer: bool = True, split_batches: bool = False
+    ) -> None:
         self.scheduler = scheduler
         self.optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
         self.step_with_optimizer = step_with_optimizer

@@ -18,7 +18,10 @@ def check(condition: bool, message: str) -> None:
 
 def check_processes(state: PartialState) -> None:
     expected = int(os.environ.get("WORLD_SIZE", "1"))
-    check(state.num_processes == expected, f"{state.num_processes} processes joined, the launcher started {expected}")
+    check(
+        state.num_processes == expected,
+        f"{state.num_processes} processes joined, the launcher started {expected}",
+    )
     total = torch.tensor([float(state.process_index)])
     state.collectives.all_reduce(total, "sum")
     want = sum(range(state.num_processes))
@@ -45,12 +48,17 @@ def check_training(state: PartialState) -> str:
     for _ in range(8):
         inputs, targets = torch.randn(4, 4, generator=generator), torch.randn(4, 1, generator=generator)
         optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(inputs.to(accelerator.device)), targets.to(accelerator.device))
+        loss = torch.nn.functional.mse_loss(
+            model(inputs.to(accelerator.device)), targets.to(accelerator.device)
+        )
         accelerator.backward(loss)
         optimizer.step()
     weights = accelerator.unwrap_model(model).weight.detach().cpu().clone()
     everyone = state.collectives.all_gather(weights)
-    check(all(torch.equal(weights, other) for other in everyone), "weights differ between processes after training")
+    check(
+        all(torch.equal(weights, other) for other in everyone),
+        "weights differ between processes after training",
+    )
     return f"training on {accelerator.device} ({accelerator.mixed_precision} precision) gave equal weights"
 
 
@@ -59,8 +67,11 @@ def main() -> None:
     check_processes(state)
     training = check_training(state)
     if state.is_main_process:
-        print(f"drivetrain self-check: {state.num_processes} process(es), backend {state.backend_name}, "
-              f"device {state.device}: processes and collectives ok; {training}", flush=True)
+        print(
+            f"drivetrain self-check: {state.num_processes} process(es), backend {state.backend_name}, "
+            f"device {state.device}: processes and collectives ok; {training}",
+            flush=True,
+        )
     state.destroy_process_group()
 
 

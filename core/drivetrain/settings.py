@@ -51,7 +51,9 @@ def _read_config_file(path: str, mtime: float) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         raise ConfigurationError(f"config file {path} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
-        raise ConfigurationError(f"config file {path} must hold a mapping of settings, not {type(data).__name__}")
+        raise ConfigurationError(
+            f"config file {path} must hold a mapping of settings, not {type(data).__name__}"
+        )
     return data
 
 
@@ -86,10 +88,14 @@ def resolve(
     """
     candidates: list[Setting] = []
     if script_value is not None:
-        candidates.append(Setting(convert(script_value), script_source or f"Accelerator({name}={script_value!r})"))
+        candidates.append(
+            Setting(convert(script_value), script_source or f"Accelerator({name}={script_value!r})")
+        )
     variable = env_name(name)
     if os.environ.get(variable, "") != "":
-        candidates.append(Setting(convert(os.environ[variable]), f"environment {variable}={os.environ[variable]}"))
+        candidates.append(
+            Setting(convert(os.environ[variable]), f"environment {variable}={os.environ[variable]}")
+        )
     path, values = config_file_values()
     key = file_key or name
     if values.get(key) is not None:

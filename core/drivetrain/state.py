@@ -79,7 +79,9 @@ def select_backend(backend: str | None, backend_config: Any) -> settings.Setting
     if world_size <= 1:
         return settings.Setting(REFERENCE_BACKEND, "default (one process)")
     manager = get_plugin_manager()
-    candidates = [name for name in manager.plugins_of_kind("backend") if manager.info(name).select_for_multiprocess]
+    candidates = [
+        name for name in manager.plugins_of_kind("backend") if manager.info(name).select_for_multiprocess
+    ]
     if not candidates:
         raise PluginError(
             f"this script runs in {world_size} processes (WORLD_SIZE={world_size}) but no installed backend "
@@ -104,7 +106,9 @@ class PartialState:
 
     _shared_state: dict[str, Any] = {}
 
-    def __init__(self, cpu: bool = False, backend: str | None = None, backend_config: Any = None, **kwargs: Any):
+    def __init__(
+        self, cpu: bool = False, backend: str | None = None, backend_config: Any = None, **kwargs: Any
+    ):
         self.__dict__ = self._shared_state
         init_kwargs = kwargs.pop("init_kwargs", None) or {}
         if kwargs:
@@ -121,8 +125,9 @@ class PartialState:
                 f"plugin, not a distribution backend; backends installed: "
                 f"{', '.join(manager.plugins_of_kind('backend'))}"
             )
-        cpu_setting = settings.resolve("cpu", True if cpu else None, script_source="cpu=True", default=False,
-                                       convert=settings.to_bool)
+        cpu_setting = settings.resolve(
+            "cpu", True if cpu else None, script_source="cpu=True", default=False, convert=settings.to_bool
+        )
         device_plugins = manager.plugins_of_kind("device")
         process_stack = manager.stack([*device_plugins, selection.value])
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -277,7 +282,9 @@ class PartialState:
             return functools.partial(self.on_process, process_index=process_index)
         return _only_if(function, lambda: self.process_index == process_index)
 
-    def on_local_process(self, function: Callable | None = None, local_process_index: int | None = None) -> Callable:
+    def on_local_process(
+        self, function: Callable | None = None, local_process_index: int | None = None
+    ) -> Callable:
         if function is None:
             return functools.partial(self.on_local_process, local_process_index=local_process_index)
         return _only_if(function, lambda: self.local_process_index == local_process_index)
@@ -298,7 +305,9 @@ def _only_if(function: Callable, condition: Callable[[], bool]) -> Callable:
     return run
 
 
-def split_for_process(inputs: Any, num_processes: int, process_index: int, apply_padding: bool = False) -> Any:
+def split_for_process(
+    inputs: Any, num_processes: int, process_index: int, apply_padding: bool = False
+) -> Any:
     """The share of ``inputs`` that process ``process_index`` of ``num_processes`` gets."""
     if num_processes == 1:
         return inputs
@@ -306,8 +315,10 @@ def split_for_process(inputs: Any, num_processes: int, process_index: int, apply
         lengths = {len(value) for value in inputs.values()}
         if len(lengths) > 1:
             raise ValueError("split_between_processes needs every value of the dict to have the same length")
-        return {key: split_for_process(value, num_processes, process_index, apply_padding)
-                for key, value in inputs.items()}
+        return {
+            key: split_for_process(value, num_processes, process_index, apply_padding)
+            for key, value in inputs.items()
+        }
     length = len(inputs)
     per_process, extra = divmod(length, num_processes)
     start = process_index * per_process + min(process_index, extra)
@@ -349,15 +360,22 @@ class AcceleratorState:
         if self.initialized and not _from_accelerator:
             return
         self.partial_state = PartialState(cpu=cpu, backend=backend, backend_config=backend_config, **kwargs)
-        precision = settings.resolve("mixed_precision", mixed_precision, default="no", convert=_check_precision)
+        precision = settings.resolve(
+            "mixed_precision", mixed_precision, default="no", convert=_check_precision
+        )
         self.mixed_precision: str = precision.value
-        self.backend_config = backend_config if backend_config is not None else self.partial_state.backend_config
+        self.backend_config = (
+            backend_config if backend_config is not None else self.partial_state.backend_config
+        )
         self.dynamo_plugin = dynamo_plugin
         manager = get_plugin_manager()
         names = [*self.partial_state.device_plugins, *feature_plugins]
         if self.mixed_precision not in ("no", "fp16", "bf16"):
-            names += [name for name in manager.plugins_of_kind("precision")
-                      if self.mixed_precision in manager.info(name).precisions][:1]
+            names += [
+                name
+                for name in manager.plugins_of_kind("precision")
+                if self.mixed_precision in manager.info(name).precisions
+            ][:1]
             if len(names) == len(self.partial_state.device_plugins) + len(feature_plugins):
                 raise PluginError(
                     f"mixed_precision={self.mixed_precision!r} needs a precision plugin; none is installed "

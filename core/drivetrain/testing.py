@@ -21,8 +21,14 @@ def launch_script(
     rank fails and ``check`` is true."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_processes}",
-        "--monitor_interval=0.1", script, *args,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={num_processes}",
+        "--monitor_interval=0.1",
+        script,
+        *args,
     ]
     result = subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=timeout)
     if check and result.returncode != 0:

@@ -169,7 +169,7 @@ def _unknown_tracker_message(name: str, registered: dict[str, tuple[str, type]])
     from drivetrain.enums import LoggerType
 
     available = ", ".join(sorted(registered)) or "none"
-    message = f"unknown tracker {name!r} in log_with; trackers installed: {available} (or \"all\")."
+    message = f'unknown tracker {name!r} in log_with; trackers installed: {available} (or "all").'
     if name in LoggerType.list():
         message += f" Install it with: pip install '{TRACKERS_DISTRIBUTION}[{name}]'"
     else:
@@ -284,7 +284,9 @@ class TrackingMixin:
     _log_with: Any
     trackers: list[GeneralTracker]
 
-    def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None) -> None:
+    def init_trackers(
+        self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None
+    ) -> None:
         """Start every tracker of ``log_with`` for the run ``project_name``.
 
         :param project_name: the run (or project) name handed to each tracker.
@@ -297,7 +299,9 @@ class TrackingMixin:
         resolved = resolve_log_with(getattr(self, "_log_with", None), logging_dir)
         unknown = set(init_kwargs) - {entry.name for entry in resolved}
         if unknown:
-            logger.warning("init_kwargs names trackers that are not in log_with: %s", ", ".join(sorted(unknown)))
+            logger.warning(
+                "init_kwargs names trackers that are not in log_with: %s", ", ".join(sorted(unknown))
+            )
         is_main = self.is_main_process  # type: ignore[attr-defined]
         self.trackers = []
         self._tracker_names = [entry.name for entry in resolved]

@@ -42,7 +42,9 @@ def main() -> None:
     set_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Linear(64, 4))
     optimizer = torch.optim.AdamW(model.parameters())
-    config = ProjectConfiguration(project_dir=project_dir, automatic_checkpoint_naming=True, total_limit=total_limit)
+    config = ProjectConfiguration(
+        project_dir=project_dir, automatic_checkpoint_naming=True, total_limit=total_limit
+    )
     accelerator = Accelerator(project_config=config)
     model, optimizer = accelerator.prepare(model, optimizer)
     for iteration in range(2):

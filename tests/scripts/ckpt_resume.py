@@ -32,7 +32,11 @@ class Progress:
         return {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step}
 
     def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.step_in_epoch, self.global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
+        self.epoch, self.step_in_epoch, self.global_step = (
+            state["epoch"],
+            state["step_in_epoch"],
+            state["global_step"],
+        )
 
 
 def main() -> None:
@@ -47,14 +51,17 @@ def main() -> None:
     targets = torch.randn(48, 1, generator=data_generator)
     dataset = torch.utils.data.TensorDataset(inputs, targets)
     torch.manual_seed(99)  # same initial weights in every mode (the checkpoint overwrites them anyway)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(32, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(32, 1)
+    )
     set_seed(1234 if mode == "second" else 0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.9)
     # CKPT_GENERATOR=global: the loader shuffles from the global RNG, as most scripts do.
     own = os.environ.get("CKPT_GENERATOR", "own") == "own"
-    loader = torch.utils.data.DataLoader(dataset, batch_size=4, shuffle=True,
-                                         generator=torch.Generator().manual_seed(5) if own else None)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(5) if own else None
+    )
 
     accelerator = Accelerator()
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)

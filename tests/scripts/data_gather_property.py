@@ -30,14 +30,28 @@ class Stream(IterableDataset):
 def main(examples: int) -> None:
     world = PartialState().num_processes
 
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              phases=[Phase.explicit, Phase.generate])
-    @given(length=st.integers(1, 40), per_process=st.integers(1, 5), split_batches=st.booleans(),
-           dispatch_batches=st.booleans(), drop_last=st.booleans(), iterable=st.booleans(),
-           objects=st.booleans())
+    @settings(
+        max_examples=examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.explicit, Phase.generate],
+    )
+    @given(
+        length=st.integers(1, 40),
+        per_process=st.integers(1, 5),
+        split_batches=st.booleans(),
+        dispatch_batches=st.booleans(),
+        drop_last=st.booleans(),
+        iterable=st.booleans(),
+        objects=st.booleans(),
+    )
     def exact(length, per_process, split_batches, dispatch_batches, drop_last, iterable, objects):
-        accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(
-            split_batches=split_batches, dispatch_batches=dispatch_batches))
+        accelerator = Accelerator(
+            dataloader_config=DataLoaderConfiguration(
+                split_batches=split_batches, dispatch_batches=dispatch_batches
+            )
+        )
         batch_size = per_process * world if split_batches else per_process
         if objects:
             items = [f"s{i}" for i in range(length)]
@@ -55,8 +69,16 @@ def main(examples: int) -> None:
         total = per_process * world
         expected = length // total * total if drop_last else length
         names = [f"s{i}" for i in range(length)] if objects else list(range(length))
-        case = dict(world=world, length=length, batch_size=batch_size, split_batches=split_batches,
-                    dispatch_batches=dispatch_batches, drop_last=drop_last, iterable=iterable, objects=objects)
+        case = dict(
+            world=world,
+            length=length,
+            batch_size=batch_size,
+            split_batches=split_batches,
+            dispatch_batches=dispatch_batches,
+            drop_last=drop_last,
+            iterable=iterable,
+            objects=objects,
+        )
         assert len(gathered) == expected, (case, gathered)
         assert len(set(gathered)) == expected and set(gathered) <= set(names), (case, gathered)
         accelerator.free_memory() if hasattr(accelerator, "free_memory") else None

@@ -41,10 +41,17 @@ def main() -> None:
     ]
     for mode in modes:
         mode = dict(mode)
-        iterable, shuffle, drop_last = mode.pop("iterable", False), mode.pop("shuffle", False), mode.pop("drop_last", False)
+        iterable, shuffle, drop_last = (
+            mode.pop("iterable", False),
+            mode.pop("shuffle", False),
+            mode.pop("drop_last", False),
+        )
         data = Stream(length) if iterable else TensorDataset(torch.arange(length))
-        loader = prepare_data_loader(DataLoader(data, batch_size=4, shuffle=shuffle, drop_last=drop_last),
-                                     rng_types=["generator"], **mode)
+        loader = prepare_data_loader(
+            DataLoader(data, batch_size=4, shuffle=shuffle, drop_last=drop_last),
+            rng_types=["generator"],
+            **mode,
+        )
         if mode.get("dispatch_batches", iterable and mode.get("dispatch_batches") is None):
             assert isinstance(loader, DataLoaderDispatcher), mode
         for epoch in range(2):
@@ -55,8 +62,10 @@ def main() -> None:
             everyone = state.collectives.all_gather_object((mine, loader.remainder))
             if mode.get("even_batches", True) or drop_last:
                 assert len({len(batches) for batches, _ in everyone}) == 1, (mode, everyone)
-            steps = [[batches[i] for batches, _ in everyone if i < len(batches)]
-                     for i in range(max(len(batches) for batches, _ in everyone))]
+            steps = [
+                [batches[i] for batches, _ in everyone if i < len(batches)]
+                for i in range(max(len(batches) for batches, _ in everyone))
+            ]
             flat = [sample for step in steps[:-1] for batch in step for sample in batch]
             last = [sample for batch in steps[-1] for sample in batch]
             remainder = everyone[0][1]

@@ -122,7 +122,7 @@ def check_pad() -> None:
     wide = torch.ones(2, rank + 2)
     out = pad_across_processes({"w": wide, "l": [local]}, dim=1, pad_index=7)
     assert out["w"].shape == (2, world + 1)
-    assert bool((out["w"][:, rank + 2:] == 7).all()) and bool((out["w"][:, : rank + 2] == 1).all())
+    assert bool((out["w"][:, rank + 2 :] == 7).all()) and bool((out["w"][:, : rank + 2] == 1).all())
     assert out["l"][0] is local, "a tensor without the padded dimension is left alone"
     negative = pad_across_processes(wide, dim=-1)
     assert negative.shape == (2, world + 1)
@@ -144,7 +144,7 @@ def check_gather_for_metrics() -> None:
     last_start = (dataset_size - 1) // global_batch * global_batch
     real = list(range(last_start, dataset_size))
     wrapped = (real + list(range(global_batch)))[:global_batch]
-    local = torch.tensor(wrapped[rank * per_process:(rank + 1) * per_process])
+    local = torch.tensor(wrapped[rank * per_process : (rank + 1) * per_process])
     gradient_state = GradientState()
     loader = LastBatch(end_of_dataloader=True, remainder=len(real))
     gradient_state._add_dataloader(loader)
@@ -184,7 +184,7 @@ def check_rng() -> None:
     assert len(set(gather_object([python_draw]))) == world
     set_seed(7)
     common = gather(torch.tensor([random.random(), float(np.random.rand()), torch.rand(1).item()]))
-    assert all(equal(common[:3], common[3 * r:3 * r + 3]) for r in range(world)), "set_seed(7) is shared"
+    assert all(equal(common[:3], common[3 * r : 3 * r + 3]) for r in range(world)), "set_seed(7) is shared"
 
 
 def expect_mismatch(call, *fragments: str) -> None:
@@ -205,13 +205,21 @@ def check_debug_mode() -> None:
     if world == 2:
         expect_mismatch(lambda: gather(torch.zeros(rows, 3)), "gather: tensor shapes differ", shapes)
     else:
-        expect_mismatch(lambda: gather(torch.zeros(rows, 3)), "gather: tensor shapes differ", "rank 0 (4, 3)",
-                        f"ranks {', '.join(map(str, range(1, world)))} (2, 3)", "pad_across_processes")
+        expect_mismatch(
+            lambda: gather(torch.zeros(rows, 3)),
+            "gather: tensor shapes differ",
+            "rank 0 (4, 3)",
+            f"ranks {', '.join(map(str, range(1, world)))} (2, 3)",
+            "pad_across_processes",
+        )
     expect_mismatch(lambda: gather({"x": [torch.zeros(1), torch.zeros(rank + 1)]}), "at data['x'][1]")
-    expect_mismatch(lambda: broadcast(torch.zeros(rank + 1), from_process=0), "broadcast: tensor shapes differ")
+    expect_mismatch(
+        lambda: broadcast(torch.zeros(rank + 1), from_process=0), "broadcast: tensor shapes differ"
+    )
     expect_mismatch(lambda: reduce(torch.zeros(1, rank + 1)), "reduce: tensor shapes differ")
-    expect_mismatch(lambda: gather(torch.zeros(2, dtype=torch.int64 if rank else torch.float32)),
-                    "dtypes differ")
+    expect_mismatch(
+        lambda: gather(torch.zeros(2, dtype=torch.int64 if rank else torch.float32)), "dtypes differ"
+    )
     structure = [torch.zeros(1)] * (1 + rank)
     expect_mismatch(lambda: gather(structure), "gather: the data structure differs")
     expect_mismatch(lambda: pad_across_processes(torch.zeros([1] * (rank + 1))), "numbers of dimensions")

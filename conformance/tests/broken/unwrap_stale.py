@@ -30,8 +30,11 @@ def save_state(output_dir, models, optimizers, schedulers):
 
     import torch
 
-    state = {"models": [m.state_dict() for m in models], "optimizers": [o.state_dict() for o in optimizers],
-             "schedulers": [s.state_dict() for s in schedulers]}
+    state = {
+        "models": [m.state_dict() for m in models],
+        "optimizers": [o.state_dict() for o in optimizers],
+        "schedulers": [s.state_dict() for s in schedulers],
+    }
     torch.save(state, os.path.join(output_dir, "engine.pt"))
     return True
 
@@ -43,8 +46,11 @@ def load_state(input_dir, models, optimizers, schedulers):
     import torch
 
     state = torch.load(os.path.join(input_dir, "engine.pt"), weights_only=False)
-    for objects, states in ((models, state["models"]), (optimizers, state["optimizers"]),
-                            (schedulers, state["schedulers"])):
+    for objects, states in (
+        (models, state["models"]),
+        (optimizers, state["optimizers"]),
+        (schedulers, state["schedulers"]),
+    ):
         for obj, obj_state in zip(objects, states):
             obj.load_state_dict(obj_state)
     return True

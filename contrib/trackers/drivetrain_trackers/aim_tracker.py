@@ -44,7 +44,9 @@ class AimTracker(GeneralTracker):
             self.writer.track(value, name=key, step=step, **kwargs)
 
     @on_main_process
-    def log_images(self, values: dict, step: int | None = None, kwargs: dict[str, dict] | None = None) -> None:
+    def log_images(
+        self, values: dict, step: int | None = None, kwargs: dict[str, dict] | None = None
+    ) -> None:
         """``values`` maps a name to an image or ``(image, caption)``; ``kwargs`` may hold
         ``{"aim_image": {...}, "track": {...}}`` for ``aim.Image`` and ``Run.track``."""
         from aim import Image
@@ -52,8 +54,12 @@ class AimTracker(GeneralTracker):
         kwargs = kwargs or {}
         for key, value in values.items():
             image, caption = value if isinstance(value, tuple) else (value, "")
-            self.writer.track(Image(image, caption=caption, **kwargs.get("aim_image", {})), name=key, step=step,
-                              **kwargs.get("track", {}))
+            self.writer.track(
+                Image(image, caption=caption, **kwargs.get("aim_image", {})),
+                name=key,
+                step=step,
+                **kwargs.get("track", {}),
+            )
 
     @on_main_process
     def finish(self) -> None:

@@ -17,7 +17,7 @@ def title_and_series(key: str) -> tuple[str, str]:
     of the prefixes train/eval/test go to the ``train`` series."""
     for prefix in _SERIES_PREFIXES:
         if key.startswith(prefix + "_"):
-            return key[len(prefix) + 1:], prefix
+            return key[len(prefix) + 1 :], prefix
     return key, "train"
 
 
@@ -69,7 +69,9 @@ class ClearMLTracker(GeneralTracker):
                 clearml_logger.report_single_value(name=key, value=value, **kwargs)
             else:
                 title, series = title_and_series(key)
-                clearml_logger.report_scalar(title=title, series=series, value=value, iteration=step, **kwargs)
+                clearml_logger.report_scalar(
+                    title=title, series=series, value=value, iteration=step, **kwargs
+                )
         warn_skipped(self.name, skipped)
 
     @on_main_process
@@ -95,7 +97,9 @@ class ClearMLTracker(GeneralTracker):
             raise ValueError("ClearMLTracker.log_table needs `data` (rows) or `dataframe`")
         table = dataframe if dataframe is not None else ([columns, *data] if columns else data)
         title, series = title_and_series(table_name)
-        self.task.get_logger().report_table(title=title, series=series, table_plot=table, iteration=step, **kwargs)
+        self.task.get_logger().report_table(
+            title=title, series=series, table_plot=table, iteration=step, **kwargs
+        )
 
     @on_main_process
     def finish(self) -> None:

@@ -59,11 +59,17 @@ class MLflowTracker(GeneralTracker):
             experiment_id = experiment.experiment_id
         elif experiment_name:
             artifact_location = os.fspath(logging_dir) if logging_dir is not None else None
-            experiment_id = mlflow.create_experiment(experiment_name, artifact_location=artifact_location, tags=tags)
+            experiment_id = mlflow.create_experiment(
+                experiment_name, artifact_location=artifact_location, tags=tags
+            )
         else:
             experiment_id = None
         self.active_run = mlflow.start_run(
-            run_id=run_id, experiment_id=experiment_id, run_name=run_name, nested=nested, tags=tags,
+            run_id=run_id,
+            experiment_id=experiment_id,
+            run_name=run_name,
+            nested=nested,
+            tags=tags,
             description=description,
         )
 
@@ -83,7 +89,7 @@ class MLflowTracker(GeneralTracker):
         params = {key: str(value)[:MAX_PARAM_VAL_LENGTH] for key, value in flat_params(values).items()}
         items = list(params.items())
         for start in range(0, len(items), _PARAMS_PER_BATCH):
-            mlflow.log_params(dict(items[start:start + _PARAMS_PER_BATCH]))
+            mlflow.log_params(dict(items[start : start + _PARAMS_PER_BATCH]))
 
     @on_main_process
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:

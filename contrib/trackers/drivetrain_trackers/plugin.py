@@ -19,7 +19,13 @@ PLUGIN_INFO = PluginInfo(
 )
 
 TRACKERS = (
-    TensorBoardTracker, WandBTracker, MLflowTracker, AimTracker, DVCLiveTracker, CometMLTracker, ClearMLTracker,
+    TensorBoardTracker,
+    WandBTracker,
+    MLflowTracker,
+    AimTracker,
+    DVCLiveTracker,
+    CometMLTracker,
+    ClearMLTracker,
 )
 
 

@@ -39,8 +39,10 @@ class TensorBoardTracker(GeneralTracker):
         """Hyperparameters go to TensorBoard's HParams tab (in this run's folder) and to ``hparams.yml``."""
         import yaml
 
-        hparams = {key: value if isinstance(value, (bool, int, float, str)) else str(value)
-                   for key, value in values.items()}
+        hparams = {
+            key: value if isinstance(value, (bool, int, float, str)) else str(value)
+            for key, value in values.items()
+        }
         self.writer.add_hparams(hparams, metric_dict={}, run_name=".")
         self.writer.flush()
         try:

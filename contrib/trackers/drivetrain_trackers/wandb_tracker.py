@@ -46,8 +46,10 @@ class WandBTracker(GeneralTracker):
         ``wandb.Image`` (``caption``...)."""
         import wandb
 
-        self.run.log({key: [wandb.Image(image, **kwargs) for image in images] for key, images in values.items()},
-                     step=step)
+        self.run.log(
+            {key: [wandb.Image(image, **kwargs) for image in images] for key, images in values.items()},
+            step=step,
+        )
 
     @on_main_process
     def log_table(

@@ -39,7 +39,7 @@ def raw_records(path: str) -> Iterator[bytes]:
             position += left_in_block
             continue
         _crc, length, kind = _HEADER.unpack_from(data, position)
-        chunk = data[position + _HEADER.size: position + _HEADER.size + length]
+        chunk = data[position + _HEADER.size : position + _HEADER.size + length]
         position += _HEADER.size + length
         if kind == 1:
             yield chunk
@@ -79,7 +79,13 @@ def test_plugin_registers_every_tracker():
 
     trackers = registered_trackers()
     assert {name for name, (plugin, _cls) in trackers.items() if plugin == "trackers"} == {
-        "tensorboard", "wandb", "mlflow", "aim", "dvclive", "comet_ml", "clearml",
+        "tensorboard",
+        "wandb",
+        "mlflow",
+        "aim",
+        "dvclive",
+        "comet_ml",
+        "clearml",
     }
     assert all(cls.name == name for name, (_plugin, cls) in trackers.items())
 
@@ -104,8 +110,12 @@ def test_tensorboard(tmp_path):
     hparams = {}
     for content in events.PluginTagToContent("hparams").values():
         data = plugin_data_pb2.HParamsPluginData.FromString(content)
-        hparams.update({key: value.WhichOneof("kind") and getattr(value, value.WhichOneof("kind"))
-                        for key, value in data.session_start_info.hparams.items()})
+        hparams.update(
+            {
+                key: value.WhichOneof("kind") and getattr(value, value.WhichOneof("kind"))
+                for key, value in data.session_start_info.hparams.items()
+            }
+        )
     assert hparams == CONFIG
     assert (run_dir / "hparams.yml").read_text().count(":") == 3
     grouped = EventAccumulator(str(run_dir / "group_a"))
@@ -118,7 +128,9 @@ def test_mlflow(tmp_path):
     from mlflow import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    accelerator = run_training("mlflow", tmp_path, {"tracking_uri": uri, "run_name": "first", "tags": {"t": "1"}})
+    accelerator = run_training(
+        "mlflow", tmp_path, {"tracking_uri": uri, "run_name": "first", "tags": {"t": "1"}}
+    )
     tracker = accelerator.get_tracker("mlflow")
     tracker.log_table({"a": [1, 2], "b": [3, 4]}, artifact_file="table.json")
     run_id = accelerator.get_tracker("mlflow", unwrap=True).info.run_id
@@ -176,7 +188,14 @@ def test_dvclive(tmp_path):
     accelerator.end_training()
 
     assert yaml.safe_load((out / "params.yaml").read_text()) == CONFIG
-    assert (out / "plots" / "metrics" / "loss.tsv").read_text().split() == ["step", "loss", "1", "0.5", "2", "0.25"]
+    assert (out / "plots" / "metrics" / "loss.tsv").read_text().split() == [
+        "step",
+        "loss",
+        "1",
+        "0.5",
+        "2",
+        "0.25",
+    ]
     assert json.loads((out / "metrics.json").read_text()) == {"loss": 0.25, "step": 2}
     assert (out / "plots" / "images" / "sample.png").stat().st_size > 0
 
@@ -187,7 +206,9 @@ def test_aim(tmp_path):
     pytest.importorskip("aim")
     from aim import Repo
 
-    accelerator = run_training("aim", tmp_path, {"system_tracking_interval": None, "capture_terminal_logs": False})
+    accelerator = run_training(
+        "aim", tmp_path, {"system_tracking_interval": None, "capture_terminal_logs": False}
+    )
     run = accelerator.get_tracker("aim", unwrap=True)
     run_hash = run.hash
     assert run.name == "drivetrain-test" and run["hparams"] == CONFIG
@@ -200,21 +221,36 @@ def test_comet_ml_offline(tmp_path):
     comet_ml = pytest.importorskip("comet_ml")
 
     experiment_config = comet_ml.ExperimentConfig(
-        offline_directory=str(tmp_path / "comet"), log_code=False, log_git_metadata=False, log_git_patch=False,
-        log_env_details=False, auto_output_logging=False, display_summary_level=0,
+        offline_directory=str(tmp_path / "comet"),
+        log_code=False,
+        log_git_metadata=False,
+        log_git_patch=False,
+        log_env_details=False,
+        auto_output_logging=False,
+        display_summary_level=0,
     )
-    accelerator = run_training("comet_ml", tmp_path, {"online": False, "experiment_config": experiment_config})
+    accelerator = run_training(
+        "comet_ml", tmp_path, {"online": False, "experiment_config": experiment_config}
+    )
     accelerator.log({"stage": "warmup"}, step=3)
     accelerator.get_tracker("comet_ml").log_table("table.csv", columns=["x", "y"], data=[[1, 2]])
     accelerator.end_training()
 
     (archive,) = glob.glob(str(tmp_path / "comet" / "*.zip"))
-    messages = [json.loads(line) for line in zipfile.ZipFile(archive).read("messages.json").decode().splitlines()]
-    params = {m["payload"]["param"]["paramName"]: m["payload"]["param"]["paramValue"]
-              for m in messages if m["type"] == "parameter_msg"}
+    messages = [
+        json.loads(line) for line in zipfile.ZipFile(archive).read("messages.json").decode().splitlines()
+    ]
+    params = {
+        m["payload"]["param"]["paramName"]: m["payload"]["param"]["paramValue"]
+        for m in messages
+        if m["type"] == "parameter_msg"
+    }
     assert {key: params[key] for key in CONFIG} == CONFIG
-    metrics = [(m["payload"]["metric"]["step"], m["payload"]["metric"]["metricValue"])
-               for m in messages if m["type"] == "metric_msg" and m["payload"]["metric"]["metricName"] == "loss"]
+    metrics = [
+        (m["payload"]["metric"]["step"], m["payload"]["metric"]["metricValue"])
+        for m in messages
+        if m["type"] == "metric_msg" and m["payload"]["metric"]["metricName"] == "loss"
+    ]
     assert metrics == [(1, 0.5), (2, 0.25)]
     assert {"key": "stage", "value": "warmup"} in [
         {k: m["payload"][k] for k in ("key", "value")} for m in messages if m["type"] == "log_other"
@@ -255,16 +291,29 @@ def test_clearml_offline(tmp_path):
     (tmp_path / "home").mkdir()
     script = tmp_path / "clearml_run.py"
     script.write_text(CLEARML_SCRIPT)
-    env = {**os.environ, "HOME": str(tmp_path / "home"), "CLEARML_CONFIG_FILE": str(config),
-           "CLEARML_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120,
-                            cwd=tmp_path)
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path / "home"),
+        "CLEARML_CONFIG_FILE": str(config),
+        "CLEARML_CACHE_DIR": str(tmp_path / "cache"),
+        "OMP_NUM_THREADS": "1",
+    }
+    result = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     folder = next(line.split(" ", 1)[1] for line in result.stdout.splitlines() if line.startswith("FOLDER "))
     events = [event for line in open(os.path.join(folder, "metrics.jsonl")) for event in json.loads(line)]
-    scalars = [(e["metric"], e["variant"], e["iter"], e["value"]) for e in events if e["type"] == "training_stats_scalar"]
+    scalars = [
+        (e["metric"], e["variant"], e["iter"], e["value"])
+        for e in events
+        if e["type"] == "training_stats_scalar"
+    ]
     assert scalars == [("loss", "eval", 1, 0.5), ("loss", "train", 2, 0.25)]
-    assert {(e["type"], e["metric"]) for e in events} >= {("plot", "predictions"), ("training_debug_image", "sample")}
+    assert {(e["type"], e["metric"]) for e in events} >= {
+        ("plot", "predictions"),
+        ("training_debug_image", "sample"),
+    }
     task = json.load(open(os.path.join(folder, "task.json")))
     assert task["configuration"]["General"]["value"] == "lr = 0.01"
     assert os.path.exists(folder + ".zip")

@@ -21,7 +21,9 @@ from drivetrain.state import DistributedEnvironment, environment_world_size
 PLUGIN_INFO = PluginInfo(
     kind="backend",
     description="reference backend: one process, CPU or one GPU",
-    capabilities=Capabilities(multi_process=False, precisions=("no", "bf16", "fp16"), devices=("cpu", "cuda")),
+    capabilities=Capabilities(
+        multi_process=False, precisions=("no", "bf16", "fp16"), devices=("cpu", "cuda")
+    ),
 )
 
 
@@ -83,8 +85,14 @@ def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float, norm_t
 
 
 @hookimpl
-def save_state(output_dir: str, models: list, optimizers: list, schedulers: list, safe_serialization: bool,
-               accelerator: Any) -> bool:
+def save_state(
+    output_dir: str,
+    models: list,
+    optimizers: list,
+    schedulers: list,
+    safe_serialization: bool,
+    accelerator: Any,
+) -> bool:
     from drivetrain.checkpointing import write_training_objects
 
     write_training_objects(output_dir, models, optimizers, schedulers, safe_serialization, accelerator)
@@ -92,8 +100,9 @@ def save_state(output_dir: str, models: list, optimizers: list, schedulers: list
 
 
 @hookimpl
-def load_state(input_dir: str, models: list, optimizers: list, schedulers: list, map_location: Any,
-               accelerator: Any) -> bool:
+def load_state(
+    input_dir: str, models: list, optimizers: list, schedulers: list, map_location: Any, accelerator: Any
+) -> bool:
     from drivetrain.checkpointing import read_training_objects
 
     read_training_objects(input_dir, models, optimizers, schedulers, map_location, accelerator)

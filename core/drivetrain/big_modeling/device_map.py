@@ -146,7 +146,9 @@ def infer_auto_device_map(
     reserve = largest_leaf_size(model, sizes, no_split_module_classes)
     device_map = _place(model, memory, sizes, no_split_module_classes, reserve=0, verbose=verbose)
     gpus_exist = any(isinstance(key, int) for key in memory)
-    offloaded = {normalize_device(d) for d in device_map.values()} & ({"cpu", "disk"} if gpus_exist else {"disk"})
+    offloaded = {normalize_device(d) for d in device_map.values()} & (
+        {"cpu", "disk"} if gpus_exist else {"disk"}
+    )
     if offloaded:
         device_map = _place(model, memory, sizes, no_split_module_classes, reserve=reserve, verbose=verbose)
     if clean_result:
@@ -204,13 +206,17 @@ def _place(
             limit = capacity[device] - (reserve if device in execution_devices else 0)
             if used + size <= limit:
                 break
-            splittable = isinstance(obj, torch.nn.Module) and list(obj.children()) and (
-                type(obj).__name__ not in no_split
+            splittable = (
+                isinstance(obj, torch.nn.Module)
+                and list(obj.children())
+                and (type(obj).__name__ not in no_split)
             )
             if splittable:
                 break
             if verbose:
-                logger.info("%s (%d bytes) does not fit on %s (%d of %d used)", name, size, device, used, limit)
+                logger.info(
+                    "%s (%d bytes) does not fit on %s (%d of %d used)", name, size, device, used, limit
+                )
             device_index += 1
             used = 0
         if used + size > limit:

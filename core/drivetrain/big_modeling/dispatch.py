@@ -35,7 +35,9 @@ def offload_plugin_stack() -> Any:
     """The installed feature plugins that implement ``dispatch_module`` (drivetrain-offload, or a third
     party's), active together with the reference backend."""
     manager = get_plugin_manager()
-    dispatchers = [name for name in manager.plugins_of_kind("feature") if "dispatch_module" in manager.hooks_of(name)]
+    dispatchers = [
+        name for name in manager.plugins_of_kind("feature") if "dispatch_module" in manager.hooks_of(name)
+    ]
     if not dispatchers:
         raise PluginError(
             "this device map offloads weights or spans several devices, which needs the offload plugin; "
@@ -69,7 +71,11 @@ def dispatch_model(
     if main_device is None:
         main_device = main_device_of(device_map)
     main_device = normalize_device(main_device)
-    if any(normalize_device(d) == "disk" for d in device_map.values()) and offload_dir is None and not offload_index:
+    if (
+        any(normalize_device(d) == "disk" for d in device_map.values())
+        and offload_dir is None
+        and not offload_index
+    ):
         raise ValueError("the device_map puts modules on 'disk'; pass offload_dir='path/to/folder'")
     use_plugin = force_hooks or needs_offload_plugin(device_map, main_device)
     stack = offload_plugin_stack() if use_plugin else get_plugin_manager().stack([])

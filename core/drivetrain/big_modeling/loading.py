@@ -25,6 +25,7 @@ from drivetrain.big_modeling.offload_index import save_offload_index, write_offl
 from drivetrain.big_modeling.sizes import to_dtype
 from drivetrain.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 from drivetrain.errors import CheckpointError
+from drivetrain.progress import track
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +175,9 @@ class TensorSlots:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.canonical: dict[str, str] = {}  # any name -> first name of the same tensor
-        self.places: dict[str, list[tuple[torch.nn.Module, str, bool]]] = {}  # first name -> (owner, attr, is_param)
+        self.places: dict[
+            str, list[tuple[torch.nn.Module, str, bool]]
+        ] = {}  # first name -> (owner, attr, is_param)
         first_by_id: dict[int, str] = {}
         for module_name, module in model.named_modules(remove_duplicate=False):
             for attr, tensor in [*module._parameters.items(), *module._buffers.items()]:
@@ -204,7 +207,11 @@ class TensorSlots:
         """Put ``value`` in place of the tensor ``name``, under every name it is tied to."""
         old = self.get(name)
         if isinstance(old, torch.nn.Parameter) and not isinstance(value, torch.nn.Parameter):
-            new: torch.Tensor = type(old)(value, requires_grad=old.requires_grad) if type(old) is torch.nn.Parameter else old.__class__(value, requires_grad=old.requires_grad, **old.__dict__)
+            new: torch.Tensor = (
+                type(old)(value, requires_grad=old.requires_grad)
+                if type(old) is torch.nn.Parameter
+                else old.__class__(value, requires_grad=old.requires_grad, **old.__dict__)
+            )
             new.__dict__.update(old.__dict__)
         else:
             new = value
@@ -305,7 +312,7 @@ def load_checkpoint_in_model(
             slots.set(name, out)
         release_pages(value)
 
-    for path in files:
+    for path in track(files, "loading checkpoint files", unit="file"):
         safetensors_file = is_safetensors(path)
         to_disk: dict[str, torch.Tensor] = {}
         to_park: dict[str, torch.Tensor] = {}
@@ -373,11 +380,7 @@ def load_checkpoint_in_model(
     if disk_index:
         save_offload_index(offload_folder, disk_index)  # type: ignore[arg-type]
 
-    missing = [
-        first
-        for first in slots.places
-        if first not in loaded and first not in slots.non_persistent
-    ]
+    missing = [first for first in slots.places if first not in loaded and first not in slots.non_persistent]
     if strict and (missing or unexpected):
         raise CheckpointError(
             f"checkpoint {os.fspath(checkpoint)} does not match the model (strict=True): "
@@ -419,5 +422,7 @@ def _slice_info(weights: Any, key: str) -> _SliceInfo:
     """Shape and dtype of a safetensors tensor, read from the header without touching its data."""
     view = weights.get_slice(key)
     dtype_name = view.get_dtype()
-    dtype = _SAFETENSORS_DTYPES.get(dtype_name) or getattr(torch, dtype_name.lower().replace("f8_", "float8_"))
+    dtype = _SAFETENSORS_DTYPES.get(dtype_name) or getattr(
+        torch, dtype_name.lower().replace("f8_", "float8_")
+    )
     return _SliceInfo(tuple(view.get_shape()), dtype)

@@ -26,8 +26,9 @@ def hashing_pool() -> ThreadPoolExecutor:
     """Threads that hash files (hashlib releases the GIL on large buffers)."""
     global _POOL
     if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 1)),
-                                   thread_name_prefix="drivetrain-hash")
+        _POOL = ThreadPoolExecutor(
+            max_workers=max(2, min(4, os.cpu_count() or 1)), thread_name_prefix="drivetrain-hash"
+        )
     return _POOL
 
 

@@ -107,7 +107,9 @@ def read_manifest(directory: str) -> dict[str, Any]:
     if not os.path.isdir(directory):
         hint = ""
         if os.path.isdir(incomplete_path(directory)):
-            hint = " (only an incomplete save of it exists: the process writing it stopped before it finished)"
+            hint = (
+                " (only an incomplete save of it exists: the process writing it stopped before it finished)"
+            )
         raise CheckpointError(f"checkpoint folder {directory} does not exist{hint}")
     try:
         with open(path, "rb") as handle:
@@ -119,8 +121,10 @@ def read_manifest(directory: str) -> dict[str, Any]:
         ) from None
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{path} is unreadable ({exc}): the checkpoint is damaged") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT or not isinstance(
-        manifest.get("files"), dict
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format") != MANIFEST_FORMAT
+        or not isinstance(manifest.get("files"), dict)
     ):
         raise CheckpointError(f"{path} is not a drivetrain checkpoint manifest")
     if manifest.get("version", 0) > MANIFEST_VERSION:
@@ -139,7 +143,9 @@ def verify(directory: str, check_hashes: bool = True) -> dict[str, Any]:
     for relative, expected in manifest["files"].items():
         path = os.path.join(directory, relative)
         if os.path.isabs(relative) or ".." in relative.split("/"):
-            raise CheckpointError(f"{directory}/{MANIFEST_NAME} lists a file outside the folder: {relative!r}")
+            raise CheckpointError(
+                f"{directory}/{MANIFEST_NAME} lists a file outside the folder: {relative!r}"
+            )
         if not os.path.isfile(path):
             raise CheckpointError(f"checkpoint file {path} listed in the manifest is missing")
         size = os.path.getsize(path)

@@ -44,7 +44,9 @@ class CheckpointingMixin:
         invalid = [
             f"item {index} ({type(obj).__name__})"
             for index, obj in enumerate(objects)
-            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))
+            if not (
+                callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+            )
         ]
         if invalid:
             raise ValueError(
@@ -98,8 +100,12 @@ class CheckpointingMixin:
         return self.state.collectives.all_gather_object(value)
 
     # -- save ----------------------------------------------------------------------------------------------
-    def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
-                   **save_model_func_kwargs: Any) -> str:
+    def save_state(
+        self,
+        output_dir: str | os.PathLike | None = None,
+        safe_serialization: bool = True,
+        **save_model_func_kwargs: Any,
+    ) -> str:
         """Save models, optimizers, schedulers, GradScaler, RNG states, data loader positions and registered
         objects into one folder, atomically; returns the folder. ``save_model_func_kwargs`` are passed on to
         backends that take them (``accelerator._save_model_func_kwargs``)."""
@@ -129,8 +135,12 @@ class CheckpointingMixin:
         self._save_model_func_kwargs = save_model_func_kwargs
         try:
             written = self._plugins.first(
-                "save_state", output_dir=temporary, accelerator=self, models=models_to_save,
-                optimizers=list(self._optimizers), schedulers=list(self._schedulers),
+                "save_state",
+                output_dir=temporary,
+                accelerator=self,
+                models=models_to_save,
+                optimizers=list(self._optimizers),
+                schedulers=list(self._schedulers),
                 safe_serialization=safe_serialization,
             )
         finally:
@@ -145,9 +155,12 @@ class CheckpointingMixin:
         for part in self._gather(take_records(temporary)):
             records.update(part)
         if writer:
-            metadata = {"step": self.step, "num_processes": self.num_processes,
-                        "iteration": self.project_configuration.iteration,
-                        "safe_serialization": safe_serialization}
+            metadata = {
+                "step": self.step,
+                "num_processes": self.num_processes,
+                "iteration": self.project_configuration.iteration,
+                "safe_serialization": safe_serialization,
+            }
             manifests.write_manifest(temporary, records, metadata)
             manifests.seal(temporary, location)
             limit = self.project_configuration.total_limit
@@ -176,8 +189,12 @@ class CheckpointingMixin:
             return input_dir, {}
         return input_dir, manifests.verify(input_dir).get("metadata", {})
 
-    def load_state(self, input_dir: str | os.PathLike | None = None, load_kwargs: dict[str, Any] | None = None,
-                   **load_model_func_kwargs: Any) -> str:
+    def load_state(
+        self,
+        input_dir: str | os.PathLike | None = None,
+        load_kwargs: dict[str, Any] | None = None,
+        **load_model_func_kwargs: Any,
+    ) -> str:
         """Restore everything :meth:`save_state` wrote; returns the folder loaded.
 
         With no ``input_dir``, picks the newest complete ``project_dir/checkpoints/checkpoint_<n>``
@@ -216,8 +233,13 @@ class CheckpointingMixin:
         self._checkpoint_load_kwargs = dict(load_kwargs or {})
         try:
             loaded = self._plugins.first(
-                "load_state", input_dir=location, accelerator=self, models=models,
-                optimizers=list(self._optimizers), schedulers=list(self._schedulers), map_location=map_location,
+                "load_state",
+                input_dir=location,
+                accelerator=self,
+                models=models,
+                optimizers=list(self._optimizers),
+                schedulers=list(self._schedulers),
+                map_location=map_location,
             )
             if not loaded:
                 raise CheckpointError("no plugin loaded the checkpoint (every load_state hook returned None)")
@@ -228,8 +250,11 @@ class CheckpointingMixin:
             self.step = int(metadata["step"])
         number = manifests.checkpoint_number(location)
         config = self.project_configuration
-        if config.automatic_checkpoint_naming and number is not None and config.project_dir is not None and (
-            os.path.dirname(location) == os.path.abspath(self._checkpoints_root())
+        if (
+            config.automatic_checkpoint_naming
+            and number is not None
+            and config.project_dir is not None
+            and (os.path.dirname(location) == os.path.abspath(self._checkpoints_root()))
         ):
             config.iteration = number + 1
         return location
@@ -250,8 +275,13 @@ class CheckpointingMixin:
             model = self.unwrap_model(model)
         return model.state_dict()
 
-    def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike,
-                   max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
         """Write ``model``'s weights (wrapped or not) into ``save_directory`` for ``load_checkpoint_in_model``
         or transformers: ``model.safetensors``, or shards of at most ``max_shard_size`` with
         ``model.safetensors.index.json`` (``pytorch_model*.bin`` names without ``safe_serialization``)."""
@@ -265,8 +295,12 @@ class CheckpointingMixin:
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
         """``torch.save`` (or safetensors for a dict of tensors) once per machine set, atomically: the main
         process writes, or every machine's local main process with ``save_on_each_node``."""
-        save(obj, f, save_on_each_node=self.project_configuration.save_on_each_node,
-             safe_serialization=safe_serialization)
+        save(
+            obj,
+            f,
+            save_on_each_node=self.project_configuration.save_on_each_node,
+            safe_serialization=safe_serialization,
+        )
 
 
 def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:

@@ -19,6 +19,7 @@ from drivetrain.checkpoint.serialization import (
     save_safetensors_atomically,
 )
 from drivetrain.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+from drivetrain.progress import track
 
 
 def _shard_name(base: str, index: int, count: int) -> str:
@@ -33,8 +34,12 @@ def _stale_weight_files(directory: str, base: str, keep: set[str]) -> list[str]:
     return [name for name in os.listdir(directory) if pattern.match(name) and name not in keep]
 
 
-def write_model_files(state_dict: dict[str, torch.Tensor], directory: str, max_shard_size: int | str = "10GB",
-                      safe_serialization: bool = True) -> list[str]:
+def write_model_files(
+    state_dict: dict[str, torch.Tensor],
+    directory: str,
+    max_shard_size: int | str = "10GB",
+    safe_serialization: bool = True,
+) -> list[str]:
     """Write ``state_dict`` into ``directory`` as one file or as shards with an index; returns the weight
     files written. Each file is replaced atomically; the index is written after its shards."""
     limit = parse_size(max_shard_size)
@@ -49,13 +54,15 @@ def write_model_files(state_dict: dict[str, torch.Tensor], directory: str, max_s
         base, index_name = WEIGHTS_NAME, WEIGHTS_INDEX_NAME
     shards = plan_shards(tensors, limit)
     names = [base] if len(shards) == 1 else [_shard_name(base, i, len(shards)) for i in range(len(shards))]
-    for name, keys in zip(names, shards):
+    for name, keys in track(list(zip(names, shards)), "writing model weights", unit="file"):
         shard = {key: tensors[key] for key in keys}
         path = os.path.join(directory, name)
         if safe_serialization:
             save_safetensors_atomically(shard, path)
         else:
-            atomic_write(path, lambda out, shard=shard: torch.save({k: v.cpu() for k, v in shard.items()}, out))
+            atomic_write(
+                path, lambda out, shard=shard: torch.save({k: v.cpu() for k, v in shard.items()}, out)
+            )
     index_path = os.path.join(directory, index_name)
     if len(shards) > 1:
         total = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -69,4 +76,3 @@ def write_model_files(state_dict: dict[str, torch.Tensor], directory: str, max_s
     for stale in _stale_weight_files(directory, base, set(names)):
         os.remove(os.path.join(directory, stale))
     return names
-

@@ -22,10 +22,22 @@ from drivetrain.checkpoint.files import durable_writer
 from drivetrain.errors import CheckpointError
 
 _SAFETENSORS_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
-    torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64", torch.complex64: "C64",
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.uint16: "U16",
+    torch.uint32: "U32",
+    torch.uint64: "U64",
+    torch.complex64: "C64",
 }
 
 #: How the opt-out of safe unpickling is spelled in errors and docs.
@@ -34,11 +46,19 @@ UNSAFE_OPT_OUT = "load_kwargs={'weights_only': False}"
 
 def _storage_key(tensor: torch.Tensor) -> tuple[Any, ...]:
     """Identity of the memory a tensor views: tensors with equal keys are the same weight (tied)."""
-    return (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
-            tuple(tensor.stride()), tensor.dtype)
+    return (
+        tensor.device,
+        tensor.untyped_storage().data_ptr(),
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+    )
 
 
-def deduplicate_shared(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def deduplicate_shared(
+    state_dict: Mapping[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Drop the second and later names of tensors that are the same memory (tied weights).
 
     Returns the tensors to write and ``{dropped_name: kept_name}``. Tensors that overlap without being
@@ -91,8 +111,11 @@ def save_safetensors(
         if tensor.dtype not in _SAFETENSORS_DTYPES:
             raise CheckpointError(f"tensor {name!r} has dtype {tensor.dtype}, which safetensors cannot store")
         nbytes = tensor.numel() * tensor.element_size()
-        header[name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + nbytes]}
+        header[name] = {
+            "dtype": _SAFETENSORS_DTYPES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
         offset += nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # the data section starts 8-byte aligned, as safetensors writes it
@@ -157,7 +180,9 @@ def load_safetensors_into_module(module: torch.nn.Module, paths: Iterable[str], 
                         continue
                     source = handle.get_tensor(name)
                     if source.shape != target.shape:
-                        mismatched.append(f"{name}: checkpoint {tuple(source.shape)}, model {tuple(target.shape)}")
+                        mismatched.append(
+                            f"{name}: checkpoint {tuple(source.shape)}, model {tuple(target.shape)}"
+                        )
                         continue
                     target.copy_(source)
                     loaded.update(groups.get(name, [name]))
@@ -170,8 +195,9 @@ def load_safetensors_into_module(module: torch.nn.Module, paths: Iterable[str], 
     if strict and unexpected:
         problems.append(f"unexpected keys {unexpected[:10]}{' ...' if len(unexpected) > 10 else ''}")
     if problems:
-        raise CheckpointError(f"cannot load {', '.join(paths)} into "
-                              f"{type(module).__name__}: " + "; ".join(problems))
+        raise CheckpointError(
+            f"cannot load {', '.join(paths)} into {type(module).__name__}: " + "; ".join(problems)
+        )
 
 
 def _numpy_safe_globals() -> list[Any]:
@@ -207,8 +233,17 @@ def safe_load(path: str, map_location: Any = None, weights_only: bool = True, **
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B)\s*$", re.IGNORECASE)
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 def parse_size(size: int | str) -> int:

@@ -30,6 +30,7 @@ from drivetrain.constants import (
     WEIGHTS_NAME,
 )
 from drivetrain.errors import CheckpointError
+from drivetrain.progress import track
 
 DATALOADER_STATE_NAME = "dl_state_dict"
 CUSTOM_OBJECT_NAME = "custom_checkpoint"
@@ -106,13 +107,19 @@ def write_model_weights(state_dict: dict[str, torch.Tensor], path: str, safe_ser
         torch_save_durable(state_dict, path)
 
 
-def write_training_objects(output_dir: str, models: list, optimizers: list, schedulers: list,
-                           safe_serialization: bool, accelerator: Any) -> None:
+def write_training_objects(
+    output_dir: str,
+    models: list,
+    optimizers: list,
+    schedulers: list,
+    safe_serialization: bool,
+    accelerator: Any,
+) -> None:
     """The reference backend's ``save_state``: every model, optimizer and scheduler, written by the process
     that writes shared files (all processes hold the same replicated state)."""
     if not writes_shared_files(accelerator):
         return
-    for index, model in enumerate(models):
+    for index, model in track(list(enumerate(models)), "checkpoint models", unit="model"):
         path = os.path.join(output_dir, model_file_name(index, safe_serialization))
         write_model_weights(_state_dict_to_save(model, accelerator), path, safe_serialization)
     for index, optimizer in enumerate(optimizers):
@@ -123,13 +130,16 @@ def write_training_objects(output_dir: str, models: list, optimizers: list, sche
 
 def _require(path: str, what: str) -> str:
     if not os.path.isfile(path):
-        raise CheckpointError(f"{path} not found: the checkpoint has no {what} (was it saved with the same "
-                              "number of prepared objects?)")
+        raise CheckpointError(
+            f"{path} not found: the checkpoint has no {what} (was it saved with the same "
+            "number of prepared objects?)"
+        )
     return path
 
 
-def read_model_weights(model: torch.nn.Module, input_dir: str, index: int, map_location: Any,
-                       load_kwargs: dict[str, Any]) -> None:
+def read_model_weights(
+    model: torch.nn.Module, input_dir: str, index: int, map_location: Any, load_kwargs: dict[str, Any]
+) -> None:
     """Load model ``index`` of a checkpoint folder, from safetensors when present, else from the pickle."""
     safe_path = os.path.join(input_dir, model_file_name(index, True))
     if os.path.isfile(safe_path):
@@ -139,11 +149,12 @@ def read_model_weights(model: torch.nn.Module, input_dir: str, index: int, map_l
     model.load_state_dict(safe_load(path, map_location=map_location, **load_kwargs))
 
 
-def read_training_objects(input_dir: str, models: list, optimizers: list, schedulers: list, map_location: Any,
-                          accelerator: Any) -> None:
+def read_training_objects(
+    input_dir: str, models: list, optimizers: list, schedulers: list, map_location: Any, accelerator: Any
+) -> None:
     """The reference backend's ``load_state``: every model, optimizer and scheduler, on every process."""
     load_kwargs = _load_kwargs(accelerator)
-    for index, model in enumerate(models):
+    for index, model in track(list(enumerate(models)), "checkpoint models", unit="model"):
         unwrapped = accelerator.unwrap_model(model) if hasattr(accelerator, "unwrap_model") else model
         read_model_weights(unwrapped, input_dir, index, map_location, load_kwargs)
     for index, optimizer in enumerate(optimizers):
@@ -159,7 +170,9 @@ def write_kernel_objects(output_dir: str, accelerator: Any) -> None:
     GradScaler, each prepared data loader's position and each registered object."""
     from drivetrain.random import capture_rng_state
 
-    torch_save_durable(capture_rng_state(), os.path.join(output_dir, rng_file_name(accelerator.process_index)))
+    torch_save_durable(
+        capture_rng_state(), os.path.join(output_dir, rng_file_name(accelerator.process_index))
+    )
     if not writes_shared_files(accelerator):
         return
     if accelerator.scaler is not None:
@@ -194,5 +207,7 @@ def read_kernel_objects(input_dir: str, accelerator: Any, map_location: Any) -> 
         # Resuming under more processes than saved: the extra ranks keep their seeded state.
         import warnings
 
-        warnings.warn(f"{rng_path} not found: process {accelerator.process_index} keeps its current RNG state",
-                      stacklevel=3)
+        warnings.warn(
+            f"{rng_path} not found: process {accelerator.process_index} keeps its current RNG state",
+            stacklevel=3,
+        )

@@ -23,15 +23,23 @@ HELP = "Create the config file `drivetrain launch` reads (questions; or `default
 
 
 def register_parser(parser: argparse.ArgumentParser) -> None:
-    add_option(parser, "--config_file", metavar="PATH", help=f"where to write (default: {default_config_path()})")
+    add_option(
+        parser, "--config_file", metavar="PATH", help=f"where to write (default: {default_config_path()})"
+    )
     sub = parser.add_subparsers(dest="config_command", metavar="{default,update}", title="subcommands")
-    default = sub.add_parser("default", help="write a basic config for this machine without questions",
-                             description="Write a basic config for this machine without questions.")
+    default = sub.add_parser(
+        "default",
+        help="write a basic config for this machine without questions",
+        description="Write a basic config for this machine without questions.",
+    )
     add_option(default, "--config_file", metavar="PATH", help="where to write")
     add_option(default, "--mixed_precision", choices=PRECISIONS, default="no", help="precision to record")
     add_option(default, "--overwrite", action="store_true", help="replace an existing file")
-    update = sub.add_parser("update", help="rewrite an existing (or Accelerate) config file in drivetrain's format",
-                            description="Rewrite an existing config file (also Accelerate's) in drivetrain's format.")
+    update = sub.add_parser(
+        "update",
+        help="rewrite an existing (or Accelerate) config file in drivetrain's format",
+        description="Rewrite an existing config file (also Accelerate's) in drivetrain's format.",
+    )
     add_option(update, "--config_file", metavar="PATH", help="the file to update")
 
 
@@ -86,25 +94,35 @@ def questionnaire(questions: Questions) -> dict[str, Any]:
         return answer
 
     values: dict[str, Any] = {}
-    chosen = questions.ask(f"Distribution backend ({', '.join(['automatic', *backends])})", backend, "automatic")
+    chosen = questions.ask(
+        f"Distribution backend ({', '.join(['automatic', *backends])})", backend, "automatic"
+    )
     if chosen:
         values["backend"] = chosen
     machines = questions.ask("How many machines", _key("num_machines"), 1)
     if machines > 1:
         values["num_machines"] = machines
-        values["machine_rank"] = questions.ask("Rank of this machine (0 on the main one)",
-                                               _key("machine_rank"), 0)
-        values["main_process_ip"] = questions.ask("IP address of the machine of rank 0", _key("main_process_ip"))
-        values["main_process_port"] = questions.ask("Port on the machine of rank 0", _key("main_process_port"), 29500)
-        rdzv = questions.ask(f"Rendezvous backend ({'/'.join(RDZV_BACKENDS)})", _key("rdzv_backend"), "static")
+        values["machine_rank"] = questions.ask(
+            "Rank of this machine (0 on the main one)", _key("machine_rank"), 0
+        )
+        values["main_process_ip"] = questions.ask(
+            "IP address of the machine of rank 0", _key("main_process_ip")
+        )
+        values["main_process_port"] = questions.ask(
+            "Port on the machine of rank 0", _key("main_process_port"), 29500
+        )
+        rdzv = questions.ask(
+            f"Rendezvous backend ({'/'.join(RDZV_BACKENDS)})", _key("rdzv_backend"), "static"
+        )
         if rdzv != "static":
             values["rdzv_backend"] = rdzv
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if questions.ask("Compute on the CPU only (yes/no)", _key("use_cpu"), "no" if gpus else "yes"):
         values["use_cpu"] = True
         gpus = 0
-    values["num_processes"] = questions.ask("How many processes in total (all machines)", _key("num_processes"),
-                                            max(gpus, 1) * machines)
+    values["num_processes"] = questions.ask(
+        "How many processes in total (all machines)", _key("num_processes"), max(gpus, 1) * machines
+    )
     precision = questions.ask(f"Mixed precision ({'/'.join(PRECISIONS)})", _key("mixed_precision"), "no")
     if precision != "no":
         values["mixed_precision"] = precision
@@ -123,8 +141,10 @@ def run(args: argparse.Namespace) -> int:
         from pathlib import Path
 
         if Path(target).exists() and not args.overwrite:
-            raise UsageError(f"config file {target} already exists; pass --overwrite to replace it, or run "
-                             "`drivetrain config update`")
+            raise UsageError(
+                f"config file {target} already exists; pass --overwrite to replace it, or run "
+                "`drivetrain config update`"
+            )
         path = save_config(basic_config(args.mixed_precision), target)
         print(f"drivetrain config saved at {path}")
         return 0

@@ -46,7 +46,9 @@ def collect(config_file: str | None) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "memory_gib": _memory_gib(),
         "cuda_available": cuda,
-        "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
+        "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if cuda
+        else [],
         "config_file": str(config.path) if config.path else None,
         "config_file_searched": str(config_file or default_config_path()),
         "config_format": config.format if config.path else None,
@@ -81,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
     lines.append("- Plugins:")
     for entry in report["plugins"]:
         state = "ok" if entry["available"] else f"unavailable ({entry['problem']})"
-        lines.append(f"\t- {entry['name']} ({entry['distribution']} {entry['version']}, {entry['kind']}): {state}")
+        lines.append(
+            f"\t- {entry['name']} ({entry['distribution']} {entry['version']}, {entry['kind']}): {state}"
+        )
     if report["config_file"]:
         lines.append(f"- Config file: {report['config_file']} ({report['config_format']} format)")
         for key, value in report["config"].items():

@@ -26,12 +26,26 @@ ADAM_FACTOR = 4
 
 def register_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_name", help="model folder, config.json, module:Class, or a cached model name")
-    add_option(parser, "--library_name", choices=("transformers", "timm"),
-               help="library of a model given by name (default: transformers, then timm)")
-    add_option(parser, "--dtypes", nargs="+", choices=list(DTYPE_BYTES), metavar="DTYPE",
-               help=f"dtypes to show ({', '.join(DTYPE_BYTES)}; default: {' '.join(DEFAULT_DTYPES)})")
-    add_option(parser, "--trust_remote_code", action="store_true",
-               help="allow a transformers model's own modeling code (only for code you trust)")
+    add_option(
+        parser,
+        "--library_name",
+        choices=("transformers", "timm"),
+        help="library of a model given by name (default: transformers, then timm)",
+    )
+    add_option(
+        parser,
+        "--dtypes",
+        nargs="+",
+        choices=list(DTYPE_BYTES),
+        metavar="DTYPE",
+        help=f"dtypes to show ({', '.join(DTYPE_BYTES)}; default: {' '.join(DEFAULT_DTYPES)})",
+    )
+    add_option(
+        parser,
+        "--trust_remote_code",
+        action="store_true",
+        help="allow a transformers model's own modeling code (only for code you trust)",
+    )
     add_option(parser, "--json", action="store_true", help="print JSON")
 
 
@@ -73,13 +87,14 @@ def build_model(name: str, library: str | None = None, trust_remote_code: bool =
             except TypeError as exc:
                 raise UsageError(f"{name}: cannot build it without arguments ({exc})") from None
     tried = []
-    for candidate in ([library] if library else ["transformers", "timm"]):
+    for candidate in [library] if library else ["transformers", "timm"]:
         try:
             if candidate == "transformers":
                 transformers = _import("transformers", f"--library_name transformers for {name}")
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-                config = transformers.AutoConfig.from_pretrained(name, local_files_only=True,
-                                                                 trust_remote_code=trust_remote_code)
+                config = transformers.AutoConfig.from_pretrained(
+                    name, local_files_only=True, trust_remote_code=trust_remote_code
+                )
                 return _from_transformers_config(config, trust_remote_code)
             timm = _import("timm", f"--library_name timm for {name}")
             with _meta():
@@ -88,8 +103,10 @@ def build_model(name: str, library: str | None = None, trust_remote_code: bool =
             tried.append(str(exc))
         except Exception as exc:
             tried.append(f"{candidate}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-    raise UsageError(f"{name!r} is not a local folder, a config.json, a module:Class, or a model available "
-                     f"offline ({'; '.join(tried)})")
+    raise UsageError(
+        f"{name!r} is not a local folder, a config.json, a module:Class, or a model available "
+        f"offline ({'; '.join(tried)})"
+    )
 
 
 def _import(module: str, why: str) -> Any:
@@ -136,8 +153,14 @@ def estimate(model: Any, dtypes: tuple[str, ...] | list[str] = DEFAULT_DTYPES) -
     rows = []
     for dtype in dtypes:
         size = DTYPE_BYTES[dtype]
-        rows.append({"dtype": dtype, "largest_layer": largest * size, "total_size": total * size,
-                     "training_adam": total * size * ADAM_FACTOR})
+        rows.append(
+            {
+                "dtype": dtype,
+                "largest_layer": largest * size,
+                "total_size": total * size,
+                "training_adam": total * size * ADAM_FACTOR,
+            }
+        )
     return rows
 
 
@@ -152,15 +175,29 @@ def convert_bytes(size: float) -> str:
 
 def format_table(name: str, rows: list[dict[str, Any]]) -> str:
     header = ("dtype", "Largest Layer", "Total Size", "Training using Adam")
-    cells = [(r["dtype"], convert_bytes(r["largest_layer"]), convert_bytes(r["total_size"]),
-              convert_bytes(r["training_adam"])) for r in rows]
+    cells = [
+        (
+            r["dtype"],
+            convert_bytes(r["largest_layer"]),
+            convert_bytes(r["total_size"]),
+            convert_bytes(r["training_adam"]),
+        )
+        for r in rows
+    ]
     widths = [max(len(header[i]), *(len(c[i]) for c in cells)) for i in range(4)]
 
     def line(values: tuple[str, ...]) -> str:
         return "| " + " | ".join(v.ljust(w) for v, w in zip(values, widths)) + " |"
 
-    return "\n".join([f"Memory Usage for loading `{name}`:", "", line(header),
-                      "|" + "|".join("-" * (w + 2) for w in widths) + "|", *(line(c) for c in cells)])
+    return "\n".join(
+        [
+            f"Memory Usage for loading `{name}`:",
+            "",
+            line(header),
+            "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+            *(line(c) for c in cells),
+        ]
+    )
 
 
 def run(args: argparse.Namespace) -> int:

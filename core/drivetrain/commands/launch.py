@@ -53,64 +53,159 @@ EXPORTED = {
 # -- the parser ------------------------------------------------------------------------------------------------
 def register_parser(parser: argparse.ArgumentParser) -> None:
     script = parser.add_argument_group("script")
-    script.add_argument("training_script", help="the script to run (a module name with -m, a program with "
-                        "--no_python), then its own arguments")
+    script.add_argument(
+        "training_script",
+        help="the script to run (a module name with -m, a program with --no_python), then its own arguments",
+    )
     script.add_argument("training_script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    add_option(script, "-m", "--module", action="store_true",
-               help="run the script as a Python module, like `python -m`")
-    add_option(script, "--no_python", action="store_true",
-               help="run the script directly, without `python` in front (any program)")
-    add_option(script, "--config_file", metavar="PATH",
-               help="config file with the default values (default: the one `drivetrain config` wrote)")
-    add_option(script, "--env", action="append", default=[], metavar="KEY=VALUE",
-               help="set an environment variable in every process (repeatable)")
-    add_option(script, "--debug", action="store_true", default=None,
-               help="debug mode: check collectives' shapes across processes, show full launcher errors")
+    add_option(
+        script,
+        "-m",
+        "--module",
+        action="store_true",
+        help="run the script as a Python module, like `python -m`",
+    )
+    add_option(
+        script,
+        "--no_python",
+        action="store_true",
+        help="run the script directly, without `python` in front (any program)",
+    )
+    add_option(
+        script,
+        "--config_file",
+        metavar="PATH",
+        help="config file with the default values (default: the one `drivetrain config` wrote)",
+    )
+    add_option(
+        script,
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set an environment variable in every process (repeatable)",
+    )
+    add_option(
+        script,
+        "--debug",
+        action="store_true",
+        default=None,
+        help="debug mode: check collectives' shapes across processes, show full launcher errors",
+    )
     add_option(script, "-q", "--quiet", action="store_true", help="no start banner")
 
     hardware = parser.add_argument_group("hardware and backend")
-    add_option(hardware, "--backend", metavar="NAME", help="distribution backend plugin (default: `local` for "
-               "one process, the installed multi-process backend for several)")
-    add_option(hardware, "--cpu", action="store_true", default=None, help="compute on the CPU even if a GPU is there")
+    add_option(
+        hardware,
+        "--backend",
+        metavar="NAME",
+        help="distribution backend plugin (default: `local` for "
+        "one process, the installed multi-process backend for several)",
+    )
+    add_option(
+        hardware, "--cpu", action="store_true", default=None, help="compute on the CPU even if a GPU is there"
+    )
     add_option(hardware, "--multi_gpu", action="store_true", help="Accelerate's flag; processes use the GPUs")
     for flag, backend in ACCELERATE_BACKEND_FLAGS.items():
-        add_option(hardware, f"--{flag}", action="store_true", help=f"Accelerate's flag: same as --backend {backend}")
+        add_option(
+            hardware, f"--{flag}", action="store_true", help=f"Accelerate's flag: same as --backend {backend}"
+        )
     add_option(hardware, "--gpu_ids", metavar="IDS", help="comma-separated GPU ids to use on this machine")
 
     resources = parser.add_argument_group("processes and precision")
-    add_option(resources, "--num_processes", type=_int_option("--num_processes", 1), metavar="N",
-               help="total processes over all machines (default: one per GPU, else 1)")
-    add_option(resources, "--mixed_precision", type=_choice_option("--mixed_precision", PRECISIONS),
-               metavar="{" + ",".join(PRECISIONS) + "}", help="mixed precision mode")
-    add_option(resources, "--gradient_accumulation_steps", type=_int_option("--gradient_accumulation_steps", 1),
-               metavar="N", help="steps to accumulate gradients over")
+    add_option(
+        resources,
+        "--num_processes",
+        type=_int_option("--num_processes", 1),
+        metavar="N",
+        help="total processes over all machines (default: one per GPU, else 1)",
+    )
+    add_option(
+        resources,
+        "--mixed_precision",
+        type=_choice_option("--mixed_precision", PRECISIONS),
+        metavar="{" + ",".join(PRECISIONS) + "}",
+        help="mixed precision mode",
+    )
+    add_option(
+        resources,
+        "--gradient_accumulation_steps",
+        type=_int_option("--gradient_accumulation_steps", 1),
+        metavar="N",
+        help="steps to accumulate gradients over",
+    )
     add_option(resources, "--dynamo_backend", metavar="NAME", help="torch.compile backend (e.g. inductor)")
-    add_option(resources, "--num_cpu_threads_per_process", type=_int_option("--num_cpu_threads_per_process", 1),
-               metavar="N", help="OMP_NUM_THREADS of each process")
+    add_option(
+        resources,
+        "--num_cpu_threads_per_process",
+        type=_int_option("--num_cpu_threads_per_process", 1),
+        metavar="N",
+        help="OMP_NUM_THREADS of each process",
+    )
 
     machines = parser.add_argument_group("multi-node (read from SLURM inside srun when unset)")
-    add_option(machines, "--num_machines", type=_int_option("--num_machines", 1), metavar="M",
-               help="number of machines (default 1)")
-    add_option(machines, "--machine_rank", type=_int_option("--machine_rank", 0), metavar="R",
-               help="this machine's rank, 0 on the main machine")
+    add_option(
+        machines,
+        "--num_machines",
+        type=_int_option("--num_machines", 1),
+        metavar="M",
+        help="number of machines (default 1)",
+    )
+    add_option(
+        machines,
+        "--machine_rank",
+        type=_int_option("--machine_rank", 0),
+        metavar="R",
+        help="this machine's rank, 0 on the main machine",
+    )
     add_option(machines, "--main_process_ip", metavar="IP", help="address of the machine of rank 0")
-    add_option(machines, "--main_process_port", type=_int_option("--main_process_port", 1, 65535), metavar="PORT",
-               help=f"port on the main machine (default: a free port on one machine, {DEFAULT_MULTI_NODE_PORT} on several)")
-    add_option(machines, "--rdzv_backend", type=_choice_option("--rdzv_backend", RDZV_BACKENDS),
-               metavar="{static,c10d}", help="rendezvous: c10d (default on one machine or with --max_restarts) or static (fixed "
-               "ranks, default on several machines)")
+    add_option(
+        machines,
+        "--main_process_port",
+        type=_int_option("--main_process_port", 1, 65535),
+        metavar="PORT",
+        help=f"port on the main machine (default: a free port on one machine, {DEFAULT_MULTI_NODE_PORT} on several)",
+    )
+    add_option(
+        machines,
+        "--rdzv_backend",
+        type=_choice_option("--rdzv_backend", RDZV_BACKENDS),
+        metavar="{static,c10d}",
+        help="rendezvous: c10d (default on one machine or with --max_restarts) or static (fixed "
+        "ranks, default on several machines)",
+    )
     add_option(machines, "--rdzv_conf", metavar="K=V,...", help="extra rendezvous settings")
-    add_option(machines, "--same_network", action="store_true", default=None,
-               help="Accelerate's flag: all machines are on one network (informational)")
+    add_option(
+        machines,
+        "--same_network",
+        action="store_true",
+        default=None,
+        help="Accelerate's flag: all machines are on one network (informational)",
+    )
 
     faults = parser.add_argument_group("fault tolerance and logs")
-    add_option(faults, "--max_restarts", type=_int_option("--max_restarts", 0), metavar="N",
-               help="restart the whole process group up to N times when a process fails (default 0)")
-    add_option(faults, "--monitor_interval", type=_float_option("--monitor_interval"), metavar="SECONDS",
-               help="how often the launcher checks on the processes (default 0.1)")
+    add_option(
+        faults,
+        "--max_restarts",
+        type=_int_option("--max_restarts", 0),
+        metavar="N",
+        help="restart the whole process group up to N times when a process fails (default 0)",
+    )
+    add_option(
+        faults,
+        "--monitor_interval",
+        type=_float_option("--monitor_interval"),
+        metavar="SECONDS",
+        help="how often the launcher checks on the processes (default 0.1)",
+    )
     add_option(faults, "--role", metavar="NAME", help="name of the worker role in launcher logs")
-    add_option(faults, "-t", "--tee", metavar="{0,1,2,3}", help="also copy process stdout(1)/stderr(2)/both(3) "
-               "to files under --log_dir")
+    add_option(
+        faults,
+        "-t",
+        "--tee",
+        metavar="{0,1,2,3}",
+        help="also copy process stdout(1)/stderr(2)/both(3) to files under --log_dir",
+    )
     add_option(faults, "--log_dir", metavar="DIR", help="directory for the launcher's per-process log files")
 
     _add_plugin_options(parser)
@@ -275,7 +370,9 @@ def _automatic_backend(world_size: int) -> str:
     if world_size <= 1:
         return REFERENCE_BACKEND
     manager = get_plugin_manager()
-    candidates = sorted(n for n in manager.plugins_of_kind("backend") if manager.info(n).select_for_multiprocess)
+    candidates = sorted(
+        n for n in manager.plugins_of_kind("backend") if manager.info(n).select_for_multiprocess
+    )
     if not candidates:
         raise UsageError(
             f"{world_size} processes need a multi-process backend, and none is installed "
@@ -290,7 +387,9 @@ def resolve_plan(args: argparse.Namespace, environ: dict[str, str] | None = None
     config: ConfigFile = load_config(args.config_file)
     slurm = slurm_settings(environ)
 
-    flag_backends = [backend for flag, backend in ACCELERATE_BACKEND_FLAGS.items() if getattr(args, flag, False)]
+    flag_backends = [
+        backend for flag, backend in ACCELERATE_BACKEND_FLAGS.items() if getattr(args, flag, False)
+    ]
     if args.backend is not None:
         flag_backends.insert(0, args.backend)
     if len(set(flag_backends)) > 1:
@@ -301,10 +400,23 @@ def resolve_plan(args: argparse.Namespace, environ: dict[str, str] | None = None
         "use_cpu": args.cpu,
         "debug": args.debug,
     }
-    for key in ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port",
-                "rdzv_backend", "rdzv_conf", "max_restarts", "monitor_interval", "mixed_precision",
-                "gradient_accumulation_steps", "dynamo_backend", "gpu_ids", "num_cpu_threads_per_process",
-                "same_network"):
+    for key in (
+        "num_processes",
+        "num_machines",
+        "machine_rank",
+        "main_process_ip",
+        "main_process_port",
+        "rdzv_backend",
+        "rdzv_conf",
+        "max_restarts",
+        "monitor_interval",
+        "mixed_precision",
+        "gradient_accumulation_steps",
+        "dynamo_backend",
+        "gpu_ids",
+        "num_cpu_threads_per_process",
+        "same_network",
+    ):
         flags[key] = getattr(args, key)
     if flags["dynamo_backend"] is not None:
         try:
@@ -358,10 +470,14 @@ def resolve_plan(args: argparse.Namespace, environ: dict[str, str] | None = None
     max_restarts, _ = pick("max_restarts", 0)
     # A static rendezvous cannot form the group again after a failure; c10d can (torchrun --standalone
     # uses it on one machine too), so it is the default wherever it needs no extra setup or restarts are on.
-    rdzv_backend, rdzv_source = pick("rdzv_backend", "c10d" if num_machines == 1 or max_restarts else "static")
+    rdzv_backend, rdzv_source = pick(
+        "rdzv_backend", "c10d" if num_machines == 1 or max_restarts else "static"
+    )
     if rdzv_backend == "static" and max_restarts and rdzv_source != "default":
-        raise UsageError(f"--max_restarts {max_restarts} needs --rdzv_backend c10d: a static rendezvous cannot "
-                         "form the process group again after a failure")
+        raise UsageError(
+            f"--max_restarts {max_restarts} needs --rdzv_backend c10d: a static rendezvous cannot "
+            "form the process group again after a failure"
+        )
     monitor_interval, _ = pick("monitor_interval", 0.1)
 
     env = {str(k): str(v) for k, v in (config.get("env") or {}).items()}
@@ -430,8 +546,10 @@ def _check_plugin_options(plugin: str, values: dict[str, Any], backend: str) -> 
 
     if get_plugin_manager().info(plugin).kind == "backend" and plugin != backend:
         names = ", ".join("--" + dest for dest in values)
-        raise UsageError(f"{names}: option(s) of backend {plugin!r}, but the backend is {backend!r}; "
-                         f"add --backend {plugin}")
+        raise UsageError(
+            f"{names}: option(s) of backend {plugin!r}, but the backend is {backend!r}; "
+            f"add --backend {plugin}"
+        )
 
 
 # -- running -------------------------------------------------------------------------------------------------------
@@ -460,8 +578,11 @@ def torchrun_arguments(plan: LaunchPlan) -> list[str]:
         f"--monitor_interval={plan.monitor_interval}",
     ]
     if plan.rdzv_backend == "static":
-        argv += [f"--node_rank={plan.machine_rank}", f"--master_addr={plan.main_process_ip}",
-                 f"--master_port={plan.main_process_port}"]
+        argv += [
+            f"--node_rank={plan.machine_rank}",
+            f"--master_addr={plan.main_process_ip}",
+            f"--master_port={plan.main_process_port}",
+        ]
     else:
         run_id = os.environ.get("SLURM_JOB_ID", "drivetrain")
         argv += [f"--rdzv_endpoint={plan.main_process_ip}:{plan.main_process_port}", f"--rdzv_id={run_id}"]
@@ -486,8 +607,10 @@ def banner(plan: LaunchPlan) -> str:
     where = f", this is machine {plan.machine_rank}" if plan.num_machines > 1 else ""
     precision = plan.chosen.get("mixed_precision", "no (unless the script asks)")
     config = f", config {plan.config_path}" if plan.config_path else ""
-    return (f"drivetrain launch: backend {plan.backend_label}, {total} process{'es' if total > 1 else ''} on "
-            f"{machines} ({plan.nproc_per_node} here, {plan.device}){where}, precision {precision}{config}")
+    return (
+        f"drivetrain launch: backend {plan.backend_label}, {total} process{'es' if total > 1 else ''} on "
+        f"{machines} ({plan.nproc_per_node} here, {plan.device}){where}, precision {precision}{config}"
+    )
 
 
 def launch(plan: LaunchPlan, args: argparse.Namespace | None = None) -> int:
@@ -516,9 +639,13 @@ def launch(plan: LaunchPlan, args: argparse.Namespace | None = None) -> int:
             print(exc.format_msg(), file=sys.stderr)
         rank, failure = exc.get_first_failure()
         code = failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
-        print(error_line(f"process of global rank {rank} failed with exit code {failure.exitcode}; its error is "
-                         "printed above" + ("" if debug else " (--debug shows the launcher's report)")),
-              file=sys.stderr)
+        print(
+            error_line(
+                f"process of global rank {rank} failed with exit code {failure.exitcode}; its error is "
+                "printed above" + ("" if debug else " (--debug shows the launcher's report)")
+            ),
+            file=sys.stderr,
+        )
         return code
     return 0
 
@@ -534,8 +661,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="drivetrain launch", description=HELP,
-                            usage="drivetrain launch [options] script.py [script arguments]")
+    parser = ArgumentParser(
+        prog="drivetrain launch",
+        description=HELP,
+        usage="drivetrain launch [options] script.py [script arguments]",
+    )
     register_parser(parser)
     return parser
 

@@ -52,11 +52,21 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _format_action_invocation(self, action: argparse.Action) -> str:
         strings = action.option_strings
-        visible = [s for s in strings if not (s.startswith("--") and "--" + s[2:].replace("-", "_") in strings
-                                              and "-" in s[2:])]
+        visible = [
+            s
+            for s in strings
+            if not (s.startswith("--") and "--" + s[2:].replace("-", "_") in strings and "-" in s[2:])
+        ]
         if visible != strings:
-            action = argparse.Action(visible, action.dest, nargs=action.nargs, metavar=action.metavar,
-                                     help=action.help, default=action.default, required=action.required)
+            action = argparse.Action(
+                visible,
+                action.dest,
+                nargs=action.nargs,
+                metavar=action.metavar,
+                help=action.help,
+                default=action.default,
+                required=action.required,
+            )
         return super()._format_action_invocation(action)
 
 

@@ -12,8 +12,12 @@ HELP = "List installed plugins: distribution, kind, hooks, and whether their lib
 
 
 def register_parser(parser: argparse.ArgumentParser) -> None:
-    add_option(parser, "--all", action="store_true",
-               help="also show each plugin's description, capabilities and registered extensions")
+    add_option(
+        parser,
+        "--all",
+        action="store_true",
+        help="also show each plugin's description, capabilities and registered extensions",
+    )
     add_option(parser, "--hook", metavar="NAME", help="only plugins that implement this hook")
     add_option(parser, "--json", action="store_true", help="print JSON instead of a table")
 
@@ -87,9 +91,11 @@ def format_table(records: list[dict[str, Any]], detailed: bool) -> str:
             if entry["description"]:
                 lines.append(f"    {entry['description']}")
             caps = entry["capabilities"]
-            lines.append(f"    capabilities: multi_process={caps['multi_process']}, sharded_state="
-                         f"{caps['sharded_state']}, precisions={','.join(caps['precisions'])}, "
-                         f"devices={','.join(caps['devices'])}; contract {entry['contract']}")
+            lines.append(
+                f"    capabilities: multi_process={caps['multi_process']}, sharded_state="
+                f"{caps['sharded_state']}, precisions={','.join(caps['precisions'])}, "
+                f"devices={','.join(caps['devices'])}; contract {entry['contract']}"
+            )
             for label in ("commands", "trackers", "launchers"):
                 if entry[label]:
                     lines.append(f"    {label}: {', '.join(entry[label])}")

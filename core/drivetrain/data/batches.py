@@ -47,8 +47,9 @@ def batch_length(data: Any) -> int:
     return -1
 
 
-def slice_batch(data: Any, data_slice: slice, process_index: int | None = None,
-                num_processes: int | None = None) -> Any:
+def slice_batch(
+    data: Any, data_slice: slice, process_index: int | None = None, num_processes: int | None = None
+) -> Any:
     """``data`` restricted to the samples in ``data_slice`` (the default ``slice_fn_for_dispatch``)."""
     return _map(lambda leaf: leaf[data_slice], data)
 
@@ -63,9 +64,13 @@ def concatenate_batches(batches: list[Any]) -> Any:
     if _is_values(first):
         return honor_type(first, [value for batch in batches for value in batch])
     if isinstance(first, (list, tuple)):
-        return honor_type(first, [concatenate_batches([batch[i] for batch in batches]) for i in range(len(first))])
+        return honor_type(
+            first, [concatenate_batches([batch[i] for batch in batches]) for i in range(len(first))]
+        )
     if isinstance(first, Mapping):
-        return _rebuild_mapping(first, {key: concatenate_batches([batch[key] for batch in batches]) for key in first})
+        return _rebuild_mapping(
+            first, {key: concatenate_batches([batch[key] for batch in batches]) for key in first}
+        )
     return first
 
 
@@ -98,7 +103,9 @@ def _tensors_and_layout(data: Any, tensors: list[torch.Tensor]) -> Any:
     if isinstance(data, (list, tuple)):
         return honor_type(data, [_tensors_and_layout(item, tensors) for item in data])
     if isinstance(data, Mapping):
-        return _rebuild_mapping(data, {key: _tensors_and_layout(value, tensors) for key, value in data.items()})
+        return _rebuild_mapping(
+            data, {key: _tensors_and_layout(value, tensors) for key, value in data.items()}
+        )
     return data
 
 
@@ -124,8 +131,10 @@ def broadcast_batch(collectives: Any, data: Any, extra: Any, device: torch.devic
     else:
         slots: list[_TensorSlot] = []
         _collect_slots(layout, slots)
-        received = [collectives.broadcast(torch.empty(slot.shape, dtype=slot.dtype, device=device), src=0)
-                    for slot in slots]
+        received = [
+            collectives.broadcast(torch.empty(slot.shape, dtype=slot.dtype, device=device), src=0)
+            for slot in slots
+        ]
     return _fill(layout, received), extra
 
 

@@ -45,9 +45,11 @@ def _placer(device: torch.device | None, non_blocking: bool) -> Callable[[Any], 
     if device is None:
         return None
     if device.type == "cpu":
+
         def on_device(tensor: torch.Tensor) -> bool:
             return tensor.is_cpu
     else:
+
         def on_device(tensor: torch.Tensor) -> bool:
             return tensor.device == device
 
@@ -108,12 +110,25 @@ class _PreparedDataLoader(DataLoader):
     #: set on the StatefulDataLoader variants built by :func:`stateful_variant`
     _stateful = False
 
-    def __init__(self, dataset: Any, device: Any = None, rng_types: list[str] | None = None,
-                 synchronized_generator: torch.Generator | None = None, skip_batches: int = 0,
-                 non_blocking: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        device: Any = None,
+        rng_types: list[str] | None = None,
+        synchronized_generator: torch.Generator | None = None,
+        skip_batches: int = 0,
+        non_blocking: bool = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(dataset, **kwargs)
-        self._init_kwargs = dict(kwargs, dataset=dataset, device=device, rng_types=rng_types,
-                                 synchronized_generator=synchronized_generator, non_blocking=non_blocking)
+        self._init_kwargs = dict(
+            kwargs,
+            dataset=dataset,
+            device=device,
+            rng_types=rng_types,
+            synchronized_generator=synchronized_generator,
+            non_blocking=non_blocking,
+        )
         self.device = torch.device(device) if device is not None else None
         self.non_blocking = non_blocking
         self.synchronized_generator = synchronized_generator
@@ -134,7 +149,9 @@ class _PreparedDataLoader(DataLoader):
         self._indices: _EpochIndices | None = None
         if not isinstance(dataset, IterableDataset) and self.batch_sampler is not None:
             generator = generator_of(self.batch_sampler) or synchronized_generator
-            self._indices = _EpochIndices(self.batch_sampler, generator, skip_batches * self._index_batches_per_step)
+            self._indices = _EpochIndices(
+                self.batch_sampler, generator, skip_batches * self._index_batches_per_step
+            )
 
     # -- what DataLoader iterates ---------------------------------------------------------------------------
     @property
@@ -281,11 +298,15 @@ class _PreparedDataLoader(DataLoader):
         """Resume from :meth:`state_dict`: the next iteration starts at the sample after the last one used."""
         missing = {"epoch", "batches_yielded"} - set(state_dict)
         if missing:
-            raise CheckpointError(f"data loader state is missing {', '.join(sorted(missing))}; "
-                                  "it must come from a prepared loader's state_dict()")
+            raise CheckpointError(
+                f"data loader state is missing {', '.join(sorted(missing))}; "
+                "it must come from a prepared loader's state_dict()"
+            )
         for key in ("total_batch_size", "num_processes"):
-            saved, here = state_dict.get(key), (self.total_batch_size if key == "total_batch_size"
-                                                else getattr(self, "num_processes", 1))
+            saved, here = (
+                state_dict.get(key),
+                (self.total_batch_size if key == "total_batch_size" else getattr(self, "num_processes", 1)),
+            )
             if saved is not None and saved != here:
                 raise CheckpointError(
                     f"data loader state was saved with {key}={saved} but this loader has {key}={here}; "
@@ -332,8 +353,11 @@ class DataLoaderShard(_PreparedDataLoader):
     @property
     def num_processes(self) -> int:
         owner = self.batch_sampler if isinstance(self.batch_sampler, BatchSamplerShard) else self.dataset
-        return getattr(owner, "num_processes", 1) if isinstance(owner, (BatchSamplerShard,
-                                                                         IterableDatasetShard)) else 1
+        return (
+            getattr(owner, "num_processes", 1)
+            if isinstance(owner, (BatchSamplerShard, IterableDatasetShard))
+            else 1
+        )
 
     def _raw_batches(self, discard: int) -> Iterator[Any]:
         batches = super(_PreparedDataLoader, self).__iter__()
@@ -344,7 +368,11 @@ class DataLoaderShard(_PreparedDataLoader):
         real = getattr(source, "final_real_samples", None)
         if real is not None:
             return real
-        if isinstance(self.dataset, IterableDatasetShard) and self.num_workers > 0 and not self.dataset.drop_last:
+        if (
+            isinstance(self.dataset, IterableDatasetShard)
+            and self.num_workers > 0
+            and not self.dataset.drop_last
+        ):
             # The shard ran in worker processes; its count did not come back. Use the length where known.
             try:
                 rest = self.total_dataset_length % self.dataset.global_batch_size
@@ -360,8 +388,15 @@ class DataLoaderDispatcher(_PreparedDataLoader):
     keeps its slice. The last global batch is completed with samples from the first one so it divides
     evenly. Suits datasets that cannot be read in parallel (streams, iterable datasets)."""
 
-    def __init__(self, dataset: Any, split_batches: bool = False, num_processes: int | None = None,
-                 process_index: int | None = None, slice_fn: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        split_batches: bool = False,
+        num_processes: int | None = None,
+        process_index: int | None = None,
+        slice_fn: Any = None,
+        **kwargs: Any,
+    ) -> None:
         if num_processes is None or process_index is None:
             state = PartialState()
             num_processes, process_index = state.num_processes, state.process_index
@@ -369,8 +404,12 @@ class DataLoaderDispatcher(_PreparedDataLoader):
         self.num_processes = num_processes
         self.process_index = process_index
         super().__init__(dataset, **kwargs)
-        self._init_kwargs.update(split_batches=split_batches, num_processes=num_processes,
-                                 process_index=process_index, slice_fn=slice_fn)
+        self._init_kwargs.update(
+            split_batches=split_batches,
+            num_processes=num_processes,
+            process_index=process_index,
+            slice_fn=slice_fn,
+        )
         self.slice_fn = slice_fn if slice_fn is not None else slice_batch
         size = self._loader_batch_size
         if split_batches and size is not None and size % num_processes != 0:
@@ -381,7 +420,11 @@ class DataLoaderDispatcher(_PreparedDataLoader):
 
     @property
     def _loader_batch_size(self) -> int | None:
-        return self.batch_size if self.batch_size is not None else getattr(self.batch_sampler, "batch_size", None)
+        return (
+            self.batch_size
+            if self.batch_size is not None
+            else getattr(self.batch_sampler, "batch_size", None)
+        )
 
     @property
     def _drops_last(self) -> bool:
@@ -450,8 +493,9 @@ class DataLoaderDispatcher(_PreparedDataLoader):
             if info is None:
                 return
             share, self._final_real = info
-            yield self.slice_fn(batch, slice(rank * share, (rank + 1) * share), process_index=rank,
-                                num_processes=n)
+            yield self.slice_fn(
+                batch, slice(rank * share, (rank + 1) * share), process_index=rank, num_processes=n
+            )
 
 
 _STATEFUL_CLASSES: dict[type, type] = {}
@@ -466,6 +510,9 @@ def stateful_variant(cls: type) -> type:
             raise ImportError(
                 "use_stateful_dataloader=True needs torchdata's StatefulDataLoader: pip install 'torchdata>=0.8'"
             ) from error
-        _STATEFUL_CLASSES[cls] = type(cls.__name__, (cls, StatefulDataLoader),
-                                      {"_stateful": True, "__module__": cls.__module__, "__doc__": cls.__doc__})
+        _STATEFUL_CLASSES[cls] = type(
+            cls.__name__,
+            (cls, StatefulDataLoader),
+            {"_stateful": True, "__module__": cls.__module__, "__doc__": cls.__doc__},
+        )
     return _STATEFUL_CLASSES[cls]

@@ -36,8 +36,11 @@ _SAMPLING_ARGUMENTS = ("dataset", "batch_size", "shuffle", "sampler", "batch_sam
 
 def _loader_settings(dataloader: DataLoader) -> dict[str, Any]:
     """The DataLoader arguments (other than sampling) of ``dataloader``, to build its replacement with."""
-    names = [name for name in inspect.signature(DataLoader.__init__).parameters
-             if name not in ("self", *_SAMPLING_ARGUMENTS)]
+    names = [
+        name
+        for name in inspect.signature(DataLoader.__init__).parameters
+        if name not in ("self", *_SAMPLING_ARGUMENTS)
+    ]
     return {name: getattr(dataloader, name) for name in names if hasattr(dataloader, name)}
 
 
@@ -46,9 +49,13 @@ def _seedable(batch_sampler: Any, data_seed: int | None) -> Any:
     sampler = getattr(batch_sampler, "sampler", None)
     if not isinstance(sampler, RandomSampler) or isinstance(sampler, SeedableRandomSampler):
         return batch_sampler
-    seedable = SeedableRandomSampler(sampler.data_source, replacement=sampler.replacement,
-                                     num_samples=sampler._num_samples, generator=sampler.generator,
-                                     data_seed=data_seed)
+    seedable = SeedableRandomSampler(
+        sampler.data_source,
+        replacement=sampler.replacement,
+        num_samples=sampler._num_samples,
+        generator=sampler.generator,
+        data_seed=data_seed,
+    )
     if type(batch_sampler) is BatchSampler:
         return BatchSampler(seedable, batch_sampler.batch_size, batch_sampler.drop_last)
     replaced = copy.copy(batch_sampler)  # a custom batch sampler: keep it, change what it draws from
@@ -103,7 +110,9 @@ def prepare_data_loader(
     :return: a :class:`DataLoaderShard` or :class:`DataLoaderDispatcher`.
     """
     if not isinstance(dataloader, DataLoader):
-        raise TypeError(f"prepare_data_loader needs a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
+        raise TypeError(
+            f"prepare_data_loader needs a torch.utils.data.DataLoader, got {type(dataloader).__name__}"
+        )
     state = None
     if num_processes is None or process_index is None or (put_on_device and device is None):
         state = PartialState()
@@ -113,8 +122,10 @@ def prepare_data_loader(
     elif PartialState._shared_state:
         state = PartialState()
     if num_processes < 1 or not 0 <= process_index < num_processes:
-        raise ValueError(f"process_index={process_index} with num_processes={num_processes}: the process index "
-                         f"must be in 0..{num_processes - 1}")
+        raise ValueError(
+            f"process_index={process_index} with num_processes={num_processes}: the process index "
+            f"must be in 0..{num_processes - 1}"
+        )
     dataset = dataloader.dataset
     iterable = isinstance(dataset, IterableDataset)
     if dispatch_batches is None:
@@ -157,28 +168,52 @@ def prepare_data_loader(
             sampling = {"batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last}
         else:
             sampling = {"batch_sampler": batch_sampler}
-        return cls_dispatch(dataset, split_batches=split_batches, num_processes=num_processes,
-                            process_index=process_index, slice_fn=slice_fn_for_dispatch,
-                            synchronized_generator=generator, **common, **sampling, **settings)
+        return cls_dispatch(
+            dataset,
+            split_batches=split_batches,
+            num_processes=num_processes,
+            process_index=process_index,
+            slice_fn=slice_fn_for_dispatch,
+            synchronized_generator=generator,
+            **common,
+            **sampling,
+            **settings,
+        )
 
     if iterable:
         batch_size = dataloader.batch_size
         if num_processes > 1:
             if batch_size is None:
-                raise ValueError("sharding an iterable dataset needs a DataLoader with a batch_size (it was None)")
-            dataset = IterableDatasetShard(dataset, batch_size=batch_size, drop_last=dataloader.drop_last,
-                                           num_processes=num_processes, process_index=process_index,
-                                           split_batches=split_batches)
+                raise ValueError(
+                    "sharding an iterable dataset needs a DataLoader with a batch_size (it was None)"
+                )
+            dataset = IterableDatasetShard(
+                dataset,
+                batch_size=batch_size,
+                drop_last=dataloader.drop_last,
+                num_processes=num_processes,
+                process_index=process_index,
+                split_batches=split_batches,
+            )
             batch_size = dataset.process_batch_size
         return cls_shard(dataset, batch_size=batch_size, drop_last=dataloader.drop_last, **common, **settings)
 
     if batch_sampler is None:
-        raise ValueError("prepare_data_loader needs a DataLoader that batches (batch_size=None is not supported "
-                         "for map-style datasets); give it a batch_size or a batch_sampler")
+        raise ValueError(
+            "prepare_data_loader needs a DataLoader that batches (batch_size=None is not supported "
+            "for map-style datasets); give it a batch_size or a batch_sampler"
+        )
     if num_processes > 1:
-        batch_sampler = BatchSamplerShard(batch_sampler, num_processes=num_processes, process_index=process_index,
-                                          split_batches=split_batches, even_batches=even_batches)
-    return cls_shard(dataset, batch_sampler=batch_sampler, synchronized_generator=generator, **common, **settings)
+        batch_sampler = BatchSamplerShard(
+            batch_sampler,
+            num_processes=num_processes,
+            process_index=process_index,
+            split_batches=split_batches,
+            even_batches=even_batches,
+        )
+    return cls_shard(
+        dataset, batch_sampler=batch_sampler, synchronized_generator=generator, **common, **settings
+    )
 
 
 class SkipDataLoader(DataLoader):
@@ -213,7 +248,14 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     settings = _loader_settings(dataloader)
     if isinstance(dataloader.dataset, IterableDataset) or dataloader.batch_sampler is None:
         sampler = None if isinstance(dataloader.dataset, IterableDataset) else dataloader.sampler
-        return SkipDataLoader(dataloader.dataset, skip_batches=num_batches, batch_size=dataloader.batch_size,
-                              drop_last=dataloader.drop_last, sampler=sampler, **settings)
-    return DataLoader(dataloader.dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches),
-                      **settings)
+        return SkipDataLoader(
+            dataloader.dataset,
+            skip_batches=num_batches,
+            batch_size=dataloader.batch_size,
+            drop_last=dataloader.drop_last,
+            sampler=sampler,
+            **settings,
+        )
+    return DataLoader(
+        dataloader.dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches), **settings
+    )

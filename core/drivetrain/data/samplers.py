@@ -26,10 +26,20 @@ class SeedableRandomSampler(RandomSampler):
     to the next one, for loops that never call ``set_epoch``.
     """
 
-    def __init__(self, data_source: Any, replacement: bool = False, num_samples: int | None = None,
-                 generator: torch.Generator | None = None, data_seed: int | None = None) -> None:
-        super().__init__(data_source, replacement=replacement, num_samples=num_samples,
-                         generator=generator if generator is not None else torch.Generator())
+    def __init__(
+        self,
+        data_source: Any,
+        replacement: bool = False,
+        num_samples: int | None = None,
+        generator: torch.Generator | None = None,
+        data_seed: int | None = None,
+    ) -> None:
+        super().__init__(
+            data_source,
+            replacement=replacement,
+            num_samples=num_samples,
+            generator=generator if generator is not None else torch.Generator(),
+        )
         self.initial_seed = int(data_seed) if data_seed is not None else torch.initial_seed()
         self.epoch = 0
 
@@ -62,11 +72,19 @@ class BatchSamplerShard(BatchSampler):
     differ between processes.
     """
 
-    def __init__(self, batch_sampler: Iterable[list[int]], num_processes: int = 1, process_index: int = 0,
-                 split_batches: bool = False, even_batches: bool = True) -> None:
+    def __init__(
+        self,
+        batch_sampler: Iterable[list[int]],
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+        even_batches: bool = True,
+    ) -> None:
         if not 0 <= process_index < num_processes:
-            raise ValueError(f"process_index={process_index} is outside 0..{num_processes - 1} "
-                             f"(num_processes={num_processes})")
+            raise ValueError(
+                f"process_index={process_index} is outside 0..{num_processes - 1} "
+                f"(num_processes={num_processes})"
+            )
         self.batch_sampler = batch_sampler
         self.num_processes = num_processes
         self.process_index = process_index
@@ -135,6 +153,27 @@ class BatchSamplerShard(BatchSampler):
                 yield batch[start:stop]
 
     def _deal(self) -> Iterator[list[int]]:
+        if type(self.batch_sampler) is BatchSampler and self.batch_size:
+            return self._deal_from_index_stream()
+        return self._deal_batches()
+
+    def _deal_from_index_stream(self) -> Iterator[list[int]]:
+        """:meth:`_deal_batches` for torch's own BatchSampler, whose batches are consecutive chunks of its
+        sampler's indices: slice this process's batches out of the index list instead of building every
+        process's batches (the per-batch cost of sharding stays at that of a DistributedSampler)."""
+        n, rank, size = self.num_processes, self.process_index, int(self.batch_size)  # type: ignore[arg-type]
+        indices = list(self.batch_sampler.sampler)
+        round_size = n * size
+        full_rounds = len(indices) // round_size
+        for start in range(rank * size, full_rounds * round_size, round_size):
+            yield indices[start : start + size]
+        tail = indices[full_rounds * round_size :]
+        last_round = [tail[i : i + size] for i in range(0, len(tail), size)]
+        if last_round and self.drop_last and len(last_round[-1]) < size:
+            last_round.pop()
+        yield from self._last_round(last_round, indices[:round_size])
+
+    def _deal_batches(self) -> Iterator[list[int]]:
         n, rank, size = self.num_processes, self.process_index, self.batch_size
         head: list[int] = []  # the first indices of the data, for padding the last round
         round_: list[list[int]] = []
@@ -149,6 +188,11 @@ class BatchSamplerShard(BatchSampler):
             if len(round_) == n and (size is None or len(batch) == size):
                 yield round_[rank]
                 round_ = []
+        yield from self._last_round(round_, head)
+
+    def _last_round(self, round_: list[list[int]], head: list[int]) -> Iterator[list[int]]:
+        """This process's batch of the last, incomplete round (padded from ``head`` with even_batches)."""
+        n, rank, size = self.num_processes, self.process_index, self.batch_size
         if not round_ or self.drop_last:
             return
         if not self.even_batches:
@@ -159,7 +203,7 @@ class BatchSamplerShard(BatchSampler):
         self.final_real_samples = sum(len(batch) for batch in round_)
         padding = _cycled(head, n * size - self.final_real_samples)  # type: ignore[operator]
         flat = [index for batch in round_ for index in batch] + padding
-        yield flat[rank * size:(rank + 1) * size]  # type: ignore[operator]
+        yield flat[rank * size : (rank + 1) * size]  # type: ignore[operator]
 
 
 class IterableDatasetShard(IterableDataset):
@@ -171,8 +215,15 @@ class IterableDatasetShard(IterableDataset):
     Every process reads the whole dataset: the data must come in the same order on every process.
     """
 
-    def __init__(self, dataset: Any, batch_size: int = 1, drop_last: bool = False, num_processes: int = 1,
-                 process_index: int = 0, split_batches: bool = False) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int = 1,
+        drop_last: bool = False,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+    ) -> None:
         if not 0 <= process_index < num_processes:
             raise ValueError(f"process_index={process_index} is outside 0..{num_processes - 1}")
         if split_batches and batch_size > 1 and batch_size % num_processes != 0:

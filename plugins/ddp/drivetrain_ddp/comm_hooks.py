@@ -20,7 +20,9 @@ def _averaged_in_bf16(process_group: Any, tensor: torch.Tensor) -> torch.futures
     return dist.all_reduce(compressed, group=group, async_op=True).get_future()
 
 
-def bf16_compress_any_backend(process_group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def bf16_compress_any_backend(
+    process_group: Any, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: average the bucket's gradients across ranks, sent as bfloat16."""
     buffer = bucket.buffer()
 
@@ -53,7 +55,11 @@ def bf16_compress_wrapper_any_backend(hook: Callable) -> Callable:
 def bf16_hooks_supported_by_torch() -> bool:
     """Whether torch accepts its own bf16 hooks here (NCCL 2.10+ on CUDA, or XCCL on XPU)."""
     try:
-        nccl = torch.version.cuda is not None and dist.is_nccl_available() and torch.cuda.nccl.version() >= (2, 10)
+        nccl = (
+            torch.version.cuda is not None
+            and dist.is_nccl_available()
+            and torch.cuda.nccl.version() >= (2, 10)
+        )
     except Exception:  # an unusual CUDA build without NCCL introspection: use ours
         nccl = False
     xccl = getattr(dist, "is_xccl_available", lambda: False)() and torch.xpu.is_available()

@@ -103,7 +103,8 @@ class DistributedDataParallelKwargs(KwargsHandler):
     gradient_as_bucket_view: bool = attrs.field(default=False, validator=_flag)
     static_graph: bool = attrs.field(default=False, validator=_flag)
     comm_hook: DDPCommunicationHookType = attrs.field(
-        default=DDPCommunicationHookType.NO, converter=_hook_type("comm_hook", tuple(DDPCommunicationHookType))
+        default=DDPCommunicationHookType.NO,
+        converter=_hook_type("comm_hook", tuple(DDPCommunicationHookType)),
     )
     comm_wrapper: DDPCommunicationHookType = attrs.field(
         default=DDPCommunicationHookType.NO, converter=_hook_type("comm_wrapper", WRAPPER_TYPES)
@@ -139,8 +140,11 @@ def _check_power_sgd_options(options: dict[str, Any]) -> None:
 
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
-    accepted = [name for name in inspect.signature(PowerSGDState.__init__).parameters
-                if name not in ("self", "process_group")]
+    accepted = [
+        name
+        for name in inspect.signature(PowerSGDState.__init__).parameters
+        if name not in ("self", "process_group")
+    ]
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise ConfigurationError(

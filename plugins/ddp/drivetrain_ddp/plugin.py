@@ -19,7 +19,9 @@ from drivetrain_ddp.wrapper import DrivetrainDDP
 PLUGIN_INFO = PluginInfo(
     kind="backend",
     description="torch DistributedDataParallel: one model replica per process, gradients all-reduced",
-    capabilities=Capabilities(multi_process=True, precisions=("no", "bf16", "fp16"), devices=("cpu", "cuda", "xpu")),
+    capabilities=Capabilities(
+        multi_process=True, precisions=("no", "bf16", "fp16"), devices=("cpu", "cuda", "xpu")
+    ),
     select_for_multiprocess=True,
 )
 

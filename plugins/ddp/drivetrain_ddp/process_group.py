@@ -103,7 +103,10 @@ def _shutdown_at_exit() -> None:
     try:
         shutdown_process_group(barrier_timeout=_exit_barrier_timeout())
     except Exception as exc:  # a peer that already left must not turn a finished run into a failure
-        print(f"drivetrain-ddp: process group shutdown at exit failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(
+            f"drivetrain-ddp: process group shutdown at exit failed: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
 
 
 def _required_env(name: str) -> str:

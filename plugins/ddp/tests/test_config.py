@@ -24,8 +24,12 @@ def test_default_passes_nothing_to_torch():
 
 def test_only_changed_ddp_fields_reach_torch_and_comm_fields_never_do():
     handler = DistributedDataParallelKwargs(
-        find_unused_parameters=True, bucket_cap_mb=50, static_graph=True,
-        comm_hook="power_sgd", comm_wrapper="fp16", comm_state_option={"matrix_approximation_rank": 2},
+        find_unused_parameters=True,
+        bucket_cap_mb=50,
+        static_graph=True,
+        comm_hook="power_sgd",
+        comm_wrapper="fp16",
+        comm_state_option={"matrix_approximation_rank": 2},
     )
     assert handler.to_kwargs() == {"find_unused_parameters": True, "bucket_cap_mb": 50, "static_graph": True}
     assert handler.comm_hook is DDPCommunicationHookType.POWER_SGD
@@ -36,9 +40,15 @@ def test_every_ddp_kwarg_is_a_ddp_constructor_argument():
     import inspect
 
     accepted = inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
-    handler = DistributedDataParallelKwargs(dim=1, broadcast_buffers=False, bucket_cap_mb=1,
-                                            find_unused_parameters=True, check_reduction=True,
-                                            gradient_as_bucket_view=True, static_graph=True)
+    handler = DistributedDataParallelKwargs(
+        dim=1,
+        broadcast_buffers=False,
+        bucket_cap_mb=1,
+        find_unused_parameters=True,
+        check_reduction=True,
+        gradient_as_bucket_view=True,
+        static_graph=True,
+    )
     assert set(handler.to_kwargs()) <= set(accepted)
     assert len(handler.to_kwargs()) == 7
 
@@ -51,7 +61,12 @@ def test_hook_type_accepts_members_and_strings(value):
 def test_hook_type_compares_to_its_value():
     assert DDPCommunicationHookType.BATCHED_POWER_SGD == "batched_power_sgd"
     assert [member.name for member in DDPCommunicationHookType] == [
-        "NO", "FP16", "BF16", "POWER_SGD", "BATCHED_POWER_SGD"]
+        "NO",
+        "FP16",
+        "BF16",
+        "POWER_SGD",
+        "BATCHED_POWER_SGD",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -61,10 +76,14 @@ def test_hook_type_compares_to_its_value():
         ({"comm_hook": "power_sgd", "comm_wrapper": "power_sgd"}, "comm_wrapper='power_sgd' is not valid"),
         ({"comm_wrapper": "fp16"}, "comm_wrapper='fp16' wraps a communication hook, but comm_hook is 'no'"),
         ({"comm_state_option": {"matrix_approximation_rank": 2}}, "only used by the PowerSGD hooks"),
-        ({"comm_hook": "power_sgd", "comm_state_option": {"rank": 2}},
-         "comm_state_option has unknown option(s) rank; PowerSGDState accepts: matrix_approximation_rank"),
-        ({"comm_hook": "power_sgd", "comm_state_option": [("matrix_approximation_rank", 2)]},
-         "comm_state_option must be a dict"),
+        (
+            {"comm_hook": "power_sgd", "comm_state_option": {"rank": 2}},
+            "comm_state_option has unknown option(s) rank; PowerSGDState accepts: matrix_approximation_rank",
+        ),
+        (
+            {"comm_hook": "power_sgd", "comm_state_option": [("matrix_approximation_rank", 2)]},
+            "comm_state_option must be a dict",
+        ),
         ({"bucket_cap_mb": 0}, "bucket_cap_mb must be > 0"),
         ({"bucket_cap_mb": "25"}, "bucket_cap_mb must be a number of megabytes"),
         ({"find_unused_parameters": "yes"}, "find_unused_parameters must be True or False"),

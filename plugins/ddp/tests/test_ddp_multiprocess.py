@@ -17,18 +17,41 @@ SCRIPTS = Path(__file__).parent / "scripts"
 REPOSITORY = Path(__file__).resolve().parents[3]
 
 TRAINING_CHECKS = [
-    "ddp_wrapped", "equal_to_full_batch", "replicas_equal",
-    "kwargs_find_unused", "kwargs_broadcast_buffers", "kwargs_bucket_cap", "evaluation_mode_unwrapped",
-    "accumulate_sync_only_at_boundaries", "accumulate_one_bucket_per_sync", "accumulate_equal_to_full_batch",
-    "no_sync_no_allreduce", "no_sync_grads_local", "sync_after_no_sync", "sync_averages_accumulated",
-    "trigger_sync_in_backward", "join_uneven_inputs_finishes_equal",
-    "local_sgd_is_mean", "local_sgd_no_grad_allreduce", "local_sgd_averages_every_3", "local_sgd_averages_on_exit",
+    "ddp_wrapped",
+    "equal_to_full_batch",
+    "replicas_equal",
+    "kwargs_find_unused",
+    "kwargs_broadcast_buffers",
+    "kwargs_bucket_cap",
+    "evaluation_mode_unwrapped",
+    "accumulate_sync_only_at_boundaries",
+    "accumulate_one_bucket_per_sync",
+    "accumulate_equal_to_full_batch",
+    "no_sync_no_allreduce",
+    "no_sync_grads_local",
+    "sync_after_no_sync",
+    "sync_averages_accumulated",
+    "trigger_sync_in_backward",
+    "join_uneven_inputs_finishes_equal",
+    "local_sgd_is_mean",
+    "local_sgd_no_grad_allreduce",
+    "local_sgd_averages_every_3",
+    "local_sgd_averages_on_exit",
 ]
-HOOK_CASES = ["fp16", "bf16", "power_sgd", "batched_power_sgd", "power_sgd_fp16_wrapper", "power_sgd_bf16_wrapper"]
+HOOK_CASES = [
+    "fp16",
+    "bf16",
+    "power_sgd",
+    "batched_power_sgd",
+    "power_sgd_fp16_wrapper",
+    "power_sgd_bf16_wrapper",
+]
 
 
 def passed_checks(stdout: str) -> set[str]:
-    return {line.split()[1] for line in stdout.splitlines() if line.startswith("CHECK ") and line.endswith(" ok")}
+    return {
+        line.split()[1] for line in stdout.splitlines() if line.startswith("CHECK ") and line.endswith(" ok")
+    }
 
 
 def assert_all_passed(result, expected: list[str]) -> None:
@@ -50,7 +73,9 @@ def test_ddp_training_semantics(num_processes, launch_env):
 @pytest.mark.multiprocess
 def test_every_comm_hook_trains(launch_env):
     result = launch_script(str(SCRIPTS / "ddp_comm_hooks.py"), num_processes=2, env=launch_env)
-    expected = [f"{case}_{what}" for case in HOOK_CASES for what in ("registered", "loss_decreases", "replicas_equal")]
+    expected = [
+        f"{case}_{what}" for case in HOOK_CASES for what in ("registered", "loss_decreases", "replicas_equal")
+    ]
     assert_all_passed(result, expected + ["power_sgd_state_option", "batched_power_sgd_state_option"])
 
 

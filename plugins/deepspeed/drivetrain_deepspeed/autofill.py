@@ -23,8 +23,13 @@ _HIDDEN_SIZE_KEYS = {
     "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h),
     "stage3_param_persistence_threshold": lambda h: 10 * h,
 }
-_DEFAULTED_ZERO_KEYS = ("stage3_max_live_parameters", "stage3_max_reuse_distance", "allgather_bucket_size",
-                        "sub_group_size", "stage3_gather_16bit_weights_on_model_save")
+_DEFAULTED_ZERO_KEYS = (
+    "stage3_max_live_parameters",
+    "stage3_max_reuse_distance",
+    "allgather_bucket_size",
+    "sub_group_size",
+    "stage3_gather_16bit_weights_on_model_save",
+)
 _PRECISION_SECTIONS = {"bf16": "bf16", "fp16": "fp16"}
 
 
@@ -57,7 +62,7 @@ def _fill_or_check(config: dict[str, Any], key: str, value: Any, source: str) ->
     elif current != value:
         raise ConfigurationError(
             f"conflicting DeepSpeed setting {key!r}: the DeepSpeed config says {current!r} but {source} is "
-            f"{value!r}; make them agree or write \"auto\" in the config"
+            f'{value!r}; make them agree or write "auto" in the config'
         )
 
 
@@ -69,13 +74,13 @@ def resolve_precision(config: dict[str, Any], mixed_precision: str) -> str:
     if explicit and mixed_precision not in ("no", explicit[0]):
         raise ConfigurationError(
             f"conflicting precision: the DeepSpeed config enables {explicit[0]} but the Accelerator's "
-            f"mixed_precision is {mixed_precision!r}; make them agree or write \"enabled\": \"auto\""
+            f'mixed_precision is {mixed_precision!r}; make them agree or write "enabled": "auto"'
         )
     for name in _PRECISION_SECTIONS:
         if mixed_precision == name and get_path(config, f"{name}.enabled") is False:
             raise ConfigurationError(
                 f"conflicting precision: the Accelerator's mixed_precision is {name!r} but the DeepSpeed config "
-                f"says {name}.enabled=false; make them agree or write \"enabled\": \"auto\""
+                f'says {name}.enabled=false; make them agree or write "enabled": "auto"'
             )
     chosen = explicit[0] if explicit else mixed_precision
     for name in _PRECISION_SECTIONS:
@@ -123,7 +128,7 @@ def fill_config(
                 loader_micro = 1  # an inference engine never checks it against real batches
             else:
                 raise ConfigurationError(
-                    "the DeepSpeed config's train_micro_batch_size_per_gpu is \"auto\" but no data loader was "
+                    'the DeepSpeed config\'s train_micro_batch_size_per_gpu is "auto" but no data loader was '
                     "prepared yet to read it from: pass the training DataLoader to the same accelerator.prepare() "
                     "call as the model (or prepare it first), or set train_micro_batch_size_per_gpu in the config"
                 )
@@ -131,11 +136,15 @@ def fill_config(
     elif training and loader_micro is not None and int(micro) != loader_micro:
         raise ConfigurationError(
             f"conflicting micro batch size: the DeepSpeed config's train_micro_batch_size_per_gpu is {micro} but "
-            f"the prepared data loader yields {loader_micro} samples per process; make them agree or write \"auto\""
+            f'the prepared data loader yields {loader_micro} samples per process; make them agree or write "auto"'
         )
     micro = int(config["train_micro_batch_size_per_gpu"])
-    _fill_or_check(config, "train_batch_size", micro * steps * world_size,
-                   f"micro batch {micro} x accumulation {steps} x {world_size} processes")
+    _fill_or_check(
+        config,
+        "train_batch_size",
+        micro * steps * world_size,
+        f"micro batch {micro} x accumulation {steps} x {world_size} processes",
+    )
 
     # -- clipping and precision ---------------------------------------------------------------------------
     if _auto(config.get("gradient_clipping")):
@@ -175,7 +184,7 @@ def fill_config(
     remaining = _auto_paths(config)
     if remaining:
         raise ConfigurationError(
-            f"the DeepSpeed config still has \"auto\" values drivetrain cannot fill: {', '.join(remaining)}; "
+            f'the DeepSpeed config still has "auto" values drivetrain cannot fill: {", ".join(remaining)}; '
             "set them in the config"
         )
     return config
@@ -186,7 +195,7 @@ def _fill_optimizer(config: dict[str, Any], optimizer: Any) -> None:
     if isinstance(optimizer, DummyOptim):
         if not has_section:
             raise ConfigurationError(
-                "a DummyOptim was passed to prepare() but the DeepSpeed config has no \"optimizer\" section; pass a "
+                'a DummyOptim was passed to prepare() but the DeepSpeed config has no "optimizer" section; pass a '
                 "real torch optimizer or add the section"
             )
         params = config["optimizer"].setdefault("params", {})
@@ -195,7 +204,7 @@ def _fill_optimizer(config: dict[str, Any], optimizer: Any) -> None:
             if _auto(value):
                 if key not in candidates:
                     raise ConfigurationError(
-                        f"DeepSpeed config optimizer.params.{key} is \"auto\" but DummyOptim got no {key}=...; "
+                        f'DeepSpeed config optimizer.params.{key} is "auto" but DummyOptim got no {key}=...; '
                         "pass it to DummyOptim or set it in the config"
                     )
                 params[key] = candidates[key]
@@ -203,13 +212,13 @@ def _fill_optimizer(config: dict[str, Any], optimizer: Any) -> None:
         if "scheduler" in config:
             if scheduler is None:
                 raise ConfigurationError(
-                    "the DeepSpeed config has a \"scheduler\" section: pass a DummyScheduler(optimizer, ...) to "
+                    'the DeepSpeed config has a "scheduler" section: pass a DummyScheduler(optimizer, ...) to '
                     "prepare() with the DummyOptim"
                 )
             _fill_scheduler(config, optimizer, scheduler)
     elif optimizer is not None and has_section:
         raise ConfigurationError(
-            f"the DeepSpeed config defines an \"optimizer\" but prepare() got a {type(optimizer).__name__}; "
+            f'the DeepSpeed config defines an "optimizer" but prepare() got a {type(optimizer).__name__}; '
             "use drivetrain.utils.DummyOptim(model.parameters(), lr=...) or remove the config's optimizer section"
         )
 
@@ -227,7 +236,7 @@ def _fill_scheduler(config: dict[str, Any], optimizer: DummyOptim, scheduler: Du
         if _auto(value):
             if candidates.get(key) is None:
                 raise ConfigurationError(
-                    f"DeepSpeed config scheduler.params.{key} is \"auto\" but DummyScheduler got no {key}=...; "
+                    f'DeepSpeed config scheduler.params.{key} is "auto" but DummyScheduler got no {key}=...; '
                     "pass it to DummyScheduler or set it in the config"
                 )
             params[key] = candidates[key]

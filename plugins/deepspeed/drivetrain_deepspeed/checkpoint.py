@@ -49,12 +49,20 @@ def _training_engines(models: list[Any]) -> list[tuple[int, Any]]:
 
 def _user_schedulers(schedulers: list[Any]) -> list[tuple[int, Any]]:
     # A DummyScheduler's real scheduler lives inside its engine and is saved with it.
-    return [(index, s) for index, s in enumerate(schedulers)
-            if not isinstance(getattr(s, "scheduler", s), DummyScheduler)]
+    return [
+        (index, s)
+        for index, s in enumerate(schedulers)
+        if not isinstance(getattr(s, "scheduler", s), DummyScheduler)
+    ]
 
 
-def save_state(output_dir: str, accelerator: Any, models: list[Any], schedulers: list[Any],
-               save_model_func_kwargs: dict[str, Any]) -> None:
+def save_state(
+    output_dir: str,
+    accelerator: Any,
+    models: list[Any],
+    schedulers: list[Any],
+    save_model_func_kwargs: dict[str, Any],
+) -> None:
     for index, engine in _training_engines(models):
         # save_latest=False: several engines share the folder, and the kernel's manifest marks completeness.
         engine.save_checkpoint(output_dir, tag=engine_tag(index), save_latest=False, **save_model_func_kwargs)
@@ -63,8 +71,9 @@ def save_state(output_dir: str, accelerator: Any, models: list[Any], schedulers:
             torch_save_durable(scheduler.state_dict(), os.path.join(output_dir, scheduler_file_name(index)))
 
 
-def load_state(input_dir: str, accelerator: Any, models: list[Any], schedulers: list[Any],
-               map_location: Any) -> None:
+def load_state(
+    input_dir: str, accelerator: Any, models: list[Any], schedulers: list[Any], map_location: Any
+) -> None:
     for index, engine in _training_engines(models):
         tag = engine_tag(index)
         if not os.path.isdir(os.path.join(input_dir, tag)):
@@ -74,7 +83,9 @@ def load_state(input_dir: str, accelerator: Any, models: list[Any], schedulers: 
             )
         load_path, _ = engine.load_checkpoint(input_dir, tag=tag)
         if load_path is None:
-            raise CheckpointError(f"DeepSpeed could not load engine {index} from {os.path.join(input_dir, tag)}")
+            raise CheckpointError(
+                f"DeepSpeed could not load engine {index} from {os.path.join(input_dir, tag)}"
+            )
     load_kwargs = _load_kwargs(accelerator)
     for index, scheduler in _user_schedulers(schedulers):
         path = os.path.join(input_dir, scheduler_file_name(index))

@@ -37,7 +37,9 @@ class HfDeepSpeedConfig:
         elif isinstance(config, (str, os.PathLike)):
             path = os.fspath(config)
             if not os.path.isfile(path):
-                raise ConfigurationError(f"DeepSpeedPlugin.hf_ds_config: DeepSpeed config file {path} does not exist")
+                raise ConfigurationError(
+                    f"DeepSpeedPlugin.hf_ds_config: DeepSpeed config file {path} does not exist"
+                )
             try:
                 with open(path, encoding="utf-8") as handle:
                     self.config = json.load(handle)
@@ -97,7 +99,9 @@ def _named_check(test: Any, expected: str) -> Any:
 
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         if value is not None and not test(value):
-            raise ConfigurationError(f"DeepSpeedPlugin.{attribute.name}={value!r} is not valid; expected {expected}")
+            raise ConfigurationError(
+                f"DeepSpeedPlugin.{attribute.name}={value!r} is not valid; expected {expected}"
+            )
 
     return check
 
@@ -137,46 +141,63 @@ class DeepSpeedPlugin:
     #: DeepSpeed config: path of a JSON file or a dict. Without it the fields below build the config.
     hf_ds_config: Any = attrs.field(
         default=None,
-        validator=_named_check(lambda v: isinstance(v, (str, os.PathLike, dict, HfDeepSpeedConfig)),
-                               "a path to a DeepSpeed JSON config or a dict"),
+        validator=_named_check(
+            lambda v: isinstance(v, (str, os.PathLike, dict, HfDeepSpeedConfig)),
+            "a path to a DeepSpeed JSON config or a dict",
+        ),
     )
     zero_stage: int | None = attrs.field(
-        default=None, converter=lambda v: int(v) if isinstance(v, str) and v.isdigit() else v,
+        default=None,
+        converter=lambda v: int(v) if isinstance(v, str) and v.isdigit() else v,
         validator=_named_check(lambda v: v in (0, 1, 2, 3) and not isinstance(v, bool), "0, 1, 2 or 3"),
     )
     gradient_accumulation_steps: int | None = attrs.field(
-        default=None, converter=lambda v: int(v) if isinstance(v, str) and v.isdigit() else v,
-        validator=_named_check(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-                               "an integer >= 1"),
+        default=None,
+        converter=lambda v: int(v) if isinstance(v, str) and v.isdigit() else v,
+        validator=_named_check(
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1"
+        ),
     )
     gradient_clipping: float | None = attrs.field(
-        default=None, converter=lambda v: float(v) if isinstance(v, (int, str)) and not isinstance(v, bool) else v,
+        default=None,
+        converter=lambda v: float(v) if isinstance(v, (int, str)) and not isinstance(v, bool) else v,
         validator=_named_check(lambda v: isinstance(v, float) and v > 0, "a number > 0"),
     )
     offload_optimizer_device: str | None = attrs.field(
-        default=None, converter=_offload_device,
+        default=None,
+        converter=_offload_device,
         validator=_named_check(lambda v: v in OFFLOAD_DEVICES, "one of none, cpu, nvme"),
     )
     offload_param_device: str | None = attrs.field(
-        default=None, converter=_offload_device,
+        default=None,
+        converter=_offload_device,
         validator=_named_check(lambda v: v in OFFLOAD_DEVICES, "one of none, cpu, nvme"),
     )
     offload_optimizer_nvme_path: str | None = attrs.field(
-        default=None, validator=_named_check(lambda v: isinstance(v, str), "a folder path"),
+        default=None,
+        validator=_named_check(lambda v: isinstance(v, str), "a folder path"),
     )
     offload_param_nvme_path: str | None = attrs.field(
-        default=None, validator=_named_check(lambda v: isinstance(v, str), "a folder path"),
+        default=None,
+        validator=_named_check(lambda v: isinstance(v, str), "a folder path"),
     )
     zero3_init_flag: bool | None = attrs.field(
-        default=None, converter=_to_bool, validator=_named_check(lambda v: isinstance(v, bool), "true or false"),
+        default=None,
+        converter=_to_bool,
+        validator=_named_check(lambda v: isinstance(v, bool), "true or false"),
     )
     zero3_save_16bit_model: bool | None = attrs.field(
-        default=None, converter=_to_bool, validator=_named_check(lambda v: isinstance(v, bool), "true or false"),
+        default=None,
+        converter=_to_bool,
+        validator=_named_check(lambda v: isinstance(v, bool), "true or false"),
     )
     transformer_moe_cls_names: list[str] | None = attrs.field(
-        default=None, converter=_to_names,
-        validator=_named_check(lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v),
-                               "a list of class names (or one comma-separated string)"),
+        default=None,
+        converter=_to_names,
+        validator=_named_check(
+            lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v),
+            "a list of class names (or one comma-separated string)",
+        ),
     )
 
     #: this plugin is the active one of a ``deepspeed_plugins`` dict (see selection.py)
@@ -185,8 +206,10 @@ class DeepSpeedPlugin:
     deepspeed_config: dict[str, Any] = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        for name, device in (("offload_optimizer", self.offload_optimizer_device),
-                             ("offload_param", self.offload_param_device)):
+        for name, device in (
+            ("offload_optimizer", self.offload_optimizer_device),
+            ("offload_param", self.offload_param_device),
+        ):
             path = getattr(self, f"{name}_nvme_path")
             if device == "nvme" and not path:
                 raise ConfigurationError(
@@ -202,7 +225,9 @@ class DeepSpeedPlugin:
             self.deepspeed_config = self._config_from_fields()
         else:
             source = self.hf_ds_config
-            base = source.config if isinstance(source, HfDeepSpeedConfig) else HfDeepSpeedConfig(source).config
+            base = (
+                source.config if isinstance(source, HfDeepSpeedConfig) else HfDeepSpeedConfig(source).config
+            )
             self.deepspeed_config = self._apply_fields(copy.deepcopy(base))
 
     # -- building the DeepSpeed config -------------------------------------------------------------------
@@ -238,13 +263,27 @@ class DeepSpeedPlugin:
             ("gradient_accumulation_steps", "gradient_accumulation_steps", self.gradient_accumulation_steps),
             ("gradient_clipping", "gradient_clipping", self.gradient_clipping),
             ("zero_stage", "zero_optimization.stage", zero_stage),
-            ("offload_optimizer_device", "zero_optimization.offload_optimizer.device", self.offload_optimizer_device),
+            (
+                "offload_optimizer_device",
+                "zero_optimization.offload_optimizer.device",
+                self.offload_optimizer_device,
+            ),
             ("offload_param_device", "zero_optimization.offload_param.device", self.offload_param_device),
-            ("offload_optimizer_nvme_path", "zero_optimization.offload_optimizer.nvme_path",
-             self.offload_optimizer_nvme_path),
-            ("offload_param_nvme_path", "zero_optimization.offload_param.nvme_path", self.offload_param_nvme_path),
-            ("zero3_save_16bit_model", "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-             self.zero3_save_16bit_model),
+            (
+                "offload_optimizer_nvme_path",
+                "zero_optimization.offload_optimizer.nvme_path",
+                self.offload_optimizer_nvme_path,
+            ),
+            (
+                "offload_param_nvme_path",
+                "zero_optimization.offload_param.nvme_path",
+                self.offload_param_nvme_path,
+            ),
+            (
+                "zero3_save_16bit_model",
+                "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                self.zero3_save_16bit_model,
+            ),
         ]
         for field_name, key, value in mapping:
             if value is None:
@@ -315,7 +354,10 @@ ACCELERATE_KEYS = {
 }
 #: Keys only the multi-node launcher reads (see launcher.py).
 LAUNCHER_KEYS = (
-    "deepspeed_hostfile", "deepspeed_multinode_launcher", "deepspeed_inclusion_filter", "deepspeed_exclusion_filter",
+    "deepspeed_hostfile",
+    "deepspeed_multinode_launcher",
+    "deepspeed_inclusion_filter",
+    "deepspeed_exclusion_filter",
 )
 
 
@@ -345,5 +387,5 @@ def set_config_value(config: dict[str, Any], key: str, value: Any, source: str) 
         return
     raise ConfigurationError(
         f"conflicting DeepSpeed setting {key!r}: the DeepSpeed config says {current!r} but {source}; "
-        f"set it in one place only (or write \"auto\" in the config)"
+        f'set it in one place only (or write "auto" in the config)'
     )

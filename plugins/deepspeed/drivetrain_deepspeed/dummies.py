@@ -26,7 +26,7 @@ class DummyOptim(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         raise RuntimeError(
             "DummyOptim cannot step: pass it to accelerator.prepare() with its model so that DeepSpeed builds "
-            "the optimizer of the config's \"optimizer\" section"
+            'the optimizer of the config\'s "optimizer" section'
         )
 
 
@@ -35,8 +35,14 @@ class DummyScheduler:
     when the config has no ``"scheduler"`` section). ``total_num_steps``/``warmup_num_steps`` fill its
     ``"auto"`` parameters."""
 
-    def __init__(self, optimizer: DummyOptim, total_num_steps: int | None = None, warmup_num_steps: int = 0,
-                 lr_scheduler_callable: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        optimizer: DummyOptim,
+        total_num_steps: int | None = None,
+        warmup_num_steps: int = 0,
+        lr_scheduler_callable: Any = None,
+        **kwargs: Any,
+    ) -> None:
         if not isinstance(optimizer, DummyOptim):
             raise TypeError(
                 f"DummyScheduler needs the DummyOptim it schedules, got {type(optimizer).__name__}; with a real "

@@ -82,7 +82,8 @@ def _optimizer_for(model: torch.nn.Module, pending: list[Any]) -> Any:
     """The optimizer of this prepare() call that holds ``model``'s parameters (None if none does)."""
     parameters = {id(parameter) for parameter in model.parameters()}
     matches = [
-        optimizer for optimizer in pending
+        optimizer
+        for optimizer in pending
         if any(id(p) in parameters for group in optimizer.param_groups for p in group["params"])
     ]
     if len(matches) > 1:
@@ -106,7 +107,11 @@ def build_engine(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool
     if isinstance(optimizer, DummyOptim):
         kwargs["model_parameters"] = [p for p in model.parameters() if p.requires_grad]
         scheduler = optimizer.scheduler
-        if scheduler is not None and "scheduler" not in config and scheduler.lr_scheduler_callable is not None:
+        if (
+            scheduler is not None
+            and "scheduler" not in config
+            and scheduler.lr_scheduler_callable is not None
+        ):
             kwargs["lr_scheduler"] = scheduler.lr_scheduler_callable
     elif optimizer is not None:
         kwargs["optimizer"] = optimizer
@@ -151,7 +156,9 @@ class EngineOptimizer(AcceleratedOptimizer):
         pass
 
     def __getstate__(self) -> dict[str, Any]:
-        raise TypeError("a DeepSpeed engine's optimizer cannot be pickled; save it with accelerator.save_state()")
+        raise TypeError(
+            "a DeepSpeed engine's optimizer cannot be pickled; save it with accelerator.save_state()"
+        )
 
 
 def engine_optimizer(optimizer: Any) -> EngineOptimizer:
@@ -198,7 +205,11 @@ def grad_norm(accelerator: Any, max_norm: float) -> torch.Tensor:
     configured = record.config.get("gradient_clipping")
     if configured is None or float(configured) != float(max_norm):
         _warn_clipping_once(configured, max_norm)
-    norm = record.engine.get_global_grad_norm() if _optimizer_records_norm(record.engine) else record.last_grad_norm
+    norm = (
+        record.engine.get_global_grad_norm()
+        if _optimizer_records_norm(record.engine)
+        else record.last_grad_norm
+    )
     if norm is None:
         return torch.tensor(0.0)
     return norm.detach().float() if isinstance(norm, torch.Tensor) else torch.tensor(float(norm))
@@ -217,7 +228,7 @@ def _warn_clipping_once(configured: Any, max_norm: float) -> None:
     warnings.warn(
         f"accelerator.clip_grad_norm_(max_norm={max_norm}) with the deepspeed backend: the engine clips by the "
         f"config's gradient_clipping ({configured if configured is not None else 'not set: no clipping'}); set "
-        f"DeepSpeedPlugin(gradient_clipping={max_norm}) or \"gradient_clipping\": {max_norm} in the config",
+        f'DeepSpeedPlugin(gradient_clipping={max_norm}) or "gradient_clipping": {max_norm} in the config',
         stacklevel=4,
     )
 
@@ -246,7 +257,10 @@ def gathered_state_dict(engine: Any) -> dict[str, torch.Tensor]:
     for prefix, submodule in module.named_modules():
         own = list(submodule.parameters(recurse=False))
         with deepspeed.zero.GatheredParameters(own, modifier_rank=None):
-            for name, tensor in [*submodule.named_parameters(recurse=False), *submodule.named_buffers(recurse=False)]:
+            for name, tensor in [
+                *submodule.named_parameters(recurse=False),
+                *submodule.named_buffers(recurse=False),
+            ]:
                 key = f"{prefix}.{name}" if prefix else name
                 if key not in state and tensor is not None:
                     state[key] = tensor.detach().cpu().clone()
@@ -302,4 +316,3 @@ def zero3_init(plugin_or_accelerator: Any = None, enabled: bool = True) -> Itera
     deepspeed = import_deepspeed(device_type or "cuda")
     with deepspeed.zero.Init(config_dict_or_path=init_config):
         yield
-

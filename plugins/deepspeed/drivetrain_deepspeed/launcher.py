@@ -26,21 +26,39 @@ def add_launch_options(parser: Any) -> None:
     def option(name: str, help: str, **kwargs: Any) -> None:
         parser.add_argument(f"--{name}", default=None, help=help, **kwargs)
 
-    option("zero_stage", "ZeRO stage: 0 off, 1 optimizer states, 2 + gradients, 3 + parameters", type=int,
-           choices=(0, 1, 2, 3))
-    option("offload_optimizer_device", "offload optimizer states: none, cpu or nvme", choices=("none", "cpu", "nvme"))
-    option("offload_param_device", "offload parameters (ZeRO-3): none, cpu or nvme", choices=("none", "cpu", "nvme"))
+    option(
+        "zero_stage",
+        "ZeRO stage: 0 off, 1 optimizer states, 2 + gradients, 3 + parameters",
+        type=int,
+        choices=(0, 1, 2, 3),
+    )
+    option(
+        "offload_optimizer_device",
+        "offload optimizer states: none, cpu or nvme",
+        choices=("none", "cpu", "nvme"),
+    )
+    option(
+        "offload_param_device",
+        "offload parameters (ZeRO-3): none, cpu or nvme",
+        choices=("none", "cpu", "nvme"),
+    )
     option("offload_optimizer_nvme_path", "folder for optimizer states offloaded to NVMe", metavar="DIR")
     option("offload_param_nvme_path", "folder for parameters offloaded to NVMe", metavar="DIR")
     option("gradient_clipping", "clip gradients by this global norm", type=float)
-    option("zero3_init_flag", "create models already partitioned with deepspeed.zero.Init (ZeRO-3)",
-           type=_bool)
+    option(
+        "zero3_init_flag", "create models already partitioned with deepspeed.zero.Init (ZeRO-3)", type=_bool
+    )
     option("zero3_save_16bit_model", "save_model gathers 16-bit weights under ZeRO-3", type=_bool)
     option("deepspeed_config_file", "DeepSpeed JSON config file", metavar="PATH")
     option("deepspeed_moe_layer_cls_names", "comma-separated Mixture-of-Experts layer class names")
-    option("deepspeed_hostfile", "hostfile for DeepSpeed's multi-node launcher (lines `host slots=N`)",
-           metavar="PATH")
-    option("deepspeed_multinode_launcher", "DeepSpeed multi-node launcher (pdsh, openmpi, mvapich, slurm, ...)")
+    option(
+        "deepspeed_hostfile",
+        "hostfile for DeepSpeed's multi-node launcher (lines `host slots=N`)",
+        metavar="PATH",
+    )
+    option(
+        "deepspeed_multinode_launcher", "DeepSpeed multi-node launcher (pdsh, openmpi, mvapich, slurm, ...)"
+    )
     option("deepspeed_inclusion_filter", "DeepSpeed --include filter (e.g. `host1@host2:0,2`)")
     option("deepspeed_exclusion_filter", "DeepSpeed --exclude filter")
 
@@ -76,8 +94,14 @@ def _only_this_machine(hostfile: str) -> bool:
 
 def runner_command(args: Any, script_argv: list[str], env_file: str) -> list[str]:
     """The ``deepspeed.launcher.runner`` command line for this launch."""
-    command = [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(_setting(args, "deepspeed_hostfile")),
-               "--no_local_rank"]
+    command = [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--hostfile",
+        str(_setting(args, "deepspeed_hostfile")),
+        "--no_local_rank",
+    ]
     local = _only_this_machine(str(_setting(args, "deepspeed_hostfile")))
     if local:
         # DeepSpeed asks the first host over ssh (reachable? its address?) even when it starts everything here.
@@ -85,7 +109,10 @@ def runner_command(args: Any, script_argv: list[str], env_file: str) -> list[str
     launcher = _setting(args, "deepspeed_multinode_launcher")
     if launcher:
         command += ["--launcher", str(launcher)]
-    for flag, name in (("--include", "deepspeed_inclusion_filter"), ("--exclude", "deepspeed_exclusion_filter")):
+    for flag, name in (
+        ("--include", "deepspeed_inclusion_filter"),
+        ("--exclude", "deepspeed_exclusion_filter"),
+    ):
         value = _setting(args, name)
         if value:
             command += [flag, str(value)]
@@ -110,8 +137,11 @@ def launch_with_deepspeed(args: Any, script_argv: list[str]) -> int | None:
     if not os.path.isfile(hostfile):
         print(f"drivetrain launch: error: --deepspeed_hostfile {hostfile} does not exist", file=sys.stderr)
         return 2
-    exported = {name: value for name, value in os.environ.items()
-                if name.startswith("DRIVETRAIN_") or name in _FORWARDED}
+    exported = {
+        name: value
+        for name, value in os.environ.items()
+        if name.startswith("DRIVETRAIN_") or name in _FORWARDED
+    }
     with tempfile.NamedTemporaryFile("w", suffix=".deepspeed_env", delete=False) as handle:
         for name, value in sorted(exported.items()):
             if "\n" not in value:

@@ -23,8 +23,14 @@ PLUGIN_INFO = PluginInfo(
     # fp16 is handed to DeepSpeed (its loss scaler) but DeepSpeed refuses it on CPU and it is untested here.
     # The engine reduces gradients inside backward (local_gradients=False) and keeps bf16 weights with fp32
     # master copies in the optimizer (low_precision_weights=True).
-    capabilities=Capabilities(multi_process=True, sharded_state=True, precisions=("no", "bf16"),
-                              devices=("cpu", "cuda"), local_gradients=False, low_precision_weights=True),
+    capabilities=Capabilities(
+        multi_process=True,
+        sharded_state=True,
+        precisions=("no", "bf16"),
+        devices=("cpu", "cuda"),
+        local_gradients=False,
+        low_precision_weights=True,
+    ),
     distributed_type="DEEPSPEED",
     config_class=DeepSpeedPlugin,
     places_model=True,
@@ -103,7 +109,13 @@ def autocast(accelerator: Any, autocast_kwargs: dict[str, Any]) -> Any:
 def save_state(output_dir: str, accelerator: Any, models: list, schedulers: list) -> bool:
     from drivetrain_deepspeed.checkpoint import save_state as save
 
-    save(output_dir, accelerator, models, schedulers, dict(getattr(accelerator, "_save_model_func_kwargs", {}) or {}))
+    save(
+        output_dir,
+        accelerator,
+        models,
+        schedulers,
+        dict(getattr(accelerator, "_save_model_func_kwargs", {}) or {}),
+    )
     return True
 
 

@@ -79,7 +79,9 @@ def join_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> Dis
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         extra = {"timeout": timeout} if timeout is not None else {}
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, dist_init_required=True, **extra)
+        deepspeed.init_distributed(
+            dist_backend=backend, auto_mpi_discovery=False, dist_init_required=True, **extra
+        )
     return DistributedEnvironment(
         num_processes=dist.get_world_size(),
         process_index=dist.get_rank(),

@@ -32,7 +32,9 @@ def plugin_from_environment() -> DeepSpeedPlugin | None:
         except json.JSONDecodeError as exc:
             raise ConfigurationError(f"{BACKEND_CONFIG_VARIABLE} is not valid JSON ({exc})") from None
         if not isinstance(values, dict):
-            raise ConfigurationError(f"{BACKEND_CONFIG_VARIABLE} must hold a JSON object of deepspeed settings")
+            raise ConfigurationError(
+                f"{BACKEND_CONFIG_VARIABLE} must hold a JSON object of deepspeed settings"
+            )
         _from_environment.clear()
         _from_environment[text] = DeepSpeedPlugin.from_mapping(values, BACKEND_CONFIG_VARIABLE)
     return _from_environment[text]

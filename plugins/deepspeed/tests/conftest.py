@@ -38,9 +38,16 @@ def one_process(monkeypatch):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "DS_ACCELERATOR": "cpu",
-                        "TORCH_EXTENSIONS_DIR": EXTENSIONS_DIR}.items():
+    for name, value in {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "DS_ACCELERATOR": "cpu",
+        "TORCH_EXTENSIONS_DIR": EXTENSIONS_DIR,
+    }.items():
         monkeypatch.setenv(name, value)
     yield
     from drivetrain_deepspeed.process_group import shutdown_process_group

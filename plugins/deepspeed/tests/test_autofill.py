@@ -1,4 +1,4 @@
-""""auto" values and their conflicts, with a real one-process DeepSpeed engine (gloo group of one)."""
+""" "auto" values and their conflicts, with a real one-process DeepSpeed engine (gloo group of one)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,11 @@ def engine_config(accelerator) -> dict:
 
 
 def test_auto_values_come_from_accelerator_and_loader():
-    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=1, gradient_clipping=0.7),
-                              gradient_accumulation_steps=3, mixed_precision="bf16")
+    accelerator = Accelerator(
+        deepspeed_plugin=DeepSpeedPlugin(zero_stage=1, gradient_clipping=0.7),
+        gradient_accumulation_steps=3,
+        mixed_precision="bf16",
+    )
     model, loader = objects(batch_size=5)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
@@ -42,24 +45,49 @@ def test_auto_values_come_from_accelerator_and_loader():
 
 
 def test_config_accumulation_steps_reach_the_accelerator():
-    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={"gradient_accumulation_steps": 4}))
+    accelerator = Accelerator(
+        deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={"gradient_accumulation_steps": 4})
+    )
     model, loader = objects()
     accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
     assert accelerator.gradient_accumulation_steps == 4
 
 
-@pytest.mark.parametrize(("config", "accelerator_kwargs", "message"), [
-    ({"gradient_accumulation_steps": 4}, {"gradient_accumulation_steps": 2},
-     "gradient_accumulation_steps.*says 4 but the Accelerator's is 2"),
-    ({"train_micro_batch_size_per_gpu": 8}, {}, "train_micro_batch_size_per_gpu is 8 but the prepared data loader "
-     "yields 4"),
-    ({"bf16": {"enabled": True}}, {"mixed_precision": "fp16"}, "enables bf16 but the Accelerator's mixed_precision"),
-    ({"bf16": {"enabled": False}}, {"mixed_precision": "bf16"}, "mixed_precision is 'bf16' but .* bf16.enabled=false"),
-    ({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, {}, "defines an \"optimizer\" but prepare\\(\\) got "
-     "a SGD"),
-    ({"zero_optimization": {"stage": 2, "round_robin_gradients": "auto"}}, {},
-     "cannot fill: zero_optimization.round_robin_gradients"),
-])
+@pytest.mark.parametrize(
+    ("config", "accelerator_kwargs", "message"),
+    [
+        (
+            {"gradient_accumulation_steps": 4},
+            {"gradient_accumulation_steps": 2},
+            "gradient_accumulation_steps.*says 4 but the Accelerator's is 2",
+        ),
+        (
+            {"train_micro_batch_size_per_gpu": 8},
+            {},
+            "train_micro_batch_size_per_gpu is 8 but the prepared data loader yields 4",
+        ),
+        (
+            {"bf16": {"enabled": True}},
+            {"mixed_precision": "fp16"},
+            "enables bf16 but the Accelerator's mixed_precision",
+        ),
+        (
+            {"bf16": {"enabled": False}},
+            {"mixed_precision": "bf16"},
+            "mixed_precision is 'bf16' but .* bf16.enabled=false",
+        ),
+        (
+            {"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}},
+            {},
+            'defines an "optimizer" but prepare\\(\\) got a SGD',
+        ),
+        (
+            {"zero_optimization": {"stage": 2, "round_robin_gradients": "auto"}},
+            {},
+            "cannot fill: zero_optimization.round_robin_gradients",
+        ),
+    ],
+)
 def test_conflicting_explicit_values_are_errors_naming_both(config, accelerator_kwargs, message):
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config), **accelerator_kwargs)
     model, loader = objects()
@@ -77,8 +105,15 @@ def test_micro_batch_unknown_without_a_loader_is_an_error():
 def test_dummy_optimizer_and_scheduler_fill_the_config():
     config = {
         "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto", "torch_adam": True}},
-        "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
-                                                          "warmup_num_steps": "auto", "total_num_steps": "auto"}},
+        "scheduler": {
+            "type": "WarmupDecayLR",
+            "params": {
+                "warmup_min_lr": "auto",
+                "warmup_max_lr": "auto",
+                "warmup_num_steps": "auto",
+                "total_num_steps": "auto",
+            },
+        },
     }
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config))
     model, loader = objects()
@@ -87,8 +122,12 @@ def test_dummy_optimizer_and_scheduler_fill_the_config():
     model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
     filled = engine_config(accelerator)
     assert filled["optimizer"]["params"] == {"lr": 0.02, "weight_decay": 0.1, "torch_adam": True}
-    assert filled["scheduler"]["params"] == {"warmup_min_lr": 0.0, "warmup_max_lr": 0.02, "warmup_num_steps": 2,
-                                             "total_num_steps": 10}
+    assert filled["scheduler"]["params"] == {
+        "warmup_min_lr": 0.0,
+        "warmup_max_lr": 0.02,
+        "warmup_num_steps": 2,
+        "total_num_steps": 10,
+    }
     lrs = []
     for x, y in loader:
         accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
@@ -101,7 +140,7 @@ def test_dummy_optimizer_and_scheduler_fill_the_config():
 def test_dummy_optimizer_without_config_section_is_an_error():
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=1))
     model, loader = objects()
-    with pytest.raises(ConfigurationError, match="DummyOptim was passed.*no \"optimizer\" section"):
+    with pytest.raises(ConfigurationError, match='DummyOptim was passed.*no "optimizer" section'):
         accelerator.prepare(model, DummyOptim(model.parameters()), loader)
 
 

@@ -19,8 +19,14 @@ from drivetrain.errors import ConfigurationError
 
 
 def test_fields_build_a_config():
-    plugin = DeepSpeedPlugin(zero_stage=3, gradient_accumulation_steps=4, gradient_clipping=1.0,
-                             offload_optimizer_device="cpu", offload_param_device="cpu", zero3_save_16bit_model=True)
+    plugin = DeepSpeedPlugin(
+        zero_stage=3,
+        gradient_accumulation_steps=4,
+        gradient_clipping=1.0,
+        offload_optimizer_device="cpu",
+        offload_param_device="cpu",
+        zero3_save_16bit_model=True,
+    )
     config = plugin.deepspeed_config
     assert config["zero_optimization"]["stage"] == 3
     assert config["zero_optimization"]["offload_param"] == {"device": "cpu"}
@@ -31,13 +37,16 @@ def test_fields_build_a_config():
     assert DeepSpeedPlugin().stage == 2  # Accelerate's default stage
 
 
-@pytest.mark.parametrize(("field", "value", "expected"), [
-    ("zero_stage", 4, "0, 1, 2 or 3"),
-    ("gradient_accumulation_steps", 0, ">= 1"),
-    ("gradient_clipping", -1.0, "> 0"),
-    ("offload_optimizer_device", "gpu", "none, cpu, nvme"),
-    ("hf_ds_config", 3, "JSON config"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("zero_stage", 4, "0, 1, 2 or 3"),
+        ("gradient_accumulation_steps", 0, ">= 1"),
+        ("gradient_clipping", -1.0, "> 0"),
+        ("offload_optimizer_device", "gpu", "none, cpu, nvme"),
+        ("hf_ds_config", 3, "JSON config"),
+    ],
+)
 def test_invalid_fields_name_the_field(field, value, expected):
     with pytest.raises(ConfigurationError, match=rf"DeepSpeedPlugin\.{field}=.*{expected}"):
         DeepSpeedPlugin(**{field: value})
@@ -52,10 +61,18 @@ def test_nvme_needs_a_path_and_param_offload_needs_stage_3():
 
 def test_config_file_auto_values_are_filled_by_fields(tmp_path):
     path = tmp_path / "ds.json"
-    path.write_text(json.dumps({"zero_optimization": {"stage": "auto", "offload_optimizer": {"device": "auto"}},
-                                "gradient_clipping": "auto", "train_micro_batch_size_per_gpu": "auto"}))
-    plugin = DeepSpeedPlugin(hf_ds_config=str(path), zero_stage=1, gradient_clipping=0.3,
-                             offload_optimizer_device="cpu")
+    path.write_text(
+        json.dumps(
+            {
+                "zero_optimization": {"stage": "auto", "offload_optimizer": {"device": "auto"}},
+                "gradient_clipping": "auto",
+                "train_micro_batch_size_per_gpu": "auto",
+            }
+        )
+    )
+    plugin = DeepSpeedPlugin(
+        hf_ds_config=str(path), zero_stage=1, gradient_clipping=0.3, offload_optimizer_device="cpu"
+    )
     assert plugin.deepspeed_config["zero_optimization"]["stage"] == 1
     assert plugin.deepspeed_config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert plugin.deepspeed_config["gradient_clipping"] == 0.3
@@ -87,15 +104,25 @@ def test_accelerate_config_file_section_and_launch_flags(monkeypatch, tmp_path):
     """The config file's deepspeed_config section and `--zero_stage` etc. arrive as DRIVETRAIN_BACKEND_CONFIG."""
     ds_file = tmp_path / "ds.json"
     ds_file.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
-    monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({
-        "deepspeed_config_file": str(ds_file), "zero3_init_flag": True, "deepspeed_hostfile": "hosts",
-        "deepspeed_moe_layer_cls_names": "MixtralSparseMoeBlock,Block", "offload_param_nvme_path": "none",
-    }))
+    monkeypatch.setenv(
+        "DRIVETRAIN_BACKEND_CONFIG",
+        json.dumps(
+            {
+                "deepspeed_config_file": str(ds_file),
+                "zero3_init_flag": True,
+                "deepspeed_hostfile": "hosts",
+                "deepspeed_moe_layer_cls_names": "MixtralSparseMoeBlock,Block",
+                "offload_param_nvme_path": "none",
+            }
+        ),
+    )
     plugin = plugin_from_environment()
     assert plugin.stage == 3 and plugin.is_zero3_init_enabled()
     assert plugin.transformer_moe_cls_names == ["MixtralSparseMoeBlock", "Block"]
     monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({"zero_stgae": 1}))
-    with pytest.raises(ConfigurationError, match="DRIVETRAIN_BACKEND_CONFIG: unknown deepspeed setting 'zero_stgae'"):
+    with pytest.raises(
+        ConfigurationError, match="DRIVETRAIN_BACKEND_CONFIG: unknown deepspeed setting 'zero_stgae'"
+    ):
         plugin_from_environment()
 
 
@@ -112,9 +139,16 @@ def test_selecting_among_several_plugins():
 def test_runner_command_for_a_hostfile(tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node1 slots=8\nnode2 slots=8\n")
-    args = types.SimpleNamespace(deepspeed_hostfile=str(hostfile), deepspeed_multinode_launcher="openmpi",
-                                 deepspeed_inclusion_filter="node1@node2:0,1", deepspeed_exclusion_filter=None,
-                                 main_process_ip="10.0.0.1", main_process_port=29501, module=False, no_python=False)
+    args = types.SimpleNamespace(
+        deepspeed_hostfile=str(hostfile),
+        deepspeed_multinode_launcher="openmpi",
+        deepspeed_inclusion_filter="node1@node2:0,1",
+        deepspeed_exclusion_filter=None,
+        main_process_ip="10.0.0.1",
+        main_process_port=29501,
+        module=False,
+        no_python=False,
+    )
     command = runner_command(args, ["train.py", "--lr", "1"], "envfile")
     assert command[1:3] == ["-m", "deepspeed.launcher.runner"]
     assert "--no_ssh_check" not in command  # remote hosts: DeepSpeed checks ssh itself

@@ -19,22 +19,39 @@ from drivetrain.testing import launch_script
 SCRIPTS = Path(__file__).parent / "scripts"
 
 TRAINING_CASES = [
-    "z0-fp32", "z0-bf16",
-    *[f"z{stage}-{precision}{offload}" for stage in (1, 2, 3) for precision in ("fp32", "bf16")
-      for offload in ("", "-offload")],
-    "z3-fp32-offload_all", "z3-bf16-offload_all",
+    "z0-fp32",
+    "z0-bf16",
+    *[
+        f"z{stage}-{precision}{offload}"
+        for stage in (1, 2, 3)
+        for precision in ("fp32", "bf16")
+        for offload in ("", "-offload")
+    ],
+    "z3-fp32-offload_all",
+    "z3-bf16-offload_all",
 ]
 TRAINING_CHECKS = ["is_engine", "matches_ddp", "grad_norm", "resume_exact", "resume_lr"]
 MULTI_MODEL_CHECKS = [
-    "first_plugin_active", "student_config_optimizer", "teacher_selected", "teacher_is_zero3",
-    "teacher_outputs_match_unsharded", "student_trained", "teacher_frozen", "config_scheduler_warms_up",
-    "engine_folder_per_trained_model", "multi_model_load_restores",
-    "disjoint_stages", "disjoint_seed0_matches_ddp", "disjoint_seed3_matches_ddp",
+    "first_plugin_active",
+    "student_config_optimizer",
+    "teacher_selected",
+    "teacher_is_zero3",
+    "teacher_outputs_match_unsharded",
+    "student_trained",
+    "teacher_frozen",
+    "config_scheduler_warms_up",
+    "engine_folder_per_trained_model",
+    "multi_model_load_restores",
+    "disjoint_stages",
+    "disjoint_seed0_matches_ddp",
+    "disjoint_seed3_matches_ddp",
 ]
 
 
 def passed_checks(stdout: str) -> set[str]:
-    return {line.split()[1] for line in stdout.splitlines() if line.startswith("CHECK ") and line.endswith(" ok")}
+    return {
+        line.split()[1] for line in stdout.splitlines() if line.startswith("CHECK ") and line.endswith(" ok")
+    }
 
 
 def expected_training_checks() -> list[str]:
@@ -49,8 +66,13 @@ def test_zero_matrix_and_several_models(launch_env):
     """Every ZeRO stage x precision x offload trains like DDP (full global batch, accumulation 2, clipping,
     LR schedule), resumes bit-exactly from save_state/load_state, and several models work (frozen ZeRO-3
     teacher + ZeRO-2 student with config optimizer/scheduler; two disjoint models, one Accelerator each)."""
-    result = launch_script(str(SCRIPTS / "ds_matrix.py"), num_processes=2,
-                           args=[*TRAINING_CASES, "multi_models", "disjoint_models"], env=launch_env, timeout=600)
+    result = launch_script(
+        str(SCRIPTS / "ds_matrix.py"),
+        num_processes=2,
+        args=[*TRAINING_CASES, "multi_models", "disjoint_models"],
+        env=launch_env,
+        timeout=600,
+    )
     missing = sorted(set(expected_training_checks() + MULTI_MODEL_CHECKS) - passed_checks(result.stdout))
     assert not missing, f"checks that did not report ok: {missing}\n{result.stdout[-3000:]}"
 
@@ -69,14 +91,44 @@ def test_drivetrain_launch_with_deepspeed_options(launch_env, tmp_path):
     """`drivetrain launch --backend deepspeed --zero_stage 3 --gradient_clipping 0.5` reaches the processes
     through torch's launcher; then the same through DeepSpeed's own launcher with a hostfile."""
     script = str(SCRIPTS / "ds_launched.py")
-    result = _drivetrain_launch(["--num_processes", "2", "--cpu", "--backend", "deepspeed", "--zero_stage", "3",
-                                 "--gradient_clipping", "0.5", script, "3", "0.5"], launch_env)
+    result = _drivetrain_launch(
+        [
+            "--num_processes",
+            "2",
+            "--cpu",
+            "--backend",
+            "deepspeed",
+            "--zero_stage",
+            "3",
+            "--gradient_clipping",
+            "0.5",
+            script,
+            "3",
+            "0.5",
+        ],
+        launch_env,
+    )
     assert "CHECK launched_stage_3 ok" in result.stdout
     assert "CHECK launched_trains ok" in result.stdout
 
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n")
-    result = _drivetrain_launch(["--num_processes", "2", "--cpu", "--backend", "deepspeed", "--zero_stage", "1",
-                                 "--deepspeed_hostfile", str(hostfile), script, "1", "none"], launch_env)
+    result = _drivetrain_launch(
+        [
+            "--num_processes",
+            "2",
+            "--cpu",
+            "--backend",
+            "deepspeed",
+            "--zero_stage",
+            "1",
+            "--deepspeed_hostfile",
+            str(hostfile),
+            script,
+            "1",
+            "none",
+        ],
+        launch_env,
+    )
     assert "CHECK launched_stage_1 ok" in result.stdout
     assert "CHECK launched_by_deepspeed_runner ok" in result.stdout

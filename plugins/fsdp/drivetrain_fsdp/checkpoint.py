@@ -71,12 +71,21 @@ def owner_of(optimizer: torch.optim.Optimizer, modules: list[torch.nn.Module]) -
     )
 
 
-def _config(module: torch.nn.Module, fallback: FullyShardedDataParallelPlugin) -> FullyShardedDataParallelPlugin:
+def _config(
+    module: torch.nn.Module, fallback: FullyShardedDataParallelPlugin
+) -> FullyShardedDataParallelPlugin:
     return module.__dict__.get(CONFIG_ATTRIBUTE, fallback)
 
 
-def save(output_dir: str, accelerator: Any, models: list, optimizers: list, schedulers: list,
-         safe_serialization: bool, config: FullyShardedDataParallelPlugin) -> None:
+def save(
+    output_dir: str,
+    accelerator: Any,
+    models: list,
+    optimizers: list,
+    schedulers: list,
+    safe_serialization: bool,
+    config: FullyShardedDataParallelPlugin,
+) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
@@ -88,8 +97,11 @@ def save(output_dir: str, accelerator: Any, models: list, optimizers: list, sche
         else:
             state = get_model_state_dict(module, options=_options(True, cpu_offload=True))
             if writer:
-                write_model_weights(state, os.path.join(output_dir, model_file_name(index, safe_serialization)),
-                                    safe_serialization)
+                write_model_weights(
+                    state,
+                    os.path.join(output_dir, model_file_name(index, safe_serialization)),
+                    safe_serialization,
+                )
     all_modules = [_module(model, accelerator) for model in accelerator._models]
     for index, optimizer in enumerate(optimizers):
         inner = _inner(optimizer)
@@ -114,8 +126,9 @@ def _full_model_file(input_dir: str, index: int) -> str | None:
     return None
 
 
-def load(input_dir: str, accelerator: Any, models: list, optimizers: list, schedulers: list,
-         map_location: Any) -> None:
+def load(
+    input_dir: str, accelerator: Any, models: list, optimizers: list, schedulers: list, map_location: Any
+) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
@@ -163,8 +176,10 @@ def load(input_dir: str, accelerator: Any, models: list, optimizers: list, sched
             continue
         path = os.path.join(input_dir, optimizer_file_name(index))
         if not os.path.isfile(path):
-            raise CheckpointError(f"{input_dir} holds no state for optimizer {index} (neither "
-                                  f"{os.path.basename(folder)}/ nor {optimizer_file_name(index)})")
+            raise CheckpointError(
+                f"{input_dir} holds no state for optimizer {index} (neither "
+                f"{os.path.basename(folder)}/ nor {optimizer_file_name(index)})"
+            )
         full_state = safe_load(path, map_location="cpu", **load_kwargs) if is_rank0 else {}
         set_optimizer_state_dict(module, inner, full_state, options=_options(True, broadcast_from_rank0=True))
 

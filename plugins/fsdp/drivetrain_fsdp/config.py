@@ -103,10 +103,14 @@ def _to_bool(field_name: str) -> Callable[[Any], bool]:
 def _to_int(field_name: str, minimum: int) -> Callable[[Any], int]:
     def convert(value: Any) -> int:
         if isinstance(value, bool) or not str(value).strip().lstrip("-").isdigit():
-            raise ConfigurationError(f"FullyShardedDataParallelPlugin.{field_name} must be an integer, got {value!r}")
+            raise ConfigurationError(
+                f"FullyShardedDataParallelPlugin.{field_name} must be an integer, got {value!r}"
+            )
         number = int(str(value).strip())
         if number < minimum:
-            raise ConfigurationError(f"FullyShardedDataParallelPlugin.{field_name} must be >= {minimum}, got {value!r}")
+            raise ConfigurationError(
+                f"FullyShardedDataParallelPlugin.{field_name} must be >= {minimum}, got {value!r}"
+            )
         return number
 
     return convert
@@ -151,8 +155,15 @@ def _auto_wrap_policy(value: Any) -> Any:
     return _enum_converter(AutoWrapPolicy, "auto_wrap_policy")(value)
 
 
-_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "no": None, "bf16": torch.bfloat16,
-           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+_DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "no": None,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
 
 
 def _dtype(value: Any, field_name: str) -> torch.dtype | None:
@@ -258,13 +269,17 @@ class FullyShardedDataParallelPlugin:
     #: FSDP2's own knob; None derives it from ``sharding_strategy``; an int reshards to that many ranks.
     reshard_after_forward: bool | int | None = attrs.field(default=None, converter=_reshard_after_forward)
     #: HYBRID_SHARD: processes in one shard group (default: the processes on one machine).
-    hybrid_shard_size: int | None = attrs.field(default=None, converter=_optional(_to_int("hybrid_shard_size", 1)))
+    hybrid_shard_size: int | None = attrs.field(
+        default=None, converter=_optional(_to_int("hybrid_shard_size", 1))
+    )
     auto_wrap_policy: Any = attrs.field(default=None, converter=_auto_wrap_policy)
     transformer_cls_names_to_wrap: list[str] = attrs.field(factory=list, converter=_class_names)
     min_num_params: int = attrs.field(default=0, converter=_to_int("min_num_params", 0))
     mixed_precision_policy: Any = attrs.field(default=None, converter=_mixed_precision_policy)
     cpu_offload: Any = attrs.field(default=False, converter=_cpu_offload)
-    activation_checkpointing: bool = attrs.field(default=False, converter=_to_bool("activation_checkpointing"))
+    activation_checkpointing: bool = attrs.field(
+        default=False, converter=_to_bool("activation_checkpointing")
+    )
     #: None reads FSDP_CPU_RAM_EFFICIENT_LOADING (see enable_fsdp_ram_efficient_loading).
     cpu_ram_efficient_loading: bool | None = attrs.field(
         default=None, converter=_optional(_to_bool("cpu_ram_efficient_loading"))
@@ -274,11 +289,14 @@ class FullyShardedDataParallelPlugin:
     )
     ignored_modules: Any = attrs.field(default=None, converter=_ignored_modules)
     #: None: true exactly when cpu_ram_efficient_loading is on.
-    sync_module_states: bool | None = attrs.field(default=None, converter=_optional(_to_bool("sync_module_states")))
+    sync_module_states: bool | None = attrs.field(
+        default=None, converter=_optional(_to_bool("sync_module_states"))
+    )
     #: FSDP2 always exposes the original parameters; False is accepted for Accelerate configs and warned about.
     use_orig_params: bool = attrs.field(default=True, converter=_to_bool("use_orig_params"))
     backward_prefetch: BackwardPrefetch = attrs.field(
-        default=BackwardPrefetch.BACKWARD_PRE, converter=_enum_converter(BackwardPrefetch, "backward_prefetch")
+        default=BackwardPrefetch.BACKWARD_PRE,
+        converter=_enum_converter(BackwardPrefetch, "backward_prefetch"),
     )
     forward_prefetch: bool = attrs.field(default=False, converter=_to_bool("forward_prefetch"))
     fsdp_version: int = attrs.field(default=2, converter=_fsdp_version)
@@ -292,7 +310,8 @@ class FullyShardedDataParallelPlugin:
                 "rank 0 holds the weights and they reach the other ranks by broadcast"
             )
         if self.reshard_after_forward not in (None, False) and self.sharding_strategy in (
-            ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy.HYBRID_SHARD_ZERO2
+            ShardingStrategy.SHARD_GRAD_OP,
+            ShardingStrategy.HYBRID_SHARD_ZERO2,
         ):
             raise ConfigurationError(
                 f"FullyShardedDataParallelPlugin: sharding_strategy={self.sharding_strategy.value} keeps parameters "
@@ -310,7 +329,9 @@ class FullyShardedDataParallelPlugin:
         if not self.use_orig_params:
             warnings.warn(
                 "FullyShardedDataParallelPlugin.use_orig_params=False has no effect: FSDP2 always keeps the "
-                "original parameters (sharded per parameter)", UserWarning, stacklevel=3,
+                "original parameters (sharded per parameter)",
+                UserWarning,
+                stacklevel=3,
             )
 
     @property
@@ -362,7 +383,7 @@ ALIASES = {
 
 
 def _field_name(key: str, origin: str) -> str:
-    name = key[len("fsdp_"):] if key.startswith("fsdp_") and key != "fsdp_version" else key
+    name = key[len("fsdp_") :] if key.startswith("fsdp_") and key != "fsdp_version" else key
     name = ALIASES.get(name, name)
     if name not in FIELD_NAMES:
         raise ConfigurationError(

@@ -55,11 +55,16 @@ def load_sharded_model_state(checkpoint_dir: str) -> dict[str, torch.Tensor]:
         # One process reading every shard on purpose; torch warns that no process group is initialised.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, checkpoint_id=folder, no_dist=True)
-    return {key[len(prefix):] if key.startswith(prefix) else key: tensor for key, tensor in state.items()}
+    return {key[len(prefix) :] if key.startswith(prefix) else key: tensor for key, tensor in state.items()}
 
 
-def merge_fsdp_weights(checkpoint_dir: str, output_path: str, safe_serialization: bool = True,
-                       remove_checkpoint_dir: bool = False, max_shard_size: int | str = "10GB") -> list[str]:
+def merge_fsdp_weights(
+    checkpoint_dir: str,
+    output_path: str,
+    safe_serialization: bool = True,
+    remove_checkpoint_dir: bool = False,
+    max_shard_size: int | str = "10GB",
+) -> list[str]:
     """Merge the model shards of a SHARDED checkpoint into ``output_path`` (``model.safetensors``, or
     ``pytorch_model.bin`` without ``safe_serialization``); returns the files written.
 
@@ -79,19 +84,30 @@ def merge_fsdp_weights(checkpoint_dir: str, output_path: str, safe_serialization
 
 # -- the CLI command ---------------------------------------------------------------------------------------------
 def register_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint_directory", help="a sharded checkpoint (or its pytorch_model_fsdp_<i> folder)")
+    parser.add_argument(
+        "checkpoint_directory", help="a sharded checkpoint (or its pytorch_model_fsdp_<i> folder)"
+    )
     parser.add_argument("output_path", help="folder to write the merged model into")
-    parser.add_argument("--unsafe_serialization", action="store_true",
-                        help="write pytorch_model.bin (pickle) instead of model.safetensors")
-    parser.add_argument("--remove_checkpoint_dir", action="store_true",
-                        help="delete the sharded checkpoint folder after merging")
+    parser.add_argument(
+        "--unsafe_serialization",
+        action="store_true",
+        help="write pytorch_model.bin (pickle) instead of model.safetensors",
+    )
+    parser.add_argument(
+        "--remove_checkpoint_dir",
+        action="store_true",
+        help="delete the sharded checkpoint folder after merging",
+    )
     parser.add_argument("--max_shard_size", default="10GB", help="largest output file (default 10GB)")
 
 
 def run(args: argparse.Namespace) -> int:
     written = merge_fsdp_weights(
-        args.checkpoint_directory, args.output_path, safe_serialization=not args.unsafe_serialization,
-        remove_checkpoint_dir=args.remove_checkpoint_dir, max_shard_size=args.max_shard_size,
+        args.checkpoint_directory,
+        args.output_path,
+        safe_serialization=not args.unsafe_serialization,
+        remove_checkpoint_dir=args.remove_checkpoint_dir,
+        max_shard_size=args.max_shard_size,
     )
     for path in written:
         print(f"wrote {path}")

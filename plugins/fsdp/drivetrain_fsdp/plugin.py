@@ -23,8 +23,13 @@ PLUGIN_INFO = PluginInfo(
     description="PyTorch FSDP2: parameters, gradients and optimizer state sharded across processes",
     # FSDP2 keeps the gradients accumulated under no_sync() unsharded inside its parameters' state, not in
     # param.grad: local_gradients=False (plugins/fsdp/tests check accumulation equals the full batch).
-    capabilities=Capabilities(multi_process=True, sharded_state=True, precisions=("no", "bf16", "fp16"),
-                              devices=("cpu", "cuda"), local_gradients=False),
+    capabilities=Capabilities(
+        multi_process=True,
+        sharded_state=True,
+        precisions=("no", "bf16", "fp16"),
+        devices=("cpu", "cuda"),
+        local_gradients=False,
+    ),
     distributed_type="FSDP",
     config_class=FullyShardedDataParallelPlugin,
     # The backend places parameters itself: each rank materialises only its shard (and with
@@ -57,8 +62,12 @@ def active_config(accelerator: Any) -> FullyShardedDataParallelPlugin:
 def register_extensions(registry: Any) -> None:
     from drivetrain_fsdp import launch_options, merge
 
-    registry.add_command("merge-weights", merge.register_parser, merge.run,
-                         help="merge a sharded FSDP checkpoint into one safetensors model")
+    registry.add_command(
+        "merge-weights",
+        merge.register_parser,
+        merge.run,
+        help="merge a sharded FSDP checkpoint into one safetensors model",
+    )
     registry.add_launch_options(launch_options.add_arguments)
 
 
@@ -112,18 +121,32 @@ def autocast(accelerator: Any) -> contextlib.AbstractContextManager | None:
 
 
 @hookimpl
-def save_state(output_dir: str, accelerator: Any, models: list, optimizers: list, schedulers: list,
-               safe_serialization: bool) -> bool:
+def save_state(
+    output_dir: str,
+    accelerator: Any,
+    models: list,
+    optimizers: list,
+    schedulers: list,
+    safe_serialization: bool,
+) -> bool:
     from drivetrain_fsdp import checkpoint
 
-    checkpoint.save(output_dir, accelerator, models, optimizers, schedulers, safe_serialization,
-                    active_config(accelerator))
+    checkpoint.save(
+        output_dir,
+        accelerator,
+        models,
+        optimizers,
+        schedulers,
+        safe_serialization,
+        active_config(accelerator),
+    )
     return True
 
 
 @hookimpl
-def load_state(input_dir: str, accelerator: Any, models: list, optimizers: list, schedulers: list,
-               map_location: Any) -> bool:
+def load_state(
+    input_dir: str, accelerator: Any, models: list, optimizers: list, schedulers: list, map_location: Any
+) -> bool:
     from drivetrain_fsdp import checkpoint
 
     checkpoint.load(input_dir, accelerator, models, optimizers, schedulers, map_location)

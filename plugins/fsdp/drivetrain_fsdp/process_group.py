@@ -49,11 +49,17 @@ def join(device: torch.device, init_kwargs: dict[str, Any]) -> DistributedEnviro
     environment = join_process_group(device, init_kwargs)
     if not dist.is_initialized():
         _join_alone(device, init_kwargs)
-    return attrs.evolve(environment, distributed_type=DistributedType.FSDP, torch_backend=dist.get_backend(),
-                        shutdown=shutdown)
+    return attrs.evolve(
+        environment,
+        distributed_type=DistributedType.FSDP,
+        torch_backend=dist.get_backend(),
+        shutdown=shutdown,
+    )
 
 
-def mesh_shape(config: FullyShardedDataParallelPlugin, world_size: int, local_world_size: int) -> tuple[int, ...]:
+def mesh_shape(
+    config: FullyShardedDataParallelPlugin, world_size: int, local_world_size: int
+) -> tuple[int, ...]:
     """(shard,) for FULL_SHARD / SHARD_GRAD_OP; (replicate, shard) for the hybrid strategies and NO_SHARD
     (a shard group of one: every rank holds everything, gradients are all-reduced as in DDP)."""
     if config.sharding_strategy == ShardingStrategy.NO_SHARD:

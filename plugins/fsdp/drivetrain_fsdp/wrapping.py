@@ -93,8 +93,9 @@ def _bottom_up(model: torch.nn.Module, skip: set[int]) -> list[tuple[str, torch.
     return ordered[::-1]
 
 
-def modules_to_wrap(model: torch.nn.Module, config: FullyShardedDataParallelPlugin,
-                    ignored: list[torch.nn.Module]) -> list[torch.nn.Module]:
+def modules_to_wrap(
+    model: torch.nn.Module, config: FullyShardedDataParallelPlugin, ignored: list[torch.nn.Module]
+) -> list[torch.nn.Module]:
     """The submodules that become FSDP units of their own, children before parents (the root is always one)."""
     policy = config.resolved_auto_wrap_policy(model)
     candidates = _bottom_up(model, {id(module) for module in ignored})
@@ -124,7 +125,9 @@ def modules_to_wrap(model: torch.nn.Module, config: FullyShardedDataParallelPlug
 
 
 # -- sharding --------------------------------------------------------------------------------------------------
-def _fully_shard_kwargs(config: FullyShardedDataParallelPlugin, mesh: Any, ignored_params: set) -> dict[str, Any]:
+def _fully_shard_kwargs(
+    config: FullyShardedDataParallelPlugin, mesh: Any, ignored_params: set
+) -> dict[str, Any]:
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": config.effective_reshard_after_forward}
@@ -154,7 +157,9 @@ def _set_prefetching(units: list[torch.nn.Module], config: FullyShardedDataParal
             unit.set_modules_to_backward_prefetch([])  # type: ignore[operator]
 
 
-def shard_model(model: torch.nn.Module, config: FullyShardedDataParallelPlugin, accelerator: Any) -> torch.nn.Module:
+def shard_model(
+    model: torch.nn.Module, config: FullyShardedDataParallelPlugin, accelerator: Any
+) -> torch.nn.Module:
     """Apply ``config`` to ``model`` in place and return it (it is now an ``FSDPModule``)."""
     from torch.distributed._composable import checkpoint
     from torch.distributed.fsdp import fully_shard
@@ -203,8 +208,12 @@ def shard_model(model: torch.nn.Module, config: FullyShardedDataParallelPlugin, 
     return model
 
 
-def _broadcast_from_rank0(model: torch.nn.Module, state: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
-                          device: torch.device) -> None:
+def _broadcast_from_rank0(
+    model: torch.nn.Module,
+    state: dict[str, torch.Tensor],
+    buffers: dict[str, torch.Tensor],
+    device: torch.device,
+) -> None:
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 

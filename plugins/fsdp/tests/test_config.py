@@ -24,7 +24,10 @@ from drivetrain.errors import CheckpointError, ConfigurationError
 def test_defaults_and_backend_name():
     plugin = FullyShardedDataParallelPlugin()
     assert FullyShardedDataParallelPlugin.backend_name == "fsdp"
-    assert plugin.sharding_strategy == ShardingStrategy.FULL_SHARD and plugin.effective_reshard_after_forward is True
+    assert (
+        plugin.sharding_strategy == ShardingStrategy.FULL_SHARD
+        and plugin.effective_reshard_after_forward is True
+    )
     assert plugin.state_dict_type == StateDictType.SHARDED_STATE_DICT
     assert plugin.sync_module_states_enabled is False and plugin.fsdp_version == 2
 
@@ -32,23 +35,29 @@ def test_defaults_and_backend_name():
 @pytest.mark.parametrize("value", ["SHARD_GRAD_OP", "shard_grad_op", "2", 2, ShardingStrategy.SHARD_GRAD_OP])
 def test_strategy_spellings(value):
     plugin = FullyShardedDataParallelPlugin(sharding_strategy=value)
-    assert plugin.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP and plugin.effective_reshard_after_forward is False
+    assert (
+        plugin.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP
+        and plugin.effective_reshard_after_forward is False
+    )
 
 
-@pytest.mark.parametrize(("fields", "words"), [
-    ({"sharding_strategy": "ZERO3"}, ["sharding_strategy", "FULL_SHARD"]),
-    ({"state_dict_type": "LOCAL_STATE_DICT"}, ["state_dict_type", "SHARDED_STATE_DICT"]),
-    ({"fsdp_version": 1}, ["fsdp_version=1", "FSDP2"]),
-    ({"cpu_ram_efficient_loading": True, "sync_module_states": False}, ["sync_module_states=True"]),
-    ({"sharding_strategy": "SHARD_GRAD_OP", "reshard_after_forward": True}, ["reshard_after_forward"]),
-    ({"auto_wrap_policy": "SIZE_BASED_WRAP"}, ["min_num_params"]),
-    ({"hybrid_shard_size": 2}, ["hybrid_shard_size", "HYBRID_SHARD"]),
-    ({"mixed_precision_policy": {"param_dtype": "int8"}}, ["param_dtype", "bf16"]),
-    ({"mixed_precision_policy": {"compute": "bf16"}}, ["unknown key", "compute"]),
-    ({"activation_checkpointing": "maybe"}, ["activation_checkpointing"]),
-    ({"ignored_modules": "("}, ["ignored_modules", "regular expression"]),
-    ({"min_num_params": -1}, ["min_num_params", ">= 0"]),
-])
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"sharding_strategy": "ZERO3"}, ["sharding_strategy", "FULL_SHARD"]),
+        ({"state_dict_type": "LOCAL_STATE_DICT"}, ["state_dict_type", "SHARDED_STATE_DICT"]),
+        ({"fsdp_version": 1}, ["fsdp_version=1", "FSDP2"]),
+        ({"cpu_ram_efficient_loading": True, "sync_module_states": False}, ["sync_module_states=True"]),
+        ({"sharding_strategy": "SHARD_GRAD_OP", "reshard_after_forward": True}, ["reshard_after_forward"]),
+        ({"auto_wrap_policy": "SIZE_BASED_WRAP"}, ["min_num_params"]),
+        ({"hybrid_shard_size": 2}, ["hybrid_shard_size", "HYBRID_SHARD"]),
+        ({"mixed_precision_policy": {"param_dtype": "int8"}}, ["param_dtype", "bf16"]),
+        ({"mixed_precision_policy": {"compute": "bf16"}}, ["unknown key", "compute"]),
+        ({"activation_checkpointing": "maybe"}, ["activation_checkpointing"]),
+        ({"ignored_modules": "("}, ["ignored_modules", "regular expression"]),
+        ({"min_num_params": -1}, ["min_num_params", ">= 0"]),
+    ],
+)
 def test_bad_values_name_the_field(fields, words):
     with pytest.raises(ConfigurationError) as raised:
         FullyShardedDataParallelPlugin(**fields)
@@ -59,20 +68,30 @@ def test_bad_values_name_the_field(fields, words):
 def test_mixed_precision_policy_forms():
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    assert FullyShardedDataParallelPlugin(mixed_precision_policy="bf16").mixed_precision_policy == MixedPrecisionPolicy(
-        param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
-    policy = FullyShardedDataParallelPlugin(mixed_precision_policy={"param_dtype": "bf16", "reduce_dtype": "fp32"})
+    assert FullyShardedDataParallelPlugin(
+        mixed_precision_policy="bf16"
+    ).mixed_precision_policy == MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+    policy = FullyShardedDataParallelPlugin(
+        mixed_precision_policy={"param_dtype": "bf16", "reduce_dtype": "fp32"}
+    )
     assert policy.mixed_precision_policy.reduce_dtype == torch.float32
 
 
 def test_wrap_policy_resolution():
     model = torch.nn.Linear(2, 2)
     assert FullyShardedDataParallelPlugin().resolved_auto_wrap_policy(model) == AutoWrapPolicy.NO_WRAP
-    assert FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap="A, B").transformer_cls_names_to_wrap == ["A", "B"]
-    assert FullyShardedDataParallelPlugin(min_num_params=10).resolved_auto_wrap_policy(model) == \
-        AutoWrapPolicy.SIZE_BASED_WRAP
+    assert FullyShardedDataParallelPlugin(
+        transformer_cls_names_to_wrap="A, B"
+    ).transformer_cls_names_to_wrap == ["A", "B"]
+    assert (
+        FullyShardedDataParallelPlugin(min_num_params=10).resolved_auto_wrap_policy(model)
+        == AutoWrapPolicy.SIZE_BASED_WRAP
+    )
     model._no_split_modules = ["Linear"]
-    assert FullyShardedDataParallelPlugin().resolved_auto_wrap_policy(model) == AutoWrapPolicy.TRANSFORMER_BASED_WRAP
+    assert (
+        FullyShardedDataParallelPlugin().resolved_auto_wrap_policy(model)
+        == AutoWrapPolicy.TRANSFORMER_BASED_WRAP
+    )
 
 
 def test_mesh_shapes():
@@ -88,11 +107,19 @@ def test_mesh_shapes():
 
 
 def test_from_launch_environment_with_accelerate_names(monkeypatch):
-    monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({
-        "fsdp_sharding_strategy": "HYBRID_SHARD", "fsdp_offload_params": "false",
-        "fsdp_transformer_layer_cls_to_wrap": "BertLayer", "fsdp_state_dict_type": "FULL_STATE_DICT",
-        "fsdp_activation_checkpointing": "true", "fsdp_version": 2,
-    }))
+    monkeypatch.setenv(
+        "DRIVETRAIN_BACKEND_CONFIG",
+        json.dumps(
+            {
+                "fsdp_sharding_strategy": "HYBRID_SHARD",
+                "fsdp_offload_params": "false",
+                "fsdp_transformer_layer_cls_to_wrap": "BertLayer",
+                "fsdp_state_dict_type": "FULL_STATE_DICT",
+                "fsdp_activation_checkpointing": "true",
+                "fsdp_version": 2,
+            }
+        ),
+    )
     plugin = from_environment()
     assert plugin.sharding_strategy == ShardingStrategy.HYBRID_SHARD
     assert plugin.transformer_cls_names_to_wrap == ["BertLayer"] and plugin.activation_checkpointing is True
@@ -110,12 +137,17 @@ def test_environment_errors_name_the_source(monkeypatch):
 
 def test_from_accelerate_config_file(tmp_path, monkeypatch):
     path = tmp_path / "default_config.yaml"
-    path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n"
-                    "  fsdp_sharding_strategy: SHARD_GRAD_OP\n  fsdp_cpu_ram_efficient_loading: true\n"
-                    "  fsdp_sync_module_states: true\n  fsdp_use_orig_params: true\n")
+    path.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n"
+        "  fsdp_sharding_strategy: SHARD_GRAD_OP\n  fsdp_cpu_ram_efficient_loading: true\n"
+        "  fsdp_sync_module_states: true\n  fsdp_use_orig_params: true\n"
+    )
     monkeypatch.setenv("DRIVETRAIN_CONFIG_FILE", str(path))
     plugin = from_environment()
-    assert plugin.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP and plugin.cpu_ram_efficient_loading is True
+    assert (
+        plugin.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP
+        and plugin.cpu_ram_efficient_loading is True
+    )
 
 
 def test_script_and_environment_merge_and_conflict(monkeypatch):

@@ -17,29 +17,59 @@ from drivetrain.commands.main import main as drivetrain_main
 from drivetrain.testing import launch_script
 
 SCRIPTS = Path(__file__).parent / "scripts"
-STRATEGIES = ["full_shard", "shard_grad_op", "reshard_after_forward_false", "no_shard", "hybrid_shard",
-              "hybrid_shard_replicate", "hybrid_shard_zero2"]
-STRATEGY_CHECKS = [f"{strategy}_{what}" for strategy in STRATEGIES
-                   for what in ("equals_ddp", "clip_norm_global", "optimizer_rebound")] + [
-    f"{strategy}_holds_only_its_shard" for strategy in STRATEGIES if strategy not in ("no_shard", "hybrid_shard_replicate")
-] + ["no_shard_replicated", "hybrid_shard_replicate_replicated", "units_bottom_up", "distributed_type_fsdp"]
+STRATEGIES = [
+    "full_shard",
+    "shard_grad_op",
+    "reshard_after_forward_false",
+    "no_shard",
+    "hybrid_shard",
+    "hybrid_shard_replicate",
+    "hybrid_shard_zero2",
+]
+STRATEGY_CHECKS = (
+    [
+        f"{strategy}_{what}"
+        for strategy in STRATEGIES
+        for what in ("equals_ddp", "clip_norm_global", "optimizer_rebound")
+    ]
+    + [
+        f"{strategy}_holds_only_its_shard"
+        for strategy in STRATEGIES
+        if strategy not in ("no_shard", "hybrid_shard_replicate")
+    ]
+    + ["no_shard_replicated", "hybrid_shard_replicate_replicated", "units_bottom_up", "distributed_type_fsdp"]
+)
 OTHER_CHECKS = [
-    "no_sync_defers_reduce_scatter", "accumulate_equals_full_batch",
-    "activation_checkpointing_recomputes", "activation_checkpointing_same_gradients",
+    "no_sync_defers_reduce_scatter",
+    "accumulate_equals_full_batch",
+    "activation_checkpointing_recomputes",
+    "activation_checkpointing_same_gradients",
     "activation_checkpointing_same_names",
-    "mixed_precision_compute_in_bf16", "mixed_precision_sharded_params_fp32", "mixed_precision_grads_fp32",
+    "mixed_precision_compute_in_bf16",
+    "mixed_precision_sharded_params_fp32",
+    "mixed_precision_grads_fp32",
     "mixed_precision_policy_replaces_autocast",
-    "ram_efficient_loading_rank0_weights", "ram_efficient_loading_buffers", "ram_efficient_loading_no_meta",
-    "sync_module_states_rank0_weights", "optimizer_with_state_refused",
-    "sharded_scheduler_restored", "sharded_save_load_continue_equals_uninterrupted",
-    "sharded_each_rank_writes_its_shard", "merge_weights_equals_trained_model",
-    "full_scheduler_restored", "full_save_load_continue_equals_uninterrupted", "full_checkpoint_files",
-    "full_state_dict_only_on_rank0", "full_state_dict_on_cpu",
+    "ram_efficient_loading_rank0_weights",
+    "ram_efficient_loading_buffers",
+    "ram_efficient_loading_no_meta",
+    "sync_module_states_rank0_weights",
+    "optimizer_with_state_refused",
+    "sharded_scheduler_restored",
+    "sharded_save_load_continue_equals_uninterrupted",
+    "sharded_each_rank_writes_its_shard",
+    "merge_weights_equals_trained_model",
+    "full_scheduler_restored",
+    "full_save_load_continue_equals_uninterrupted",
+    "full_checkpoint_files",
+    "full_state_dict_only_on_rank0",
+    "full_state_dict_on_cpu",
 ]
 
 
 def passed_checks(stdout: str) -> set[str]:
-    return {line.split()[1] for line in stdout.splitlines() if line.startswith("CHECK ") and line.endswith(" ok")}
+    return {
+        line.split()[1] for line in stdout.splitlines() if line.startswith("CHECK ") and line.endswith(" ok")
+    }
 
 
 def assert_all_passed(result, expected: list[str]) -> None:
@@ -59,17 +89,34 @@ def test_fsdp_training_checkpoints_and_resharding(tmp_path):
     assert_all_passed(result, STRATEGY_CHECKS + OTHER_CHECKS)
 
     # 2 -> 1: the 2-process sharded checkpoint continues on one process; it saves one of its own.
-    result = launch_script(str(SCRIPTS / "fsdp_resume.py"), num_processes=1, env=env, args=[
-        str(tmp_path / "sharded"), "2", str(tmp_path / "expected_after_3.pt"),
-        str(tmp_path / "one_process"), str(tmp_path / "expected_from_one.pt"),
-    ])
+    result = launch_script(
+        str(SCRIPTS / "fsdp_resume.py"),
+        num_processes=1,
+        env=env,
+        args=[
+            str(tmp_path / "sharded"),
+            "2",
+            str(tmp_path / "expected_after_3.pt"),
+            str(tmp_path / "one_process"),
+            str(tmp_path / "expected_from_one.pt"),
+        ],
+    )
     assert_all_passed(result, ["resume_on_1_equals_uninterrupted", "resume_on_1_scheduler"])
     assert sorted(p.name for p in (tmp_path / "one_process" / "pytorch_model_fsdp_0").iterdir()) == [
-        ".metadata", "__0_0.distcp"]
+        ".metadata",
+        "__0_0.distcp",
+    ]
     # 1 -> 2
-    result = launch_script(str(SCRIPTS / "fsdp_resume.py"), num_processes=2, env=env, args=[
-        str(tmp_path / "one_process"), "2", str(tmp_path / "expected_from_one.pt"),
-    ])
+    result = launch_script(
+        str(SCRIPTS / "fsdp_resume.py"),
+        num_processes=2,
+        env=env,
+        args=[
+            str(tmp_path / "one_process"),
+            "2",
+            str(tmp_path / "expected_from_one.pt"),
+        ],
+    )
     assert_all_passed(result, ["resume_on_2_equals_uninterrupted", "resume_on_2_scheduler"])
 
     # The CLI merges the 2-process checkpoint into the weights the model had when it was saved.

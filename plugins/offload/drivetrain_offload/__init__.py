@@ -1,40 +1,36 @@
 """drivetrain-offload: big model inference for drivetrain (module hooks, CPU and disk offload, prefetch).
 
-Everything public is also importable from ``drivetrain`` and ``drivetrain.big_modeling``.
+Everything public is also importable from ``drivetrain`` and ``drivetrain.big_modeling``. Names resolve on
+first use, so loading the plugin (``drivetrain plugins``, ``drivetrain launch``) imports none of them.
 """
 
-from drivetrain_offload.attach import (
-    attach_align_device_hook,
-    attach_align_device_hook_on_blocks,
-    attach_execution_device_hook,
-)
-from drivetrain_offload.module_hooks import (
-    AlignDevicesHook,
-    ModelHook,
-    SequentialHook,
-    UserCpuOffloadHook,
-    add_hook_to_module,
-    remove_hook_from_module,
-    remove_hook_from_submodules,
-)
-from drivetrain_offload.offload import cpu_offload, cpu_offload_with_hook, disk_offload
-from drivetrain_offload.weights import OffloadedWeights, align_module_device, has_offloaded_params
+from __future__ import annotations
 
-__all__ = [
-    "AlignDevicesHook",
-    "ModelHook",
-    "OffloadedWeights",
-    "SequentialHook",
-    "UserCpuOffloadHook",
-    "add_hook_to_module",
-    "align_module_device",
-    "attach_align_device_hook",
-    "attach_align_device_hook_on_blocks",
-    "attach_execution_device_hook",
-    "cpu_offload",
-    "cpu_offload_with_hook",
-    "disk_offload",
-    "has_offloaded_params",
-    "remove_hook_from_module",
-    "remove_hook_from_submodules",
-]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "attach_align_device_hook": "attach",
+    "attach_align_device_hook_on_blocks": "attach",
+    "attach_execution_device_hook": "attach",
+    "AlignDevicesHook": "module_hooks",
+    "ModelHook": "module_hooks",
+    "SequentialHook": "module_hooks",
+    "UserCpuOffloadHook": "module_hooks",
+    "add_hook_to_module": "module_hooks",
+    "remove_hook_from_module": "module_hooks",
+    "remove_hook_from_submodules": "module_hooks",
+    "cpu_offload": "offload",
+    "cpu_offload_with_hook": "offload",
+    "disk_offload": "offload",
+    "OffloadedWeights": "weights",
+    "align_module_device": "weights",
+    "has_offloaded_params": "weights",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'drivetrain_offload' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"drivetrain_offload.{_WHERE[name]}"), name)

@@ -13,7 +13,9 @@ from drivetrain_offload.weights import PrefixedWeights
 
 
 def _has_direct_tensors(module: torch.nn.Module) -> bool:
-    return any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False))
+    return any(True for _ in module.parameters(recurse=False)) or any(
+        True for _ in module.buffers(recurse=False)
+    )
 
 
 def attach_execution_device_hook(
@@ -112,7 +114,15 @@ def attach_align_device_hook_on_blocks(
         device = execution_device[block]
         if offload.get(block, False):
             offloading += attach_align_device_hook(
-                target, device, True, weights_map, offload_buffers, full, skip_keys, preload_module_classes, tied_params_map
+                target,
+                device,
+                True,
+                weights_map,
+                offload_buffers,
+                full,
+                skip_keys,
+                preload_module_classes,
+                tied_params_map,
             )
         else:
             for child in target.modules():

@@ -175,7 +175,9 @@ class AlignDevicesHook(ModelHook):
                     if tensor.device.type != "meta":
                         set_tensor(module, name, tensor.data.to(self.execution_device))
             return module
-        self.tensor_names = module_tensors(module, self.place_submodules, include_buffers=self.offload_buffers)
+        self.tensor_names = module_tensors(
+            module, self.place_submodules, include_buffers=self.offload_buffers
+        )
         if self.managed is not None:
             self.tensor_names = [name for name in self.tensor_names if name in self.managed]
         self.original_devices = {name: get_tensor(module, name).device for name in self.tensor_names}
@@ -230,7 +232,11 @@ class CpuOffloadHook(ModelHook):
     """Moves the whole module to ``execution_device`` before forward, and leaves it there until
     ``offload()`` is called (on the hook or by the next model of a chain)."""
 
-    def __init__(self, execution_device: torch.device | str | int | None = None, prev_module_hook: UserCpuOffloadHook | None = None) -> None:
+    def __init__(
+        self,
+        execution_device: torch.device | str | int | None = None,
+        prev_module_hook: UserCpuOffloadHook | None = None,
+    ) -> None:
         self.execution_device = _as_device(execution_device) or torch.device("cpu")
         self.prev_module_hook = prev_module_hook
 

@@ -69,7 +69,9 @@ def cpu_offload(
     if as_device(execution_device).type == "cuda":  # pinned pages make host-to-device copies asynchronous
         state_dict = {name: tensor.pin_memory() for name, tensor in state_dict.items()}
     weights = OffloadedWeights(in_memory=state_dict)
-    return _attach_offload(model, execution_device, weights, offload_buffers, preload_module_classes, prefetch)
+    return _attach_offload(
+        model, execution_device, weights, offload_buffers, preload_module_classes, prefetch
+    )
 
 
 def disk_offload(
@@ -88,7 +90,9 @@ def disk_offload(
     if not os.path.isfile(os.path.join(folder, INDEX_FILE)):
         write_model_to_folder(model, folder)
     weights = OffloadedWeights(folder=folder)
-    return _attach_offload(model, execution_device, weights, offload_buffers, preload_module_classes, prefetch)
+    return _attach_offload(
+        model, execution_device, weights, offload_buffers, preload_module_classes, prefetch
+    )
 
 
 def write_model_to_folder(model: torch.nn.Module, folder: str, names: list[str] | None = None) -> None:
@@ -104,7 +108,9 @@ def write_model_to_folder(model: torch.nn.Module, folder: str, names: list[str] 
         alias[name] = first
         if first == name:
             unique[name] = tensor.detach()
-    entries = write_offloaded_weights(folder, unique, f"weights-{len(os.listdir(folder)) if os.path.isdir(folder) else 0}.safetensors")
+    entries = write_offloaded_weights(
+        folder, unique, f"weights-{len(os.listdir(folder)) if os.path.isdir(folder) else 0}.safetensors"
+    )
     save_offload_index(folder, {name: entries[first] for name, first in alias.items()})
 
 
@@ -116,6 +122,8 @@ def cpu_offload_with_hook(
     """Move the whole model to ``execution_device`` at its first forward and keep it there until
     ``hook.offload()`` is called, or until the next model of a chain (``prev_module_hook``) runs. Faster
     than :func:`cpu_offload` for models called in a loop, at the cost of holding one model on the device."""
-    hook = CpuOffloadHook(execution_device if execution_device is not None else default_execution_device(), prev_module_hook)
+    hook = CpuOffloadHook(
+        execution_device if execution_device is not None else default_execution_device(), prev_module_hook
+    )
     add_hook_to_module(model, hook, append=True)
     return model, UserCpuOffloadHook(model, hook)

@@ -22,7 +22,9 @@ class Prefetcher:
         self.successor: dict[int, Any] = {id(a): b for a, b in zip(hooks, hooks[1:])}
         self.last: Any = None
         self.pending: tuple[Any, concurrent.futures.Future] | None = None
-        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="drivetrain-prefetch")
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="drivetrain-prefetch"
+        )
         self.stream: Any = None
         self.hits = 0
         self.misses = 0
@@ -46,7 +48,9 @@ class Prefetcher:
         for name in hook.tensor_names:
             source = hook.weights_map[name]
             # Reading a memory-mapped tensor here pulls its pages from disk off the main thread.
-            tensors[name] = source.to(device).clone() if on_disk(hook.weights_map, name) else source.to(device)
+            tensors[name] = (
+                source.to(device).clone() if on_disk(hook.weights_map, name) else source.to(device)
+            )
         return tensors, None
 
     def fetch(self, hook: Any) -> dict[str, torch.Tensor]:
@@ -77,4 +81,3 @@ class Prefetcher:
     def close(self) -> None:
         self.pending = None
         self.executor.shutdown(wait=True)
-

@@ -131,7 +131,9 @@ def has_offloaded_params(module: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def align_module_device(module: torch.nn.Module, execution_device: torch.device | str | None = None) -> Iterator[None]:
+def align_module_device(
+    module: torch.nn.Module, execution_device: torch.device | str | None = None
+) -> Iterator[None]:
     """Inside the block, the module's direct parameters are real tensors (on ``execution_device`` if given):
     offloaded weights are brought in, and put back when the block ends."""
     from drivetrain_offload.module_hooks import AlignDevicesHook, hooks_of

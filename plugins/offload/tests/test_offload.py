@@ -107,11 +107,24 @@ def test_transformers_model_across_cpu_and_disk(tmp_path) -> None:
     with init_empty_weights():
         model = transformers.GPT2LMHeadModel(config).eval()
     model.tie_weights()
-    device_map = {"transformer.wte": "cpu", "transformer.wpe": "cpu", "transformer.drop": "cpu",
-                  "transformer.h.0": "cpu", "transformer.h.1": "disk", "transformer.h.2": "disk",
-                  "transformer.h.3": "cpu", "transformer.ln_f": "disk", "lm_head": "cpu"}
-    model = load_checkpoint_and_dispatch(model, tmp_path / "ckpt", device_map=device_map,
-                                         offload_folder=tmp_path / "offload", no_split_module_classes=["GPT2Block"])
+    device_map = {
+        "transformer.wte": "cpu",
+        "transformer.wpe": "cpu",
+        "transformer.drop": "cpu",
+        "transformer.h.0": "cpu",
+        "transformer.h.1": "disk",
+        "transformer.h.2": "disk",
+        "transformer.h.3": "cpu",
+        "transformer.ln_f": "disk",
+        "lm_head": "cpu",
+    }
+    model = load_checkpoint_and_dispatch(
+        model,
+        tmp_path / "ckpt",
+        device_map=device_map,
+        offload_folder=tmp_path / "offload",
+        no_split_module_classes=["GPT2Block"],
+    )
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
         torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
@@ -119,8 +132,14 @@ def test_transformers_model_across_cpu_and_disk(tmp_path) -> None:
     with init_empty_weights():
         auto = transformers.GPT2LMHeadModel(config).eval()
     auto.tie_weights()
-    auto = load_checkpoint_and_dispatch(auto, tmp_path / "ckpt", device_map="auto", max_memory={"cpu": "120KB"},
-                                        offload_folder=tmp_path / "offload2", no_split_module_classes=["GPT2Block"])
+    auto = load_checkpoint_and_dispatch(
+        auto,
+        tmp_path / "ckpt",
+        device_map="auto",
+        max_memory={"cpu": "120KB"},
+        offload_folder=tmp_path / "offload2",
+        no_split_module_classes=["GPT2Block"],
+    )
     assert "disk" in set(auto.hf_device_map.values()) and "cpu" in set(auto.hf_device_map.values())
     with torch.no_grad():
         torch.testing.assert_close(auto(ids).logits, expected, rtol=0, atol=0)

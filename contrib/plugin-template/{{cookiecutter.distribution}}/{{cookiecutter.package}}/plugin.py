@@ -23,8 +23,9 @@ PLUGIN_INFO = PluginInfo(
     description="{{ cookiecutter.description }}",
     # What the conformance suite holds you to; properties outside these are reported "n/a".
     # Set multi_process=True once setup_process_group and wrap_model handle several processes.
-    capabilities=Capabilities(multi_process=False, sharded_state=False, precisions=("no", "bf16", "fp16"),
-                              devices=("cpu",)),
+    capabilities=Capabilities(
+        multi_process=False, sharded_state=False, precisions=("no", "bf16", "fp16"), devices=("cpu",)
+    ),
     # Third-party libraries to import lazily (``drivetrain plugins`` reports when they do not import).
     requires=(),
 )
@@ -70,20 +71,29 @@ def backward(loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, An
 
 
 @hookimpl
-def clip_grad_norm(parameters: list, max_norm: float, norm_type: float, accelerator: Any) -> torch.Tensor | None:
+def clip_grad_norm(
+    parameters: list, max_norm: float, norm_type: float, accelerator: Any
+) -> torch.Tensor | None:
     """Clip by the global norm and return it. ``None``: torch.nn.utils.clip_grad_norm_."""
     return None
 
 
 @hookimpl
-def save_state(output_dir: str, accelerator: Any, models: list, optimizers: list, schedulers: list,
-               safe_serialization: bool) -> bool | None:
+def save_state(
+    output_dir: str,
+    accelerator: Any,
+    models: list,
+    optimizers: list,
+    schedulers: list,
+    safe_serialization: bool,
+) -> bool | None:
     """Write models, optimizers, schedulers into ``output_dir`` and return True. ``None``: drivetrain's files."""
     return None
 
 
 @hookimpl
-def load_state(input_dir: str, accelerator: Any, models: list, optimizers: list, schedulers: list,
-               map_location: Any) -> bool | None:
+def load_state(
+    input_dir: str, accelerator: Any, models: list, optimizers: list, schedulers: list, map_location: Any
+) -> bool | None:
     """Restore what save_state wrote and return True. ``None``: drivetrain's files."""
     return None

@@ -72,7 +72,9 @@ def count_allreduces(model: torch.nn.Module) -> AllReduceCounter:
 
 def my_rows(global_batch: tuple[torch.Tensor, torch.Tensor], rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     inputs, targets = global_batch
-    return inputs[rank * PER_RANK_BATCH:(rank + 1) * PER_RANK_BATCH], targets[rank * PER_RANK_BATCH:(rank + 1) * PER_RANK_BATCH]
+    return inputs[rank * PER_RANK_BATCH : (rank + 1) * PER_RANK_BATCH], targets[
+        rank * PER_RANK_BATCH : (rank + 1) * PER_RANK_BATCH
+    ]
 
 
 def check(name: str, condition: bool, detail: str = "") -> None:
@@ -91,8 +93,10 @@ def check_equivalence(accelerator: Accelerator, world: int, rank: int) -> None:
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
     inputs, targets = make_data(PER_RANK_BATCH * world * 5)
     for step in range(5):
-        batch = inputs[step * PER_RANK_BATCH * world:(step + 1) * PER_RANK_BATCH * world], \
-            targets[step * PER_RANK_BATCH * world:(step + 1) * PER_RANK_BATCH * world]
+        batch = (
+            inputs[step * PER_RANK_BATCH * world : (step + 1) * PER_RANK_BATCH * world],
+            targets[step * PER_RANK_BATCH * world : (step + 1) * PER_RANK_BATCH * world],
+        )
         accelerator.backward(loss_of(model, *my_rows(batch, rank)))
         optimizer.step()
         optimizer.zero_grad()
@@ -100,13 +104,18 @@ def check_equivalence(accelerator: Accelerator, world: int, rank: int) -> None:
         reference_optimizer.step()
         reference_optimizer.zero_grad()
     unwrapped = accelerator.unwrap_model(model)
-    difference = max((ours - theirs).abs().max().item() for ours, theirs in zip(unwrapped.parameters(), reference.parameters()))
+    difference = max(
+        (ours - theirs).abs().max().item()
+        for ours, theirs in zip(unwrapped.parameters(), reference.parameters())
+    )
     check("equal_to_full_batch", difference < 1e-6, f"max diff {difference}")
     check("replicas_equal", same_on_all_ranks(unwrapped))
 
 
 def check_kwargs_reach_ddp(world: int) -> None:
-    handler = DistributedDataParallelKwargs(find_unused_parameters=True, bucket_cap_mb=1, broadcast_buffers=False)
+    handler = DistributedDataParallelKwargs(
+        find_unused_parameters=True, bucket_cap_mb=1, broadcast_buffers=False
+    )
     accelerator = Accelerator(kwargs_handlers=[handler])
     model = accelerator.prepare(make_model())
     check("kwargs_find_unused", model.find_unused_parameters is True)
@@ -129,25 +138,38 @@ def check_accumulation(world: int, rank: int) -> None:
     syncs = []
     for step in range(3):
         start = step * PER_RANK_BATCH * world
-        batch = inputs[start:start + PER_RANK_BATCH * world], targets[start:start + PER_RANK_BATCH * world]
+        batch = (
+            inputs[start : start + PER_RANK_BATCH * world],
+            targets[start : start + PER_RANK_BATCH * world],
+        )
         mine = my_rows(batch, rank)
         for half in range(2):
             before = counter.calls
             with accelerator.accumulate(model):
-                accelerator.backward(loss_of(model, mine[0][half * micro:(half + 1) * micro],
-                                             mine[1][half * micro:(half + 1) * micro]))
+                accelerator.backward(
+                    loss_of(
+                        model,
+                        mine[0][half * micro : (half + 1) * micro],
+                        mine[1][half * micro : (half + 1) * micro],
+                    )
+                )
                 optimizer.step()
                 optimizer.zero_grad()
             syncs.append((accelerator.sync_gradients, counter.calls - before))
         loss_of(reference, *batch).backward()
         reference_optimizer.step()
         reference_optimizer.zero_grad()
-    check("accumulate_sync_only_at_boundaries",
-          [flag for flag, _ in syncs] == [False, True] * 3 and all((n > 0) == flag for flag, n in syncs),
-          str(syncs))
+    check(
+        "accumulate_sync_only_at_boundaries",
+        [flag for flag, _ in syncs] == [False, True] * 3 and all((n > 0) == flag for flag, n in syncs),
+        str(syncs),
+    )
     check("accumulate_one_bucket_per_sync", counter.calls == 3, f"{counter.calls} all-reduces")
     unwrapped = accelerator.unwrap_model(model)
-    difference = max((ours - theirs).abs().max().item() for ours, theirs in zip(unwrapped.parameters(), reference.parameters()))
+    difference = max(
+        (ours - theirs).abs().max().item()
+        for ours, theirs in zip(unwrapped.parameters(), reference.parameters())
+    )
     check("accumulate_equal_to_full_batch", difference < 1e-6, f"max diff {difference}")
     GradientState(gradient_accumulation_plugin=None).plugin_kwargs = {}
 
@@ -157,8 +179,8 @@ def check_no_sync(world: int, rank: int) -> None:
     model = accelerator.prepare(make_model())
     counter = count_allreduces(model)
     inputs, targets = make_data(PER_RANK_BATCH * world * 2, seed=3)
-    first = my_rows((inputs[:PER_RANK_BATCH * world], targets[:PER_RANK_BATCH * world]), rank)
-    second = my_rows((inputs[PER_RANK_BATCH * world:], targets[PER_RANK_BATCH * world:]), rank)
+    first = my_rows((inputs[: PER_RANK_BATCH * world], targets[: PER_RANK_BATCH * world]), rank)
+    second = my_rows((inputs[PER_RANK_BATCH * world :], targets[PER_RANK_BATCH * world :]), rank)
     with accelerator.no_sync(model):
         accelerator.backward(loss_of(model, *first))
     local = flat_grads(model).clone()
@@ -182,8 +204,11 @@ def check_no_sync(world: int, rank: int) -> None:
         with accelerator.trigger_sync_in_backward(model):
             accelerator.backward(loss)
     grads = flat_grads(model)
-    check("trigger_sync_in_backward", counter.calls == before + 1 and all(torch.equal(grads, g) for g in gathered(grads)),
-          f"{counter.calls - before} all-reduces")
+    check(
+        "trigger_sync_in_backward",
+        counter.calls == before + 1 and all(torch.equal(grads, g) for g in gathered(grads)),
+        f"{counter.calls - before} all-reduces",
+    )
 
 
 def check_join(world: int, rank: int) -> None:
@@ -220,9 +245,16 @@ def check_local_sgd(world: int, rank: int) -> None:
             equal_after.append(same_on_all_ranks(unwrapped))
             if step == 2:
                 for averaged, local in zip(unwrapped.parameters(), before_average):
-                    check("local_sgd_is_mean", torch.allclose(averaged, torch.stack(gathered(local)).mean(0), atol=1e-6))
+                    check(
+                        "local_sgd_is_mean",
+                        torch.allclose(averaged, torch.stack(gathered(local)).mean(0), atol=1e-6),
+                    )
     check("local_sgd_no_grad_allreduce", counter.calls == 0, f"{counter.calls} all-reduces")
-    check("local_sgd_averages_every_3", equal_after == [False, False, True, False, False, True, False], str(equal_after))
+    check(
+        "local_sgd_averages_every_3",
+        equal_after == [False, False, True, False, False, True, False],
+        str(equal_after),
+    )
     check("local_sgd_averages_on_exit", same_on_all_ranks(unwrapped))
 
 

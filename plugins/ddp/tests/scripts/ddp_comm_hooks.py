@@ -57,23 +57,50 @@ def main() -> None:
     Accelerator()  # joins the process group
     bf16_hook = "bf16_compress_hook" if dist.get_backend() == "nccl" else "bf16_compress_any_backend"
     cases = [
-        ("fp16", DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.FP16), "fp16_compress_hook"),
+        (
+            "fp16",
+            DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.FP16),
+            "fp16_compress_hook",
+        ),
         ("bf16", DistributedDataParallelKwargs(comm_hook="bf16"), bf16_hook),
-        ("power_sgd_bf16_wrapper", DistributedDataParallelKwargs(
-            comm_hook="power_sgd", comm_wrapper="bf16", comm_state_option={"start_powerSGD_iter": 2},
-        ), "bf16_wrapped_hook" if bf16_hook.endswith("backend") else "bf16_compress_wrapper_hook"),
-        ("power_sgd", DistributedDataParallelKwargs(
-            comm_hook=DDPCommunicationHookType.POWER_SGD,
-            comm_state_option={"matrix_approximation_rank": 2, "start_powerSGD_iter": 2, "min_compression_rate": 0.5},
-        ), "powerSGD_hook"),
-        ("batched_power_sgd", DistributedDataParallelKwargs(
-            comm_hook=DDPCommunicationHookType.BATCHED_POWER_SGD,
-            comm_state_option={"matrix_approximation_rank": 2, "start_powerSGD_iter": 2},
-        ), "batched_powerSGD_hook"),
-        ("power_sgd_fp16_wrapper", DistributedDataParallelKwargs(
-            comm_hook=DDPCommunicationHookType.POWER_SGD, comm_wrapper=DDPCommunicationHookType.FP16,
-            comm_state_option={"start_powerSGD_iter": 2},
-        ), "fp16_compress_wrapper_hook"),
+        (
+            "power_sgd_bf16_wrapper",
+            DistributedDataParallelKwargs(
+                comm_hook="power_sgd",
+                comm_wrapper="bf16",
+                comm_state_option={"start_powerSGD_iter": 2},
+            ),
+            "bf16_wrapped_hook" if bf16_hook.endswith("backend") else "bf16_compress_wrapper_hook",
+        ),
+        (
+            "power_sgd",
+            DistributedDataParallelKwargs(
+                comm_hook=DDPCommunicationHookType.POWER_SGD,
+                comm_state_option={
+                    "matrix_approximation_rank": 2,
+                    "start_powerSGD_iter": 2,
+                    "min_compression_rate": 0.5,
+                },
+            ),
+            "powerSGD_hook",
+        ),
+        (
+            "batched_power_sgd",
+            DistributedDataParallelKwargs(
+                comm_hook=DDPCommunicationHookType.BATCHED_POWER_SGD,
+                comm_state_option={"matrix_approximation_rank": 2, "start_powerSGD_iter": 2},
+            ),
+            "batched_powerSGD_hook",
+        ),
+        (
+            "power_sgd_fp16_wrapper",
+            DistributedDataParallelKwargs(
+                comm_hook=DDPCommunicationHookType.POWER_SGD,
+                comm_wrapper=DDPCommunicationHookType.FP16,
+                comm_state_option={"start_powerSGD_iter": 2},
+            ),
+            "fp16_compress_wrapper_hook",
+        ),
     ]
     for name, handler, hook_name in cases:
         model, first, last = train(handler)
@@ -84,7 +111,11 @@ def main() -> None:
         hooks = getattr(model, "_comm_hooks", [])
         state = hooks[0][1] if hooks else None
         if name in ("power_sgd", "batched_power_sgd"):
-            check(f"{name}_state_option", state is not None and state.matrix_approximation_rank == 2, repr(state))
+            check(
+                f"{name}_state_option",
+                state is not None and state.matrix_approximation_rank == 2,
+                repr(state),
+            )
     Accelerator().end_training()
 
 

@@ -28,7 +28,8 @@ model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 features = torch.randn(16, 4)
 loader = torch.utils.data.DataLoader(
-    torch.utils.data.TensorDataset(features, features @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])), batch_size=2
+    torch.utils.data.TensorDataset(features, features @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])),
+    batch_size=2,
 )
 model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 check(f"launched_stage_{stage}", model.zero_optimization_stage() == stage)

@@ -60,7 +60,9 @@ def make_optimizer(parameters, bf16: bool = False) -> torch.optim.Optimizer:
     return torch.optim.AdamW(parameters, lr=LR)
 
 
-def reference(model: torch.nn.Module, epochs: int, num_processes: int, bf16: bool = False) -> tuple[dict, float]:
+def reference(
+    model: torch.nn.Module, epochs: int, num_processes: int, bf16: bool = False
+) -> tuple[dict, float]:
     """DDP's result: full global batches, loss averaged over processes, the scheduler stepped once per process
     per optimizer step (as the kernel's AcceleratedScheduler does without split_batches)."""
     model = copy.deepcopy(model)
@@ -71,7 +73,9 @@ def reference(model: torch.nn.Module, epochs: int, num_processes: int, bf16: boo
     norm = torch.tensor(0.0)
     for _ in range(epochs):
         for index, start in enumerate(range(0, SAMPLES, global_batch)):
-            loss = torch.nn.functional.mse_loss(model(x[start:start + global_batch]), y[start:start + global_batch])
+            loss = torch.nn.functional.mse_loss(
+                model(x[start : start + global_batch]), y[start : start + global_batch]
+            )
             (loss / GAS).backward()
             if (index + 1) % GAS == 0:
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
@@ -87,7 +91,9 @@ def plugin_for(case: str) -> tuple[DeepSpeedPlugin, str]:
     stage, precision = int(parts[0][1:]), parts[1]
     offload = parts[2] if len(parts) > 2 else ""
     plugin = DeepSpeedPlugin(
-        zero_stage=stage, gradient_accumulation_steps=GAS, gradient_clipping=CLIP,
+        zero_stage=stage,
+        gradient_accumulation_steps=GAS,
+        gradient_clipping=CLIP,
         offload_optimizer_device="cpu" if offload else None,
         offload_param_device="cpu" if offload == "offload_all" else None,
     )
@@ -129,14 +135,20 @@ def close(a: dict, b: dict, tolerance: float) -> tuple[bool, float]:
 def run_training_case(case: str, checkpoint_root: str) -> None:
     bf16 = "bf16" in case
     accelerator, model, optimizer, scheduler, loader = build(case)
-    check(f"{case}_is_engine", type(model).__name__ == "DeepSpeedEngine" and accelerator.distributed_type == "DEEPSPEED")
+    check(
+        f"{case}_is_engine",
+        type(model).__name__ == "DeepSpeedEngine" and accelerator.distributed_type == "DEEPSPEED",
+    )
     norm = train_epoch(accelerator, model, optimizer, scheduler, loader)
     expected, expected_norm = reference(make_model(), 1, accelerator.num_processes, bf16)
     ok, worst = close(gathered_state_dict(model), expected, 2e-2 if bf16 else 2e-5)
     check(f"{case}_matches_ddp", ok, f"(max difference {worst})")
     tolerance = 5e-2 if bf16 else 1e-4
-    check(f"{case}_grad_norm", abs(norm - expected_norm) <= tolerance * max(1.0, expected_norm),
-          f"({norm} vs {expected_norm})")
+    check(
+        f"{case}_grad_norm",
+        abs(norm - expected_norm) <= tolerance * max(1.0, expected_norm),
+        f"({norm} vs {expected_norm})",
+    )
 
     # save -> continue, versus load into a fresh engine -> continue: equal weights, bit for bit.
     folder = os.path.join(checkpoint_root, case)
@@ -150,8 +162,11 @@ def run_training_case(case: str, checkpoint_root: str) -> None:
     accelerator.load_state(folder)
     train_epoch(accelerator, model, optimizer, scheduler, loader)
     resumed = gathered_state_dict(model)
-    check(f"{case}_resume_exact", all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted),
-          f"(max difference {close(resumed, uninterrupted, 0)[1]})")
+    check(
+        f"{case}_resume_exact",
+        all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted),
+        f"(max difference {close(resumed, uninterrupted, 0)[1]})",
+    )
     check(f"{case}_resume_lr", scheduler.get_last_lr() == lr_uninterrupted)
     if not bf16 and "offload" not in case:
         expected, _ = reference(make_model(), 2, accelerator.num_processes)
@@ -161,8 +176,10 @@ def run_training_case(case: str, checkpoint_root: str) -> None:
 
 STUDENT_CONFIG = {
     "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto", "torch_adam": True}},
-    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
-                                                  "warmup_num_steps": "auto"}},
+    "scheduler": {
+        "type": "WarmupLR",
+        "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto"},
+    },
     "zero_optimization": {"stage": 2},
     "gradient_clipping": "auto",
     "train_batch_size": "auto",
@@ -175,8 +192,10 @@ TEACHER_CONFIG = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per
 def run_multi_models(checkpoint_root: str) -> None:
     """A frozen ZeRO-3 teacher and a ZeRO-2 student with the config's optimizer and scheduler."""
     reset_state()
-    plugins = {"student": DeepSpeedPlugin(hf_ds_config=STUDENT_CONFIG),
-               "teacher": DeepSpeedPlugin(hf_ds_config=TEACHER_CONFIG)}
+    plugins = {
+        "student": DeepSpeedPlugin(hf_ds_config=STUDENT_CONFIG),
+        "teacher": DeepSpeedPlugin(hf_ds_config=TEACHER_CONFIG),
+    }
     accelerator = Accelerator(deepspeed_plugins=plugins)
     from drivetrain_deepspeed import get_active_deepspeed_plugin
 
@@ -213,14 +232,20 @@ def run_multi_models(checkpoint_root: str) -> None:
     after = gathered_state_dict(student)
     check("student_trained", any(not torch.equal(before[k], after[k]) for k in before))
     teacher_weights = gathered_state_dict(teacher)
-    check("teacher_frozen", all(torch.equal(teacher_weights[k], v) for k, v in original_teacher.state_dict().items()))
+    check(
+        "teacher_frozen",
+        all(torch.equal(teacher_weights[k], v) for k, v in original_teacher.state_dict().items()),
+    )
     check("config_scheduler_warms_up", lrs[0] < lrs[3] and abs(lrs[-1] - LR) < 1e-9, str(lrs))
 
     folder = os.path.join(checkpoint_root, "two_engines")
     accelerator.save_state(folder)
     # The student's engine folder; the frozen teacher (an inference engine) is not checkpointed.
-    check("engine_folder_per_trained_model", os.path.isdir(os.path.join(folder, "pytorch_model"))
-          and not os.path.exists(os.path.join(folder, "pytorch_model_1")))
+    check(
+        "engine_folder_per_trained_model",
+        os.path.isdir(os.path.join(folder, "pytorch_model"))
+        and not os.path.exists(os.path.join(folder, "pytorch_model_1")),
+    )
     with torch.no_grad():
         for parameter in student.module.parameters():
             if parameter.numel():
@@ -233,8 +258,10 @@ def run_multi_models(checkpoint_root: str) -> None:
 def run_disjoint_models() -> None:
     """Two models trained separately, one Accelerator each, each equal to its own DDP result."""
     reset_state()
-    plugins = {"first": DeepSpeedPlugin(zero_stage=1, gradient_accumulation_steps=GAS, gradient_clipping=CLIP),
-               "second": DeepSpeedPlugin(zero_stage=2, gradient_accumulation_steps=GAS, gradient_clipping=CLIP)}
+    plugins = {
+        "first": DeepSpeedPlugin(zero_stage=1, gradient_accumulation_steps=GAS, gradient_clipping=CLIP),
+        "second": DeepSpeedPlugin(zero_stage=2, gradient_accumulation_steps=GAS, gradient_clipping=CLIP),
+    }
     first_accelerator = Accelerator(deepspeed_plugins=plugins)
     second_accelerator = Accelerator()
     prepared = []
@@ -245,7 +272,10 @@ def run_disjoint_models() -> None:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         loader = accelerator.prepare(torch.utils.data.DataLoader(dataset(), batch_size=PER_PROCESS_BATCH))
         prepared.append((accelerator, *accelerator.prepare(model, optimizer, scheduler), loader, seed))
-    check("disjoint_stages", prepared[0][1].zero_optimization_stage() == 1 and prepared[1][1].zero_optimization_stage() == 2)
+    check(
+        "disjoint_stages",
+        prepared[0][1].zero_optimization_stage() == 1 and prepared[1][1].zero_optimization_stage() == 2,
+    )
     for batches in zip(prepared[0][4], prepared[1][4]):
         for (accelerator, model, optimizer, scheduler, _, _), (x, y) in zip(prepared, batches):
             with accelerator.accumulate(model):

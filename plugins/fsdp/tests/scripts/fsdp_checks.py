@@ -55,7 +55,11 @@ def check_strategies(reference, reference_norms):
         ("reshard_after_forward_false", {"reshard_after_forward": False}, True),
         ("no_shard", {"sharding_strategy": "NO_SHARD"}, False),
         ("hybrid_shard", {"sharding_strategy": "HYBRID_SHARD"}, True),  # mesh (1, 2)
-        ("hybrid_shard_replicate", {"sharding_strategy": "HYBRID_SHARD", "hybrid_shard_size": 1}, False),  # (2, 1)
+        (
+            "hybrid_shard_replicate",
+            {"sharding_strategy": "HYBRID_SHARD", "hybrid_shard_size": 1},
+            False,
+        ),  # (2, 1)
         ("hybrid_shard_zero2", {"sharding_strategy": "HYBRID_SHARD_ZERO2"}, True),
     ]
     for name, fields, sharded in cases:
@@ -72,24 +76,41 @@ def check_strategies(reference, reference_norms):
             optimizer.zero_grad()
         difference = max_difference(full_parameters(model), reference)
         check(f"{name}_equals_ddp", difference < TOLERANCE, f"max diff {difference}")
-        check(f"{name}_clip_norm_global", max(abs(a - b) for a, b in zip(norms, reference_norms)) < 1e-4,
-              f"{norms} vs ddp {reference_norms}")
+        check(
+            f"{name}_clip_norm_global",
+            max(abs(a - b) for a, b in zip(norms, reference_norms)) < 1e-4,
+            f"{norms} vs ddp {reference_norms}",
+        )
         params = dict(model.named_parameters())
         weight = params["embed.weight"]
         local = weight.to_local().numel()
         gathered = [0] * world
         dist.all_gather_object(gathered, local)
         if sharded:
-            check(f"{name}_holds_only_its_shard",
-                  local < weight.numel() and sum(gathered) == weight.numel(), f"local {gathered} of {weight.numel()}")
+            check(
+                f"{name}_holds_only_its_shard",
+                local < weight.numel() and sum(gathered) == weight.numel(),
+                f"local {gathered} of {weight.numel()}",
+            )
         else:
             check(f"{name}_replicated", gathered == [weight.numel()] * world, str(gathered))
-        check(f"{name}_optimizer_rebound",
-              all(isinstance(p, DTensor) for group in optimizer.param_groups for p in group["params"])
-              and {id(p) for group in optimizer.param_groups for p in group["params"]} == {id(p) for p in params.values()})
-    check("units_bottom_up", all(isinstance(block, FSDPModule) for block in model.blocks)
-          and isinstance(model, FSDPModule) and not isinstance(model.head, FSDPModule))
-    check("distributed_type_fsdp", accelerator.distributed_type == DistributedType.FSDP, str(accelerator.distributed_type))
+        check(
+            f"{name}_optimizer_rebound",
+            all(isinstance(p, DTensor) for group in optimizer.param_groups for p in group["params"])
+            and {id(p) for group in optimizer.param_groups for p in group["params"]}
+            == {id(p) for p in params.values()},
+        )
+    check(
+        "units_bottom_up",
+        all(isinstance(block, FSDPModule) for block in model.blocks)
+        and isinstance(model, FSDPModule)
+        and not isinstance(model.head, FSDPModule),
+    )
+    check(
+        "distributed_type_fsdp",
+        accelerator.distributed_type == DistributedType.FSDP,
+        str(accelerator.distributed_type),
+    )
 
 
 def check_accumulation(world, rank):
@@ -122,8 +143,9 @@ def check_accumulation(world, rank):
 
 
 def gradients_with(activation_checkpointing, world, rank):
-    plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Block"],
-                                            activation_checkpointing=activation_checkpointing)
+    plugin = FullyShardedDataParallelPlugin(
+        transformer_cls_names_to_wrap=["Block"], activation_checkpointing=activation_checkpointing
+    )
     accelerator = Accelerator(fsdp_plugin=plugin)
     model = accelerator.prepare(make_model())
     recomputed = []
@@ -136,7 +158,11 @@ def gradients_with(activation_checkpointing, world, rank):
 def check_activation_checkpointing(world, rank):
     plain, plain_forwards, plain_keys = gradients_with(False, world, rank)
     checkpointed, forwards, keys = gradients_with(True, world, rank)
-    check("activation_checkpointing_recomputes", plain_forwards == 1 and forwards == 2, f"{plain_forwards}, {forwards}")
+    check(
+        "activation_checkpointing_recomputes",
+        plain_forwards == 1 and forwards == 2,
+        f"{plain_forwards}, {forwards}",
+    )
     check("activation_checkpointing_same_gradients", max_difference(plain, checkpointed) < 1e-6)
     check("activation_checkpointing_same_names", plain_keys == keys, f"{keys}")
 
@@ -144,17 +170,26 @@ def check_activation_checkpointing(world, rank):
 def check_mixed_precision(world, rank):
     policy = {"param_dtype": "bf16", "reduce_dtype": "fp32"}
     # Each unit casts its inputs to param_dtype; buffers (``scale``) stay fp32, so the blocks are units.
-    plugin = FullyShardedDataParallelPlugin(mixed_precision_policy=policy, transformer_cls_names_to_wrap=["Block"])
+    plugin = FullyShardedDataParallelPlugin(
+        mixed_precision_policy=policy, transformer_cls_names_to_wrap=["Block"]
+    )
     accelerator = Accelerator(fsdp_plugin=plugin, mixed_precision="bf16")
     model = accelerator.prepare(make_model())
     seen = {}
     model.blocks[0].linear.register_forward_hook(
-        lambda module, inputs, output: seen.update(weight=module.weight.dtype, output=output.dtype))
+        lambda module, inputs, output: seen.update(weight=module.weight.dtype, output=output.dtype)
+    )
     accelerator.backward(loss_of(model, 0, rank, world).float())
-    check("mixed_precision_compute_in_bf16", seen == {"weight": torch.bfloat16, "output": torch.bfloat16}, str(seen))
+    check(
+        "mixed_precision_compute_in_bf16",
+        seen == {"weight": torch.bfloat16, "output": torch.bfloat16},
+        str(seen),
+    )
     check("mixed_precision_sharded_params_fp32", all(p.dtype == torch.float32 for p in model.parameters()))
     check("mixed_precision_grads_fp32", all(p.grad.dtype == torch.float32 for p in model.parameters()))
-    check("mixed_precision_policy_replaces_autocast", isinstance(accelerator.autocast(), contextlib.nullcontext))
+    check(
+        "mixed_precision_policy_replaces_autocast", isinstance(accelerator.autocast(), contextlib.nullcontext)
+    )
 
 
 def check_loading(world, rank):
@@ -168,7 +203,11 @@ def check_loading(world, rank):
     accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=True))
     model = accelerator.prepare(model)
     check("ram_efficient_loading_rank0_weights", max_difference(full_parameters(model), reference) == 0.0)
-    check("ram_efficient_loading_buffers", torch.equal(model.scale, torch.full((HIDDEN,), 1.0)), str(model.scale))
+    check(
+        "ram_efficient_loading_buffers",
+        torch.equal(model.scale, torch.full((HIDDEN,), 1.0)),
+        str(model.scale),
+    )
     check("ram_efficient_loading_no_meta", not any(p.is_meta for p in model.parameters()))
     # sync_module_states: ranks that built different weights end with rank 0's.
     accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(sync_module_states=True))
@@ -211,16 +250,22 @@ def check_checkpoints(workdir):
         fresh = make_model(seed=5)
         fresh.scale.fill_(1.0)  # a non-persistent buffer: not part of any checkpoint
         fresh, fresh_optimizer = accelerator.prepare(fresh, torch.optim.AdamW(fresh.parameters(), lr=0.05))
-        fresh_scheduler = accelerator.prepare(torch.optim.lr_scheduler.StepLR(fresh_optimizer, step_size=1, gamma=0.9))
+        fresh_scheduler = accelerator.prepare(
+            torch.optim.lr_scheduler.StepLR(fresh_optimizer, step_size=1, gamma=0.9)
+        )
         accelerator.load_state(folder)
         check(f"{tag}_scheduler_restored", fresh_scheduler.get_last_lr() == scheduler.get_last_lr())
         train_steps(accelerator, fresh, fresh_optimizer, range(2, 4))
         difference = max_difference(full_parameters(fresh), uninterrupted)
         check(f"{tag}_save_load_continue_equals_uninterrupted", difference < 1e-6, f"max diff {difference}")
         if kind == "SHARDED_STATE_DICT":
-            check("sharded_each_rank_writes_its_shard", sorted(os.listdir(os.path.join(folder, "pytorch_model_fsdp_0")))
-                  == [".metadata"] + [f"__{r}_0.distcp" for r in range(world)]
-                  and os.path.isdir(os.path.join(folder, "optimizer_0")), str(os.listdir(folder)))
+            check(
+                "sharded_each_rank_writes_its_shard",
+                sorted(os.listdir(os.path.join(folder, "pytorch_model_fsdp_0")))
+                == [".metadata"] + [f"__{r}_0.distcp" for r in range(world)]
+                and os.path.isdir(os.path.join(folder, "optimizer_0")),
+                str(os.listdir(folder)),
+            )
             if rank == 0:
                 torch.save(uninterrupted, os.path.join(workdir, "expected_after_3.pt"))
                 torch.save(weights_at_save, os.path.join(workdir, "weights_at_save.pt"))
@@ -229,16 +274,24 @@ def check_checkpoints(workdir):
                 from safetensors.torch import load_file
 
                 merged_state = load_file(os.path.join(merged, "model.safetensors"))
-                check("merge_weights_equals_trained_model",
-                      merged_state.keys() == weights_at_save.keys()
-                      and all(torch.equal(merged_state[k], weights_at_save[k]) for k in merged_state))
+                check(
+                    "merge_weights_equals_trained_model",
+                    merged_state.keys() == weights_at_save.keys()
+                    and all(torch.equal(merged_state[k], weights_at_save[k]) for k in merged_state),
+                )
         else:
-            check("full_checkpoint_files", os.path.isfile(os.path.join(folder, "model.safetensors"))
-                  and os.path.isfile(os.path.join(folder, "optimizer.bin"))
-                  and not os.path.exists(os.path.join(folder, "pytorch_model_fsdp_0")), str(os.listdir(folder)))
+            check(
+                "full_checkpoint_files",
+                os.path.isfile(os.path.join(folder, "model.safetensors"))
+                and os.path.isfile(os.path.join(folder, "optimizer.bin"))
+                and not os.path.exists(os.path.join(folder, "pytorch_model_fsdp_0")),
+                str(os.listdir(folder)),
+            )
             check("full_state_dict_only_on_rank0", (len(weights_at_save) > 0) == (rank == 0))
-            check("full_state_dict_on_cpu", all(t.device.type == "cpu" and not isinstance(t, DTensor)
-                                                for t in weights_at_save.values()))
+            check(
+                "full_state_dict_on_cpu",
+                all(t.device.type == "cpu" and not isinstance(t, DTensor) for t in weights_at_save.values()),
+            )
 
 
 def main() -> None:
@@ -247,8 +300,15 @@ def main() -> None:
     accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
     world, rank = accelerator.num_processes, accelerator.process_index
     assert world == 2 and accelerator.state.backend_name == "fsdp", accelerator.state
-    sections = sys.argv[2:] or ["strategies", "accumulation", "activation_checkpointing", "mixed_precision",
-                                "loading", "optimizer_state", "checkpoints"]
+    sections = sys.argv[2:] or [
+        "strategies",
+        "accumulation",
+        "activation_checkpointing",
+        "mixed_precision",
+        "loading",
+        "optimizer_state",
+        "checkpoints",
+    ]
     reference, reference_norms = ddp_reference(range(4))
     for section in sections:
         if section == "strategies":

@@ -56,7 +56,7 @@ def batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]
     inputs, targets = make_data()
     per_rank = GLOBAL_BATCH // world
     start = step * GLOBAL_BATCH + rank * per_rank
-    return inputs[start:start + per_rank], targets[start:start + per_rank]
+    return inputs[start : start + per_rank], targets[start : start + per_rank]
 
 
 def loss_of(model: torch.nn.Module, step: int, rank: int, world: int) -> torch.Tensor:
@@ -66,8 +66,10 @@ def loss_of(model: torch.nn.Module, step: int, rank: int, world: int) -> torch.T
 
 def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter, whole (DTensors gathered), by name."""
-    return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-            for name, p in model.named_parameters()}
+    return {
+        name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        for name, p in model.named_parameters()
+    }
 
 
 def max_difference(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> float:

@@ -33,7 +33,11 @@ def main() -> None:
     weights = full_parameters(model)
     difference = max_difference(weights, torch.load(expected_path))
     check(f"resume_on_{world}_equals_uninterrupted", difference < 2e-5, f"max diff {difference}")
-    check(f"resume_on_{world}_scheduler", scheduler.get_last_lr() == [0.05 * 0.9 ** 2], str(scheduler.get_last_lr()))
+    check(
+        f"resume_on_{world}_scheduler",
+        scheduler.get_last_lr() == [0.05 * 0.9**2],
+        str(scheduler.get_last_lr()),
+    )
     if len(sys.argv) > 4 and accelerator.is_main_process:
         torch.save(weights, sys.argv[5])
     accelerator.end_training()
