@@ -5,7 +5,9 @@
 Builds a sharded safetensors checkpoint of stacked Linear layers (fp32), then, each in a fresh process
 and with the files evicted from the page cache first (posix_fadvise DONTNEED, so every run reads from
 disk): `cat files > /dev/null`, load_checkpoint_and_dispatch onto the CPU, and a forward of the model
-with every layer but the first offloaded to disk. Accelerate runs when --ref-python names an interpreter that has it.
+with every layer but the first offloaded to disk — with drivetrain's prefetching of the next offloaded
+layer and without it (``prefetch=False``), which measures what prefetching buys. Accelerate runs when
+--ref-python names an interpreter that has it.
 """
 
 from __future__ import annotations
@@ -55,10 +57,13 @@ def child(impl: str, task: str, folder: str, layers: int) -> None:
     import torch
 
     torch.set_num_threads(1)
+    options: dict = {}
     if impl == "accelerate":
         from accelerate import init_empty_weights, load_checkpoint_and_dispatch
     else:
         from drivetrain.big_modeling import init_empty_weights, load_checkpoint_and_dispatch
+
+        options = {"prefetch": impl != "drivetrain-no-prefetch"}
     with init_empty_weights():
         model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(layers)])
     result: dict = {}
@@ -70,7 +75,9 @@ def child(impl: str, task: str, folder: str, layers: int) -> None:
         offload = folder + f"-offload-{impl}"
         # Accelerate refuses a map that is only "disk": the first layer stays in RAM.
         device_map = {str(i): "cpu" if i == 0 else "disk" for i in range(layers)}
-        model = load_checkpoint_and_dispatch(model, folder, device_map=device_map, offload_folder=offload)
+        model = load_checkpoint_and_dispatch(
+            model, folder, device_map=device_map, offload_folder=offload, **options
+        )
         x = torch.randn(8, WIDTH)
         times = []
         with torch.no_grad():
@@ -126,7 +133,7 @@ def main() -> None:
             f"{impl:10s} load to CPU: {load['seconds']:.2f} s ({load['seconds'] / cat_seconds:.2f}x cat), "
             f"peak RSS {load['peak_rss_mb']:.0f} MiB ({load['peak_rss_mb'] / size_mb:.2f}x checkpoint)"
         )
-    for impl, python in impls:
+    for impl, python in [*impls, ("drivetrain-no-prefetch", sys.executable)]:
         forward = run(python, impl, "forward", args.folder, layers)
         print(
             f"{impl:10s} disk-offloaded forward (cold cache): best {forward['seconds']:.2f} s, "

@@ -114,6 +114,7 @@ def test_auto_map_cpu_and_disk_same_logits(tmp_path) -> None:
         max_memory={"cpu": 2 * sizes["embed"] + 2 * sizes["blocks.0"]},
         no_split_module_classes=["Block"],
         offload_folder=str(tmp_path / "offload"),
+        prefetch=True,  # off by default on the CPU; exercised here
     )
     assert model.hf_device_map == {
         "embed": "cpu",

@@ -57,14 +57,16 @@ def dispatch_model(
     skip_keys: str | list[str] | None = None,
     preload_module_classes: list[str] | None = None,
     force_hooks: bool = False,
-    prefetch: bool = True,
+    prefetch: bool | None = None,
 ) -> torch.nn.Module:
     """Place the modules of ``model`` as ``device_map`` says and make forward work across them.
 
     Inputs go to ``main_device`` (default: the first GPU of the map, else CPU) and outputs come back to
     the device of the inputs. Weights mapped to ``"cpu"`` (while computing on a GPU) or ``"disk"`` stay
-    there and visit the execution device only while their module runs; the next offloaded block is
-    prefetched while the current one computes (``prefetch=False`` turns that off). ``offload_dir`` holds the
+    there and visit the execution device only while their module runs. ``prefetch`` loads the next
+    offloaded block while the current one computes; the default (None) does so when computing on an
+    accelerator and not on the CPU, where weights are read straight from the memory-mapped files and a
+    prefetch copy only competes for the cores (measured in bench/big_model_load.py). ``offload_dir`` holds the
     ``index.json`` written by :func:`load_checkpoint_in_model` for ``"disk"`` weights.
     """
     check_device_map(model, device_map)
@@ -119,7 +121,7 @@ def load_checkpoint_and_dispatch(
     force_hooks: bool = False,
     strict: bool = False,
     keep_in_fp32_modules: list[str] | None = None,
-    prefetch: bool = True,
+    prefetch: bool | None = None,
 ) -> torch.nn.Module:
     """Load ``checkpoint`` into ``model`` (typically built under :func:`init_empty_weights`) and dispatch it.
 

@@ -86,9 +86,17 @@ def dispatch(
         offload_buffers=offload_buffers,
         skip_keys=skip_keys,
         preload_module_classes=options.get("preload_module_classes"),
-        prefetch=bool(options.get("prefetch", True)),
+        prefetch=_should_prefetch(options.get("prefetch"), main),
     )
     return model
+
+
+def _should_prefetch(asked: bool | None, main: torch.device) -> bool:
+    """Prefetch the next offloaded block when asked, and by default only when computing on an accelerator:
+    on the CPU the weights are used straight from the memory-mapped files, and a prefetch copy only
+    competes for the cores (bench/big_model_load.py: best disk-offloaded forward 0.22 s without, 0.84 s
+    with, on 2 cores)."""
+    return main.type != "cpu" if asked is None else bool(asked)
 
 
 def _entry_name(name: str, device_map: dict[str, Any]) -> str:
