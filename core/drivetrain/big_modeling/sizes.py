@@ -6,49 +6,12 @@ Everything here works on a model whose weights are on the meta device: sizes com
 from __future__ import annotations
 
 import os
-import re
 from collections import defaultdict
 from typing import Any
 
 import torch
 
-# Decimal units are powers of 1000, binary units ("GiB") powers of 1024, as in every disk and RAM spec.
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
-_SIZE_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*$")
-
-
-def parse_size(size: int | str) -> int:
-    """``"10GiB"`` -> 10737418240, ``"500MB"`` -> 500000000, ``1024`` -> 1024.
-
-    Raises ValueError naming the value and the accepted units.
-    """
-    if isinstance(size, bool):
-        raise ValueError(f"memory size must be an int of bytes or a string like '10GiB', got {size!r}")
-    if isinstance(size, int):
-        if size < 0:
-            raise ValueError(f"memory size must not be negative, got {size}")
-        return size
-    if isinstance(size, float) and size >= 0:
-        return int(size)
-    if isinstance(size, str):
-        match = _SIZE_PATTERN.match(size)
-        if match and match.group(2).upper() in _UNITS:
-            return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
-    raise ValueError(
-        f"cannot read memory size {size!r}: give an int of bytes or a number with one of the units "
-        "B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. '10GiB'"
-    )
+from drivetrain.units import parse_size
 
 
 def to_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import re
 import struct
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
+from drivetrain import units
 from drivetrain.checkpoint.files import durable_writer
 from drivetrain.errors import CheckpointError
 
@@ -232,31 +232,9 @@ def safe_load(path: str, map_location: Any = None, weights_only: bool = True, **
         ) from exc
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B)\s*$", re.IGNORECASE)
-_UNITS = {
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
-
-
-def parse_size(size: int | str) -> int:
-    """Bytes in ``size``: an int, or digits and a unit ("5MB" = 5·10⁶, "2GiB" = 2·2³⁰)."""
-    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-        return size
-    match = _SIZE.match(size) if isinstance(size, str) else None
-    if match is None or float(match.group(1)) <= 0:
-        raise ValueError(
-            f"max_shard_size={size!r} is not a size: give a positive int (bytes) or digits followed by a unit "
-            "such as '500MB', '10GB' or '2GiB'"
-        )
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+def parse_size(size: Any) -> int:
+    """Bytes in a ``max_shard_size``: a positive int, or digits and a unit ("5MB" = 5·10⁶, "2GiB" = 2·2³⁰)."""
+    return units.parse_size(size, what="max_shard_size", allow_zero=False)
 
 
 def plan_shards(tensors: Mapping[str, torch.Tensor], max_shard_size: int) -> list[list[str]]:
