@@ -27,6 +27,8 @@ import time
 
 import torch
 
+from drivetrain.testing import launch_script
+
 
 def make_model() -> torch.nn.Module:
     torch.manual_seed(0)
@@ -105,31 +107,17 @@ def run(num_processes: int, steps: int, rounds: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="ddp-bench-") as tmp:
         output = os.path.join(tmp, "result.json")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": tmp}
-        worker_args = [
-            __file__,
-            "--worker",
-            "--steps",
-            str(steps),
-            "--rounds",
-            str(rounds),
-            "--output",
-            output,
-        ]
+        worker_args = ["--worker", "--steps", str(steps), "--rounds", str(rounds), "--output", output]
         if num_processes == 1:
-            command = [sys.executable, *worker_args]
             for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
                 env.pop(name, None)
+            completed = subprocess.run(
+                [sys.executable, __file__, *worker_args], env=env, capture_output=True, text=True
+            )
         else:
-            command = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc_per_node={num_processes}",
-                "--monitor_interval=0.1",
-                *worker_args,
-            ]
-        completed = subprocess.run(command, env=env, capture_output=True, text=True)
+            completed = launch_script(
+                __file__, num_processes, args=worker_args, env={"TMPDIR": tmp}, timeout=3600, check=False
+            )
         if completed.returncode != 0:
             raise SystemExit(f"benchmark run failed:\n{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}")
         with open(output) as handle:

@@ -37,3 +37,18 @@ def launch_script(
             f"--- stdout ---\n{result.stdout[-6000:]}\n--- stderr ---\n{result.stderr[-6000:]}"
         )
     return result
+
+
+def checks_reported_ok(stdout: str) -> set[str]:
+    """Names of the checks a launched script reported as ``CHECK <name> ok`` lines."""
+    return {
+        line.split()[1] for line in stdout.splitlines() if line.startswith("CHECK ") and line.endswith(" ok")
+    }
+
+
+def assert_checks_passed(result: subprocess.CompletedProcess, expected: Sequence[str]) -> None:
+    """Every check in ``expected`` reported ok (a launched script prints ``CHECK <name> ok`` per check), and
+    no rank aborted at exit."""
+    missing = sorted(set(expected) - checks_reported_ok(result.stdout))
+    assert not missing, f"checks that did not report ok: {missing}\n{result.stdout[-3000:]}"
+    assert "terminate called" not in result.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from drivetrain.testing import launch_script
+from drivetrain.testing import assert_checks_passed, launch_script
 
 SCRIPTS = Path(__file__).parent / "scripts"
 REPOSITORY = Path(__file__).resolve().parents[3]
@@ -48,18 +48,6 @@ HOOK_CASES = [
 ]
 
 
-def passed_checks(stdout: str) -> set[str]:
-    return {
-        line.split()[1] for line in stdout.splitlines() if line.startswith("CHECK ") and line.endswith(" ok")
-    }
-
-
-def assert_all_passed(result, expected: list[str]) -> None:
-    missing = sorted(set(expected) - passed_checks(result.stdout))
-    assert not missing, f"checks that did not report ok: {missing}\n{result.stdout[-3000:]}"
-    assert "terminate called" not in result.stderr
-
-
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("num_processes", [2, 3])
 def test_ddp_training_semantics(num_processes, launch_env):
@@ -67,7 +55,7 @@ def test_ddp_training_semantics(num_processes, launch_env):
     boundaries and equals the full batch; no_sync / trigger_sync_in_backward; join_uneven_inputs;
     LocalSGD; DistributedDataParallelKwargs reach the wrapper."""
     result = launch_script(str(SCRIPTS / "ddp_checks.py"), num_processes=num_processes, env=launch_env)
-    assert_all_passed(result, TRAINING_CHECKS)
+    assert_checks_passed(result, TRAINING_CHECKS)
 
 
 @pytest.mark.multiprocess
@@ -76,7 +64,7 @@ def test_every_comm_hook_trains(launch_env):
     expected = [
         f"{case}_{what}" for case in HOOK_CASES for what in ("registered", "loss_decreases", "replicas_equal")
     ]
-    assert_all_passed(result, expected + ["power_sgd_state_option", "batched_power_sgd_state_option"])
+    assert_checks_passed(result, expected + ["power_sgd_state_option", "batched_power_sgd_state_option"])
 
 
 def _run_exit_stress(runs: int) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from drivetrain.testing import launch_script
+from drivetrain.testing import assert_checks_passed, launch_script
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -48,12 +48,6 @@ MULTI_MODEL_CHECKS = [
 ]
 
 
-def passed_checks(stdout: str) -> set[str]:
-    return {
-        line.split()[1] for line in stdout.splitlines() if line.startswith("CHECK ") and line.endswith(" ok")
-    }
-
-
 def expected_training_checks() -> list[str]:
     expected = [f"{case}_{check}" for case in TRAINING_CASES for check in TRAINING_CHECKS]
     # Exact fp32 runs without offload are also compared with two epochs of DDP after the resume.
@@ -73,8 +67,7 @@ def test_zero_matrix_and_several_models(launch_env):
         env=launch_env,
         timeout=600,
     )
-    missing = sorted(set(expected_training_checks() + MULTI_MODEL_CHECKS) - passed_checks(result.stdout))
-    assert not missing, f"checks that did not report ok: {missing}\n{result.stdout[-3000:]}"
+    assert_checks_passed(result, expected_training_checks() + MULTI_MODEL_CHECKS)
 
 
 def _drivetrain_launch(arguments: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:

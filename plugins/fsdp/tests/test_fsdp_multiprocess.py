@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from drivetrain.commands.main import main as drivetrain_main
-from drivetrain.testing import launch_script
+from drivetrain.testing import assert_checks_passed, launch_script
 
 SCRIPTS = Path(__file__).parent / "scripts"
 STRATEGIES = [
@@ -66,18 +66,6 @@ OTHER_CHECKS = [
 ]
 
 
-def passed_checks(stdout: str) -> set[str]:
-    return {
-        line.split()[1] for line in stdout.splitlines() if line.startswith("CHECK ") and line.endswith(" ok")
-    }
-
-
-def assert_all_passed(result, expected: list[str]) -> None:
-    missing = sorted(set(expected) - passed_checks(result.stdout))
-    assert not missing, f"checks that did not report ok: {missing}\n{result.stdout[-3000:]}"
-    assert "terminate called" not in result.stderr
-
-
 @pytest.mark.multiprocess
 def test_fsdp_training_checkpoints_and_resharding(tmp_path):
     """Every sharding strategy trains like DDP and shards what it should; accumulation, activation
@@ -86,7 +74,7 @@ def test_fsdp_training_checkpoints_and_resharding(tmp_path):
     `drivetrain merge-weights` equals the trained model."""
     env = {"TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
     result = launch_script(str(SCRIPTS / "fsdp_checks.py"), num_processes=2, args=[str(tmp_path)], env=env)
-    assert_all_passed(result, STRATEGY_CHECKS + OTHER_CHECKS)
+    assert_checks_passed(result, STRATEGY_CHECKS + OTHER_CHECKS)
 
     # 2 -> 1: the 2-process sharded checkpoint continues on one process; it saves one of its own.
     result = launch_script(
@@ -101,7 +89,7 @@ def test_fsdp_training_checkpoints_and_resharding(tmp_path):
             str(tmp_path / "expected_from_one.pt"),
         ],
     )
-    assert_all_passed(result, ["resume_on_1_equals_uninterrupted", "resume_on_1_scheduler"])
+    assert_checks_passed(result, ["resume_on_1_equals_uninterrupted", "resume_on_1_scheduler"])
     assert sorted(p.name for p in (tmp_path / "one_process" / "pytorch_model_fsdp_0").iterdir()) == [
         ".metadata",
         "__0_0.distcp",
@@ -117,7 +105,7 @@ def test_fsdp_training_checkpoints_and_resharding(tmp_path):
             str(tmp_path / "expected_from_one.pt"),
         ],
     )
-    assert_all_passed(result, ["resume_on_2_equals_uninterrupted", "resume_on_2_scheduler"])
+    assert_checks_passed(result, ["resume_on_2_equals_uninterrupted", "resume_on_2_scheduler"])
 
     # The CLI merges the 2-process checkpoint into the weights the model had when it was saved.
     assert drivetrain_main(["merge-weights", str(tmp_path / "sharded"), str(tmp_path / "cli_merged")]) == 0
