@@ -60,6 +60,28 @@ def test_hook_register_extensions_refuses_a_name_taken_by_another_plugin():
         )
 
 
+def test_hook_register_extensions_state_attribute_reaches_state_and_accelerator():
+    """registry.add_state_attribute: Accelerate spellings a plugin owns, read through AcceleratorState (and
+    the Accelerator when asked); only for names the kernel does not have."""
+    from drivetrain import Accelerator
+
+    def register_extensions(registry):
+        registry.add_state_attribute("toy_setting", lambda state: ("toy", state.mixed_precision))
+        registry.add_state_attribute("toy_everywhere", lambda state: state.num_processes, on_accelerator=True)
+        registry.add_state_attribute("device", lambda state: "never used")  # the kernel's attribute wins
+
+    get_plugin_manager().register("toy_names", _plugin("extension", register_extensions=register_extensions))
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    assert accelerator.state.toy_setting == ("toy", "bf16")
+    assert accelerator.state.toy_everywhere == 1 and accelerator.toy_everywhere == 1
+    assert accelerator.state.device == accelerator.device == torch.device("cpu")
+    with pytest.raises(AttributeError, match="'Accelerator' object has no attribute 'toy_setting'"):
+        accelerator.toy_setting  # noqa: B018 - registered for the state only
+    with pytest.raises(AttributeError, match="no attribute 'not_registered'"):
+        accelerator.state.not_registered  # noqa: B018
+    assert not hasattr(accelerator, "_private_probe")
+
+
 def test_hook_detect_device_device_plugin_answers_before_the_backend():
     seen = []
 

@@ -37,14 +37,7 @@ BROKEN_BACKENDS = {
 REPOSITORY_BACKENDS = repository_backends(REPOSITORY, ("plugins",))
 
 #: Known, open failures: strict, so the test turns red the day the backend is fixed and this entry must go.
-KNOWN_FAILURES = {
-    ("deepspeed", 1): "bf16 weights differ from the reference by 0.053 (tolerance 0.03) - see issue 8 note",
-    (
-        "deepspeed",
-        2,
-    ): "fp32 weights of 2 ranks differ from one process on the combined batch by 0.022 although "
-    "its own tests match DDP within 2e-5 - see issue 8 note",
-}
+KNOWN_FAILURES: dict[tuple[str, int], str] = {}
 
 
 def _with_known_failures(processes: int) -> list:

@@ -12,7 +12,7 @@ import contextlib
 import gc
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -260,6 +260,19 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
             "non_blocking": config.non_blocking,
             "use_stateful_dataloader": config.use_stateful_dataloader,
         }
+
+    if not TYPE_CHECKING:  # type checkers keep flagging misspelt attributes; plugin names are dynamic
+
+        def __getattr__(self, name: str) -> Any:
+            # Only called for names not found normally: those plugins registered for Accelerate's spellings
+            # (registry.add_state_attribute(..., on_accelerator=True)), read from this Accelerator's state.
+            if hasattr(type(self), name):
+                return object.__getattribute__(self, name)  # a property failed: raise its own error
+            if name.startswith("_") or "state" not in self.__dict__:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            from drivetrain.plugins import registered_attribute
+
+            return registered_attribute(name, self.state, type(self).__name__, on_accelerator=True)
 
     # ---------------------------------------------------------------------------------------------------------
     # Where this process stands

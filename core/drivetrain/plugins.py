@@ -109,6 +109,8 @@ class ExtensionRegistry:
     commands: dict[str, tuple[str, Callable, Callable, str]] = attrs.Factory(dict)
     launch_options: list[tuple[str, Callable]] = attrs.Factory(list)
     launchers: dict[str, tuple[str, Callable]] = attrs.Factory(dict)
+    #: name -> (plugin, getter(state), also on the Accelerator)
+    state_attributes: dict[str, tuple[str, Callable, bool]] = attrs.Factory(dict)
     current_plugin: str = ""
 
     def add_tracker(self, name: str, tracker_class: type) -> None:
@@ -131,6 +133,18 @@ class ExtensionRegistry:
         when it returns an exit code (return ``None`` to fall back to the elastic launcher)."""
         self._claim(self.launchers, backend, "launcher")
         self.launchers[backend] = (self.current_plugin, launcher)
+
+    def add_state_attribute(self, name: str, getter: Callable, on_accelerator: bool = False) -> None:
+        """Make ``AcceleratorState().<name>`` (and ``accelerator.<name>`` when ``on_accelerator``) return
+        ``getter(state)``: the Accelerate spellings that belong to one backend (its active configuration, a
+        method selecting one). Consulted only for names no kernel attribute has; the getter answers whatever
+        backend runs (e.g. ``None`` when it is not its own, as Accelerate does)."""
+        if name.startswith("_"):
+            raise PluginError(
+                f"plugin {self.current_plugin!r}: state attribute {name!r} must not start with '_'"
+            )
+        self._claim(self.state_attributes, name, "state attribute")
+        self.state_attributes[name] = (self.current_plugin, getter, on_accelerator)
 
     def _claim(self, table: dict, name: str, what: str) -> None:
         if name in table and table[name][0] != self.current_plugin:
@@ -295,7 +309,13 @@ class PluginManager:
         record = self._registered.pop(name, None)
         if record is not None and record.module is not None:
             self._pluggy.unregister(name=name)
-            for table in (self.extensions.trackers, self.extensions.commands, self.extensions.launchers):
+            extensions = self.extensions
+            for table in (
+                extensions.trackers,
+                extensions.commands,
+                extensions.launchers,
+                extensions.state_attributes,
+            ):
                 for key in [key for key, value in table.items() if value[0] == name]:
                     del table[key]
 
@@ -488,6 +508,27 @@ def reset_plugin_manager() -> None:
     """Forget every discovered and registered plugin (the next use discovers again)."""
     global _manager
     _manager = None
+
+
+def registered_attribute(name: str, state: Any, owner: str, on_accelerator: bool = False) -> Any:
+    """The value of the attribute ``name`` a plugin registered with ``registry.add_state_attribute`` (for
+    ``AcceleratorState.__getattr__`` and ``Accelerator.__getattr__``, i.e. names nothing else has).
+
+    Plugins not loaded yet are loaded (their modules only) when the name is not registered: a script may ask
+    ``accelerator.state.deepspeed_plugin`` in a run of another backend. Raises AttributeError otherwise."""
+    missing = AttributeError(f"{owner!r} object has no attribute {name!r}")
+    if name.startswith("_"):  # private and dunder lookups (copy, pickle, hasattr probes) never load plugins
+        raise missing
+    manager = get_plugin_manager()
+    entry = manager.extensions.state_attributes.get(name)
+    if entry is None:
+        for plugin in manager.names():
+            with contextlib.suppress(PluginError):  # a broken plugin is reported where it is used
+                manager.load(plugin)
+        entry = manager.extensions.state_attributes.get(name)
+    if entry is None or (on_accelerator and not entry[2]):
+        raise missing
+    return entry[1](state)
 
 
 def resolve_export(name: str) -> Any:

@@ -394,14 +394,22 @@ class AcceleratorState:
             PartialState._reset_state()
 
     def __getattr__(self, name: str) -> Any:
-        # Only called for attributes not found normally: delegate process facts to PartialState.
+        # Only called for attributes not found normally: delegate process facts to PartialState, then the
+        # names plugins registered (registry.add_state_attribute, e.g. a backend's active configuration).
         if name in ("partial_state", "__setstate__"):
             raise AttributeError(name)
         if "partial_state" not in self._shared_state:
             raise AttributeError(
                 f"AcceleratorState has no attribute {name!r} yet: build an Accelerator (or AcceleratorState()) first"
             )
-        return getattr(self._shared_state["partial_state"], name)
+        try:
+            return getattr(self._shared_state["partial_state"], name)
+        except AttributeError:
+            if hasattr(type(self._shared_state["partial_state"]), name):
+                raise  # a property of PartialState failed: keep its own error
+        from drivetrain.plugins import registered_attribute
+
+        return registered_attribute(name, self, type(self).__name__)
 
     def __repr__(self) -> str:
         return repr(self.partial_state) + f"Mixed precision type: {self.mixed_precision}\n"

@@ -102,6 +102,12 @@ def build_engine(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool
     optimizer = None if evaluation_mode else _optimizer_for(model, list(accelerator.pending_optimizers))
     training = optimizer is not None
     config = fill_config(plugin.deepspeed_config, accelerator, model, optimizer, training)
+    check_precision_supported(
+        resolve_precision(config, accelerator.mixed_precision), accelerator.mixed_precision
+    )
+
+    set_moe_leaf_modules(model, plugin)
+    _partition_for_nvme(deepspeed, model, config)
 
     kwargs: dict[str, Any] = {"model": model, "config": config, "dist_init_required": False}
     if isinstance(optimizer, DummyOptim):
@@ -130,6 +136,80 @@ def build_engine(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool
     if optimizer is not None:
         _engine_of_optimizer[id(optimizer)] = record
     return engine
+
+
+def _partition_for_nvme(deepspeed: Any, model: torch.nn.Module, config: dict[str, Any]) -> None:
+    """Partition a ZeRO-3 model whose parameters go to NVMe before the engine does it.
+
+    The engine partitions a model created outside ``zero3_init`` by passing its parameters' dtype to
+    ``zero.Init``, which (DeepSpeed 0.19, ``Init._set_dtype``) turns an explicit dtype into bf16 on a device
+    without fp16 (every CPU without oneDNN fp16): the NVMe swapper then stores fp32 parameters as bf16 and
+    training drifts (0.03 after 3 Adam steps here). Partitioning from the config lets it read the precision
+    from ``bf16``/``fp16.enabled`` instead, as ``zero3_init`` does."""
+    zero = config.get("zero_optimization", {})
+    if zero.get("stage") != 3 or get_nested(zero, "offload_param", "device") != "nvme":
+        return
+    if any(not hasattr(parameter, "ds_id") for parameter in model.parameters()):
+        deepspeed.zero.Init(module=model, config_dict_or_path=config)
+
+
+def get_nested(node: dict[str, Any], *keys: str) -> Any:
+    for key in keys:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def check_precision_supported(precision: str, mixed_precision: str) -> None:
+    """Refuse, naming the precision and what would be valid, a 16-bit type DeepSpeed's accelerator does not
+    support here (DeepSpeed's own check is a bare "Type fp16 is not supported on your device."). On CPU,
+    fp16 needs oneDNN fp16 kernels (CPUs with AVX512-FP16/AMX-FP16); bf16 is always available."""
+    if precision not in ("fp16", "bf16"):
+        return
+    from deepspeed.accelerator import get_accelerator
+
+    device = get_accelerator()
+    supported = {"bf16": bool(device.is_bf16_supported()), "fp16": bool(device.is_fp16_supported())}
+    if supported[precision]:
+        return
+    source = (
+        f"mixed_precision={precision!r}"
+        if mixed_precision == precision
+        else f'the DeepSpeed config\'s "{precision}": {{"enabled": true}}'
+    )
+    valid = ", ".join(repr(name) for name in ("no", "bf16", "fp16") if name == "no" or supported[name])
+    raise ConfigurationError(
+        f"{source} with the deepspeed backend: DeepSpeed does not support {precision} on this "
+        f"{device.device_name()} device; valid mixed_precision here: {valid}"
+    )
+
+
+def set_moe_leaf_modules(model: torch.nn.Module, plugin: DeepSpeedPlugin) -> list[torch.nn.Module]:
+    """Flag the modules of the classes named in ``plugin.transformer_moe_cls_names`` as ZeRO-3 leaf modules
+    (``deepspeed.utils.set_z3_leaf_modules``) and return them.
+
+    ZeRO-3 gathers and prefetches parameters by replaying the order in which submodules ran; a mixture of
+    experts runs a different subset of experts for every batch, so the trace never holds and ranks can wait
+    for each other's gathers. A leaf module gathers all its parameters at once instead. The flag is read only
+    at stage 3; like Accelerate it is set at every stage (a wrong name is then caught before the run grows).
+    """
+    names = plugin.transformer_moe_cls_names
+    if not names:
+        return []
+    from deepspeed.utils import set_z3_leaf_modules
+
+    classes: dict[str, type] = {}
+    for module in model.modules():
+        cls = type(module)
+        classes.setdefault(cls.__name__, cls)
+        classes.setdefault(f"{cls.__module__}.{cls.__qualname__}", cls)
+    missing = [name for name in names if name not in classes]
+    if missing:
+        present = sorted({type(module).__name__ for module in model.modules()})
+        raise ConfigurationError(
+            f"DeepSpeedPlugin.transformer_moe_cls_names: no module of class {', '.join(map(repr, missing))} in "
+            f"the {type(model).__name__} being prepared; its module classes are: {', '.join(present)}"
+        )
+    return set_z3_leaf_modules(model, [classes[name] for name in names])
 
 
 class EngineOptimizer(AcceleratedOptimizer):
@@ -202,7 +282,7 @@ def grad_norm(accelerator: Any, max_norm: float) -> torch.Tensor:
     """The global gradient norm of the last optimizer step (before clipping). Clipping itself happens inside
     the engine, by the config's ``gradient_clipping``."""
     record = training_record(accelerator)
-    configured = record.config.get("gradient_clipping")
+    configured = record.config.get("gradient_clipping") or None  # 0.0: written by autofill, no clipping
     if configured is None or float(configured) != float(max_norm):
         _warn_clipping_once(configured, max_norm)
     norm = (
@@ -299,6 +379,9 @@ def zero3_init(plugin_or_accelerator: Any = None, enabled: bool = True) -> Itera
 
     config = copy.deepcopy(plugin.deepspeed_config)
     precision = resolve_precision(config, mixed_precision)
+    device_type = "cpu" if os.environ.get("DS_ACCELERATOR") == "cpu" else None
+    deepspeed = import_deepspeed(device_type or "cuda")
+    check_precision_supported(precision, mixed_precision)
     # zero.Init reads the ZeRO section and the precision (its dtype= argument is ignored on devices without
     # fp16 support, so the dtype goes through the config); the batch sizes must merely be consistent numbers.
     init_config = {
@@ -312,7 +395,5 @@ def zero3_init(plugin_or_accelerator: Any = None, enabled: bool = True) -> Itera
         section = init_config["zero_optimization"].get(part)
         if isinstance(section, dict) and section.get("device") == "auto":
             section["device"] = "none"
-    device_type = "cpu" if os.environ.get("DS_ACCELERATOR") == "cpu" else None
-    deepspeed = import_deepspeed(device_type or "cuda")
     with deepspeed.zero.Init(config_dict_or_path=init_config):
         yield

@@ -40,10 +40,16 @@ PLUGIN_INFO = PluginInfo(
 
 @hookimpl
 def register_extensions(registry: Any) -> None:
+    from drivetrain_deepspeed import selection
     from drivetrain_deepspeed.launcher import add_launch_options, launch_with_deepspeed
 
     registry.add_launch_options(add_launch_options)
     registry.add_launcher("deepspeed", launch_with_deepspeed)
+    # Accelerate's spellings for scripts written for it (accelerator.state.select_deepspeed_plugin("teacher")).
+    registry.add_state_attribute("deepspeed_plugin", selection.state_deepspeed_plugin, on_accelerator=True)
+    registry.add_state_attribute("deepspeed_plugins", selection.state_deepspeed_plugins)
+    registry.add_state_attribute("select_deepspeed_plugin", selection.state_select_deepspeed_plugin)
+    registry.add_state_attribute("get_deepspeed_plugin", selection.state_get_deepspeed_plugin)
 
 
 @hookimpl

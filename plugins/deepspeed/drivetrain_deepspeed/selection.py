@@ -102,3 +102,41 @@ def _check_group(config: dict[str, Any]) -> None:
             "deepspeed_plugins must map names to DeepSpeedPlugin objects"
             + (f"; not a DeepSpeedPlugin: {', '.join(map(repr, wrong))}" if wrong else " (it is empty)")
         )
+
+
+# -- Accelerate's spellings on AcceleratorState / Accelerator (registered in plugin.register_extensions) ----
+def _runs_deepspeed(state: Any) -> bool:
+    return getattr(_state_of(state), "backend_name", None) == "deepspeed"
+
+
+def state_deepspeed_plugin(state: Any) -> DeepSpeedPlugin | None:
+    """``state.deepspeed_plugin`` / ``accelerator.deepspeed_plugin``: the active plugin; None in a run of
+    another backend (as Accelerate)."""
+    return get_active_deepspeed_plugin(state) if _runs_deepspeed(state) else None
+
+
+def state_deepspeed_plugins(state: Any) -> Any:
+    """``state.deepspeed_plugins``: the dict passed as ``deepspeed_plugins=``, else the one plugin in use (as
+    Accelerate, which stores whichever it was given); None in a run of another backend."""
+    if not _runs_deepspeed(state):
+        return None
+    config = _backend_config(state)
+    return config if isinstance(config, dict) else get_active_deepspeed_plugin(state)
+
+
+def state_select_deepspeed_plugin(state: Any) -> Any:
+    """``state.select_deepspeed_plugin(name)``."""
+    return lambda name: select_deepspeed_plugin(state, name)
+
+
+def state_get_deepspeed_plugin(state: Any) -> Any:
+    """``state.get_deepspeed_plugin(name)``: ``deepspeed_plugins[name]`` without selecting it."""
+
+    def get(name: str) -> DeepSpeedPlugin:
+        config = _backend_config(state)
+        if not isinstance(config, dict) or name not in config:
+            held = ", ".join(map(repr, config)) if isinstance(config, dict) else "no named plugins"
+            raise ConfigurationError(f"no DeepSpeed plugin named {name!r}; deepspeed_plugins holds: {held}")
+        return config[name]
+
+    return get

@@ -44,6 +44,34 @@ def test_auto_values_come_from_accelerator_and_loader():
     assert model.bfloat16_enabled() and model.gradient_clipping() == 0.7
 
 
+@pytest.mark.parametrize(
+    "plugin_kwargs",
+    [{"zero_stage": 2}, {"hf_ds_config": {"gradient_clipping": "auto"}}, {"hf_ds_config": {}}],
+    ids=["fields", "auto", "absent"],
+)
+def test_no_clipping_unless_asked(plugin_kwargs):
+    """DeepSpeed 0.19 clips at 1.0 when the config has no gradient_clipping; unasked, the engine must not clip:
+    one SGD step on gradients of norm > 1 equals plain torch's step exactly."""
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(**plugin_kwargs))
+    model, loader = objects()
+    reference = torch.nn.Linear(3, 1)
+    reference.load_state_dict(model.state_dict())
+    x, y = next(iter(loader))
+    y = y + 10.0  # a large loss: the gradient norm is far above DeepSpeed's default clip of 1.0
+    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+    assert engine_config(accelerator)["gradient_clipping"] == 0.0 and model.gradient_clipping() == 0.0
+    accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+    optimizer.step()
+
+    torch.nn.functional.mse_loss(reference(x), y).backward()
+    assert torch.nn.utils.get_total_norm([p.grad for p in reference.parameters()]) > 10
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter -= 0.1 * parameter.grad
+    assert torch.allclose(model.module.weight, reference.weight, rtol=0, atol=1e-6)
+    assert torch.allclose(model.module.bias, reference.bias, rtol=0, atol=1e-6)
+
+
 def test_config_accumulation_steps_reach_the_accelerator():
     accelerator = Accelerator(
         deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={"gradient_accumulation_steps": 4})
@@ -190,3 +218,44 @@ def test_zero3_init_outside_stage_3_does_nothing():
     with zero3_init(DeepSpeedPlugin(zero_stage=2)):
         model = torch.nn.Linear(3, 1)
     assert not hasattr(model.weight, "ds_id")
+
+
+@pytest.mark.parametrize(
+    ("plugin_kwargs", "accelerator_kwargs", "source"),
+    [
+        ({"zero_stage": 2}, {"mixed_precision": "fp16"}, "mixed_precision='fp16'"),
+        ({"hf_ds_config": {"fp16": {"enabled": True}}}, {}, 'the DeepSpeed config\'s "fp16"'),
+    ],
+)
+def test_fp16_where_deepspeed_refuses_it_is_a_clear_error(
+    monkeypatch, plugin_kwargs, accelerator_kwargs, source
+):
+    """DeepSpeed's CPU accelerator supports fp16 only with oneDNN fp16 kernels (not on this machine's CPU);
+    without them the error names the precision and the valid ones, not DeepSpeed's bare ValueError."""
+    from deepspeed.accelerator import get_accelerator
+
+    monkeypatch.setattr(type(get_accelerator()), "is_fp16_supported", lambda self: False)
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(**plugin_kwargs), **accelerator_kwargs)
+    model, loader = objects()
+    with pytest.raises(ConfigurationError) as raised:
+        accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+    message = str(raised.value)
+    assert message.startswith(source)
+    assert (
+        "DeepSpeed does not support fp16 on this cpu device; valid mixed_precision here: 'no', 'bf16'"
+        in message
+    )
+
+
+def test_fp16_on_this_cpu_matches_deepspeeds_own_verdict():
+    """Unpatched: an fp16 run either trains (oneDNN fp16 present) or raises our error, never DeepSpeed's."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2), mixed_precision="fp16")
+    model, loader = objects()
+    if get_accelerator().is_fp16_supported():
+        model, _, _ = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+        assert model.fp16_enabled()
+    else:
+        with pytest.raises(ConfigurationError, match="mixed_precision='fp16' with the deepspeed backend"):
+            accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
