@@ -25,5 +25,10 @@ def fresh_drivetrain_state(monkeypatch):
     reset_state()
     reset_plugin_manager()
     yield
+    # Code under test may export DRIVETRAIN_* itself (the launcher does, for the processes it starts); those
+    # are not monkeypatch's to undo, so drop them here or the next test runs under them.
+    for name in list(os.environ):
+        if name.startswith("DRIVETRAIN_"):
+            del os.environ[name]
     reset_state()
     reset_plugin_manager()

@@ -289,8 +289,6 @@ def _from_accelerate(data: dict, origin: str) -> dict[str, Any]:
 def load_config(path: str | os.PathLike | None = None, *, required: bool = False) -> ConfigFile:
     """Read ``path`` (default: the user's default config file). A missing default file is an empty config;
     a missing named file is an error."""
-    import yaml
-
     explicit = path is not None
     file = Path(path).expanduser() if explicit else default_config_path()
     if not file.exists():
@@ -299,6 +297,8 @@ def load_config(path: str | os.PathLike | None = None, *, required: bool = False
                 f"config file {file} does not exist; create it with `drivetrain config --config_file {file}`"
             )
         return ConfigFile(path=None)
+    import yaml  # only with a file to read: `drivetrain launch` without one starts sooner
+
     try:
         data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:

@@ -51,7 +51,9 @@ EXPORTED = {
 
 
 # -- the parser ------------------------------------------------------------------------------------------------
-def register_parser(parser: argparse.ArgumentParser) -> None:
+def register_parser(parser: argparse.ArgumentParser, plugin_options: bool = True) -> None:
+    """Add the launcher's options to ``parser``; with ``plugin_options``, also every plugin's (which imports
+    every plugin module)."""
     script = parser.add_argument_group("script")
     script.add_argument(
         "training_script",
@@ -208,7 +210,8 @@ def register_parser(parser: argparse.ArgumentParser) -> None:
     )
     add_option(faults, "--log_dir", metavar="DIR", help="directory for the launcher's per-process log files")
 
-    _add_plugin_options(parser)
+    if plugin_options:
+        _add_plugin_options(parser)
 
 
 def _int_option(flag: str, minimum: int, maximum: int | None = None):
@@ -364,21 +367,26 @@ def _check_backend(name: str, source: str) -> None:
 
 
 def _automatic_backend(world_size: int) -> str:
-    """What the kernel will select when nothing names a backend (mirrors state.select_backend)."""
+    """What the kernel will select when nothing names a backend (mirrors state.select_backend: the first by
+    name of the backends that declare ``select_for_multiprocess``)."""
     from drivetrain.plugins import REFERENCE_BACKEND, get_plugin_manager
 
     if world_size <= 1:
         return REFERENCE_BACKEND
     manager = get_plugin_manager()
-    candidates = sorted(
-        n for n in manager.plugins_of_kind("backend") if manager.info(n).select_for_multiprocess
+    # Plugins are imported in name order only until the first candidate: the later ones cannot come first,
+    # and importing each plugin module is most of the launcher's own start-up time.
+    for name in manager.names():
+        try:
+            info = manager.info(name)
+        except PluginError:
+            continue  # the processes warn about it when they select their backend; `drivetrain plugins` says why
+        if info.kind == "backend" and info.select_for_multiprocess:
+            return name
+    raise UsageError(
+        f"{world_size} processes need a multi-process backend, and none is installed "
+        "(pip install drivetrain-ddp)"
     )
-    if not candidates:
-        raise UsageError(
-            f"{world_size} processes need a multi-process backend, and none is installed "
-            "(pip install drivetrain-ddp)"
-        )
-    return candidates[0]
 
 
 def resolve_plan(args: argparse.Namespace, environ: dict[str, str] | None = None) -> LaunchPlan:
@@ -489,8 +497,16 @@ def resolve_plan(args: argparse.Namespace, environ: dict[str, str] | None = None
         env.setdefault("CUDA_VISIBLE_DEVICES", str(gpu_ids))
 
     backend = chosen.get("backend")
-    backend_label = backend or f"{_automatic_backend(num_processes)} (automatic)"
     plugin_options = _plugin_option_values(args)
+    if backend is not None:
+        backend_label = backend
+    elif num_processes > 1 and args.quiet and not plugin_options:
+        # Nothing here needs the automatic backend (no banner names it, no plugin option is checked against
+        # it), and each process selects it by the same rule (state.select_backend), reporting there when no
+        # backend handles several processes. Working it out here would import plugin modules for nothing.
+        backend_label = "automatic"
+    else:
+        backend_label = f"{_automatic_backend(num_processes)} (automatic)"
     backend_config = dict(config.get("backend_config") or {})
     for plugin, values in plugin_options.items():
         _check_plugin_options(plugin, values, backend or _automatic_backend(num_processes))
@@ -619,8 +635,12 @@ def launch(plan: LaunchPlan, args: argparse.Namespace | None = None) -> int:
     if backend is not None:
         from drivetrain.plugins import get_plugin_manager
 
+        # _check_backend loaded the backend's plugin, so the launcher it registers is known
         launcher = get_plugin_manager().extensions.launchers.get(backend)
         if launcher is not None:
+            if args is not None and hasattr(args, _KERNEL_ONLY):
+                # Parsed with the kernel's options only: the launcher gets every plugin option, at its default.
+                args = build_parser().parse_args(getattr(args, _KERNEL_ONLY))
             os.environ.update(environment_for(plan))
             code = launcher[1](args if args is not None else plan, [plan.script, *plan.script_args])
             if code is not None:
@@ -660,17 +680,41 @@ def run(args: argparse.Namespace) -> int:
     return launch(plan, args)
 
 
-def build_parser() -> ArgumentParser:
+def build_parser(plugin_options: bool = True) -> ArgumentParser:
+    """The ``drivetrain launch`` parser; ``plugin_options=False`` leaves out the plugins' options (and --help,
+    whose text lists them), so that building it imports no plugin."""
     parser = ArgumentParser(
         prog="drivetrain launch",
         description=HELP,
         usage="drivetrain launch [options] script.py [script arguments]",
+        add_help=plugin_options,
     )
-    register_parser(parser)
+    register_parser(parser, plugin_options=plugin_options)
     return parser
+
+
+#: Attribute of a namespace parsed without the plugins' options: the command line, to parse it again in full.
+_KERNEL_ONLY = "_kernel_only_command_line"
+
+
+def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse ``drivetrain launch``'s command line, importing plugin modules only when it needs them.
+
+    Collecting the plugins' options means importing every plugin module, most of the launcher's own start-up
+    time. So the kernel's options are tried first; anything they cannot parse (a plugin's option, --help, a
+    misspelled flag, a bad value) is parsed again with every plugin's options, which accepts it or gives the
+    error, as if there had been one parse. Unknown options before the script always fail the first parse
+    (argparse never takes them for the script), so a plugin option is never silently dropped.
+    """
+    try:
+        args = build_parser(plugin_options=False).parse_args(argv)
+    except UsageError:
+        return build_parser().parse_args(argv)
+    setattr(args, _KERNEL_ONLY, list(argv))
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``drivetrain launch`` and ``python -m drivetrain.launch``."""
     arguments = list(sys.argv[1:] if argv is None else argv)
-    return exit_code_of(lambda: run(build_parser().parse_args(arguments)))
+    return exit_code_of(lambda: run(parse_arguments(arguments)))

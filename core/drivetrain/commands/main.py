@@ -7,6 +7,7 @@ A user error prints one line, ``drivetrain: error: ...``, and exits with code 2;
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 from collections.abc import Callable, Sequence
@@ -38,6 +39,24 @@ class ArgumentParser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        # argparse's own, plus the closest known option for each unknown one (`--num_procs`: --num_processes)
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            hints = {}
+            for extra in extras:
+                flag = extra.split("=", 1)[0]
+                if flag.startswith("-"):
+                    close = difflib.get_close_matches(flag, list(self._option_string_actions), n=1)
+                    if close:
+                        hints[flag] = close[0]
+            if len(extras) == 1 and hints:
+                hint = f"; did you mean {next(iter(hints.values()))}?"
+            else:
+                hint = "".join(f"; {flag}: did you mean {close}?" for flag, close in hints.items())
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return namespace
 
     def error(self, message: str) -> None:  # type: ignore[override]
         command = self.prog.removeprefix("drivetrain").strip()

@@ -1,0 +1,156 @@
+"""What `drivetrain launch` imports before it starts the processes: plugin modules only when the command
+line needs them (a plugin's option, --help, a named backend, the banner's automatic backend).
+
+Each case runs the launcher's real `main()` in a fresh interpreter, with torch's elastic `run` replaced by a
+recorder, and reports which modules were imported and what torch's launcher would have been given.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from drivetrain.plugins import ENTRY_POINT_GROUP
+
+PROBE = """
+import json, os, sys
+import torch.distributed.run as torchrun
+
+given = {}
+torchrun.run = lambda args: given.update(nproc_per_node=args.nproc_per_node, script=args.training_script)
+from drivetrain.commands.launch import main
+
+code = main(sys.argv[1:])
+print(json.dumps({
+    "code": code,
+    "given": given,
+    "modules": sorted(sys.modules),
+    "env": {k: v for k, v in os.environ.items() if k.startswith("DRIVETRAIN_") and k != "DRIVETRAIN_CONFIG_DIR"},
+}))
+"""
+
+
+def probe(*args, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DRIVETRAIN_CONFIG_DIR": str(tmp_path / "no-config")}
+    for name in [name for name in env if name.startswith("DRIVETRAIN_") and name != "DRIVETRAIN_CONFIG_DIR"]:
+        del env[name]
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, *args], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+
+
+def plugin_modules() -> dict[str, str]:
+    """Plugin name -> the module its entry point names (what loading the plugin imports first)."""
+    return {
+        entry_point.name: entry_point.value.split(":")[0]
+        for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    }
+
+
+def test_a_plain_launch_imports_no_plugin_module(tmp_path):
+    report, err = probe("--cpu", "--num_processes", "2", "--quiet", "noop.py", "--lr", "1", tmp_path=tmp_path)
+    assert report["code"] == 0 and report["given"] == {"nproc_per_node": "2", "script": "noop.py"}
+    assert report["env"] == {"DRIVETRAIN_CPU": "1"} and err == ""
+    imported = set(report["modules"])
+    assert sorted(module for module in plugin_modules().values() if module in imported) == []
+    # nor the kernel's runtime: the processes import it, the launcher has no use for it
+    assert "drivetrain.plugins" not in imported and "drivetrain.state" not in imported
+
+
+def test_the_banner_names_the_automatic_backend_importing_plugins_only_up_to_it(tmp_path):
+    report, err = probe("--cpu", "--num_processes", "2", "noop.py", tmp_path=tmp_path)
+    assert report["code"] == 0
+    assert "drivetrain launch: backend ddp (automatic), 2 processes on 1 machine (2 here, cpu)" in err
+    imported = set(report["modules"])
+    modules = plugin_modules()
+    assert modules["ddp"] in imported
+    # plugins named after the chosen one cannot come first (state.select_backend takes the first by name)
+    later = sorted(name for name, module in modules.items() if name > "ddp" and module in imported)
+    assert later == []
+
+
+def test_one_process_imports_no_plugin_module(tmp_path):
+    report, err = probe("--cpu", "noop.py", tmp_path=tmp_path)
+    assert report["code"] == 0 and "backend local (automatic), 1 process on 1 machine" in err
+    imported = set(report["modules"])
+    assert sorted(module for module in plugin_modules().values() if module in imported) == []
+
+
+def test_a_plugin_option_still_reaches_the_processes(tmp_path):
+    pytest.importorskip("drivetrain_fsdp")
+    report, _ = probe(
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--quiet",
+        "--backend",
+        "fsdp",
+        "--fsdp_sharding_strategy",
+        "SHARD_GRAD_OP",
+        "train.py",
+        tmp_path=tmp_path,
+    )
+    assert report["code"] == 0 and report["env"]["DRIVETRAIN_BACKEND"] == "fsdp"
+    assert json.loads(report["env"]["DRIVETRAIN_BACKEND_CONFIG"]) == {
+        "fsdp_sharding_strategy": "SHARD_GRAD_OP"
+    }
+    assert json.loads(report["env"]["DRIVETRAIN_PLUGIN_OPTIONS"]) == {
+        "fsdp": {"fsdp_sharding_strategy": "SHARD_GRAD_OP"}
+    }
+
+
+def test_plugin_flags_in_help_and_errors(capsys):
+    from drivetrain.commands.launch import main
+
+    pytest.importorskip("drivetrain_fsdp")
+    with pytest.raises(SystemExit) as stopped:
+        main(["--help"])
+    assert stopped.value.code == 0
+    text = capsys.readouterr().out
+    assert "options of plugin fsdp:" in text and "--fsdp_sharding_strategy" in text
+    assert "processes and precision:" in text
+    # a misspelled plugin flag: one line, exit code 2, the flag it is close to
+    assert main(["--fsdp_sharding_strateg", "FULL_SHARD", "x.py"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("drivetrain: error: ")
+    assert "unrecognized arguments: --fsdp_sharding_strateg; did you mean --fsdp_sharding_strategy?" in err[0]
+    assert main(["--num-procs", "2", "x.py"]) == 2
+    assert "did you mean --num-processes?" in capsys.readouterr().err
+    # a bad value of a kernel option gives the kernel's error, as before
+    assert main(["--num_processes", "two", "x.py"]) == 2
+    assert "--num_processes expects a whole number, got 'two'" in capsys.readouterr().err
+
+
+def test_a_backend_launcher_gets_every_plugin_option(tmp_path, monkeypatch):
+    """A launcher registered by the named backend receives the arguments as one full parse gives them,
+    though the command line was parsed with the kernel's options only."""
+    from drivetrain import hookimpl
+    from drivetrain.commands.launch import main
+    from drivetrain.plugins import PluginInfo, get_plugin_manager
+
+    seen = []
+
+    class FakeBackend:
+        PLUGIN_INFO = PluginInfo(kind="backend")
+
+        @staticmethod
+        @hookimpl
+        def register_extensions(registry):
+            registry.add_launch_options(lambda group: group.add_argument("--fake_level", default="low"))
+            registry.add_launcher(
+                "fakebackend",
+                lambda args, argv: seen.append((args.fake_level, args.num_processes, argv)) or 0,
+            )
+
+    monkeypatch.setenv("DRIVETRAIN_CONFIG_DIR", str(tmp_path / "no-config"))
+    get_plugin_manager().register("fakebackend", FakeBackend())
+    assert main(["--backend", "fakebackend", "--num_processes", "3", "run.py", "-x"]) == 0
+    assert main(["--backend", "fakebackend", "--fake_level", "high", "run.py"]) == 0
+    assert seen == [("low", 3, ["run.py", "-x"]), ("high", None, ["run.py"])]
