@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from drivetrain import Accelerator
 from drivetrain.checkpoint import manifest as manifests
+from drivetrain.checkpoint.files import sha256_of_file
 from drivetrain.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, SCALER_NAME, WEIGHTS_NAME
 from drivetrain.errors import CheckpointError
 from drivetrain.utils import ProjectConfiguration, set_seed
@@ -250,3 +251,59 @@ def test_get_state_dict_and_save(tmp_path):
     accelerator.save({"w": torch.ones(2)}, tmp_path / "obj.safetensors", safe_serialization=True)
     assert torch.equal(load_file(tmp_path / "obj.safetensors")["w"], torch.ones(2))
     assert sorted(os.listdir(tmp_path)) == ["obj.pt", "obj.safetensors"]
+
+
+@pytest.mark.parametrize("damaged", [SAFE_WEIGHTS_NAME, "optimizer.bin", "custom_checkpoint_0.pkl"])
+def test_a_tampered_file_fails_the_load_and_nothing_is_applied(tmp_path, damaged):
+    accelerator, model, optimizer, scheduler = _setup(tmp_path)
+    counter = Counter()
+    accelerator.register_for_checkpointing(counter)
+    _train(accelerator, model, optimizer, scheduler)
+    location = accelerator.save_state(tmp_path / "ckpt")
+    path = os.path.join(location, damaged)
+    with open(path, "r+b") as handle:  # same size, one byte of the data changed
+        handle.seek(-3, os.SEEK_END)
+        byte = handle.read(1)
+        handle.seek(-3, os.SEEK_END)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+
+    _train(accelerator, model, optimizer, scheduler, steps=3)
+    counter.count = 9
+    current = _snapshot(model, optimizer, scheduler)
+    torch.manual_seed(7)
+    with pytest.raises(CheckpointError, match=rf"{damaged.replace('.', '[.]')} does not match its sha256"):
+        accelerator.load_state(location)
+    drawn = torch.rand(3)
+    torch.manual_seed(7)
+    assert torch.equal(drawn, torch.rand(3)), "the RNG state was restored from a checkpoint that failed"
+    weights, optimizer_state, last_epoch = _snapshot(model, optimizer, scheduler)
+    assert all(torch.equal(weights[k], current[0][k]) for k in weights)
+    assert all(
+        torch.equal(optimizer_state[p][n], current[1][p][n]) for p in current[1] for n in current[1][p]
+    )
+    assert last_epoch == current[2] and counter.count == 9
+
+
+def test_checkpoint_with_a_version_1_manifest_still_loads(tmp_path):
+    # Written before manifest version 2: one whole-file sha256 per file, no chunk_size.
+    accelerator, model, optimizer, scheduler = _setup(tmp_path)
+    _train(accelerator, model, optimizer, scheduler)
+    before = _snapshot(model, optimizer, scheduler)
+    location = accelerator.save_state(tmp_path / "ckpt")
+    path = os.path.join(location, manifests.MANIFEST_NAME)
+    with open(path) as handle:
+        manifest = json.load(handle)
+    manifest["version"] = 1
+    del manifest["chunk_size"]
+    for name in list(manifest["files"]):
+        size, digest = sha256_of_file(os.path.join(location, name))
+        manifest["files"][name] = {"size": size, "sha256": digest}
+    with open(path, "w") as handle:
+        json.dump(manifest, handle)
+
+    _train(accelerator, model, optimizer, scheduler, steps=2)
+    assert accelerator.load_state(location) == location
+    weights, optimizer_state, last_epoch = _snapshot(model, optimizer, scheduler)
+    assert all(torch.equal(weights[k], before[0][k]) for k in weights)
+    assert all(torch.equal(optimizer_state[p][n], before[1][p][n]) for p in before[1] for n in before[1][p])
+    assert last_epoch == before[2]

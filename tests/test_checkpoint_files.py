@@ -3,6 +3,7 @@ manifest catches truncation and tampering, pruning keeps the newest, and a malic
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -13,6 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from safetensors.torch import save_file as reference_save_file
 
+from drivetrain.checkpoint import files
 from drivetrain.checkpoint import manifest as manifests
 from drivetrain.checkpoint.files import take_records
 from drivetrain.checkpoint.model_files import write_model_files
@@ -318,3 +320,67 @@ def test_rng_states_load_safely():
     buffer.seek(0)
     state = torch.load(buffer, weights_only=True)
     assert set(state) >= {"python", "numpy", "torch"}
+
+
+# -- hashing while writing, pieces, version 1 --------------------------------------------------------------------
+def test_hashes_taken_while_writing_equal_the_files_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setattr(files, "HASH_CHUNK_SIZE", 1000)
+    monkeypatch.setattr(files, "_PARALLEL_HASH_MIN", 512)  # exercise the helper-thread path on small data
+    monkeypatch.setattr(files, "_WRITEBACK_EVERY", 700)  # and writes split across pieces and writeback
+    tensors = {"a": torch.randn(1000), "b": torch.arange(3, dtype=torch.int64), "c": torch.randn(0)}
+    save_safetensors(tensors, str(tmp_path / "w.safetensors"))
+    torch_save_durable({"big": torch.randn(2000), "small": 3}, str(tmp_path / "o.bin"))
+    with open(tmp_path / "empty.bin", "wb"):
+        pass
+    records = take_records(str(tmp_path))
+    assert set(records) == {"w.safetensors", "o.bin"}
+    for name, record in records.items():
+        size, digests = files.sha256_chunks_of_file(str(tmp_path / name))
+        assert record == {"size": size, "sha256_chunks": digests}
+        assert len(digests) == -(-size // 1000) > 3
+    assert files.sha256_chunks_of_file(str(tmp_path / "empty.bin"), 1000) == (
+        0,
+        [hashlib.sha256(b"").hexdigest()],
+    )
+
+
+def test_a_changed_byte_in_any_piece_is_found_and_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(files, "HASH_CHUNK_SIZE", 256)
+    final = _make_checkpoint(str(tmp_path), "checkpoint_0")
+    manifest = manifests.verify(final)
+    assert manifest["version"] == 2 and manifest["chunk_size"] == 256
+    assert len(manifest["files"]["optimizer.bin"]["sha256_chunks"]) > 2
+    path = os.path.join(final, "optimizer.bin")
+    with open(path, "r+b") as handle:
+        handle.seek(600)  # inside the third piece
+        byte = handle.read(1)
+        handle.seek(600)
+        handle.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(CheckpointError, match=r"optimizer\.bin does not match its sha256"):
+        manifests.verify(final)
+
+
+def test_version_1_manifests_still_verify_and_catch_tampering(tmp_path):
+    final = _make_checkpoint(str(tmp_path), "checkpoint_0")
+    _rewrite_as_version_1(final)
+    manifest = manifests.verify(final)
+    assert manifest["version"] == 1 and "sha256" in manifest["files"]["optimizer.bin"]
+    assert manifests.complete_checkpoints(str(tmp_path)) == [final]
+    with open(os.path.join(final, "extra.txt"), "wb") as handle:
+        handle.write(b"WEIGHTS")
+    with pytest.raises(CheckpointError, match=r"extra\.txt does not match its sha256"):
+        manifests.verify(final)
+
+
+def _rewrite_as_version_1(folder):
+    """What drivetrain wrote before manifest version 2: one whole-file sha256 per file, no chunk_size."""
+    path = os.path.join(folder, manifests.MANIFEST_NAME)
+    with open(path) as handle:
+        manifest = json.load(handle)
+    manifest["version"] = 1
+    del manifest["chunk_size"]
+    for name in list(manifest["files"]):
+        size, digest = files.sha256_of_file(os.path.join(folder, name))
+        manifest["files"][name] = {"size": size, "sha256": digest}
+    with open(path, "w") as handle:
+        json.dump(manifest, handle)

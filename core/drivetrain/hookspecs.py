@@ -254,7 +254,8 @@ def load_state(
     """Restore models, optimizers and schedulers from a checkpoint folder written by :func:`save_state`.
 
     Called by ``Accelerator.load_state`` on every process after the kernel verified the folder's manifest
-    (**first result**).
+    (**first result**). (When no plugin answers, the kernel reads the files itself while the check runs and
+    applies nothing until it passed.)
 
     :param input_dir: the checkpoint folder.
     :param accelerator: the :class:`~drivetrain.Accelerator`.

@@ -3,6 +3,9 @@
 A save writes into ``.<name>.incomplete`` beside the final folder, fsyncs every file, writes
 ``drivetrain_manifest.json`` (each file's size and sha256) last, fsyncs it, and renames the folder to
 ``<name>``. A folder without a readable manifest whose files all match it is never taken for a checkpoint.
+
+Manifest version 2 records each file's sha256 in pieces of ``chunk_size`` bytes (``sha256_chunks``), so
+the pieces verify on several cores at once; version 1 (one whole-file ``sha256``) is still read.
 """
 
 from __future__ import annotations
@@ -12,15 +15,22 @@ import json
 import os
 import re
 import shutil
+from concurrent.futures import Future
 from typing import Any
 
 from drivetrain.checkpoint import files
-from drivetrain.checkpoint.files import durable_writer, fsync_path, hashing_pool, sha256_of_file
+from drivetrain.checkpoint.files import (
+    chunk_ranges,
+    durable_writer,
+    fsync_path,
+    hash_range,
+    hashing_pool,
+)
 from drivetrain.errors import CheckpointError
 
 MANIFEST_NAME = "drivetrain_manifest.json"
 MANIFEST_FORMAT = "drivetrain-checkpoint"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 _INCOMPLETE_SUFFIX = ".incomplete"
 _REPLACED_SUFFIX = ".replaced"
 _CHECKPOINT_FOLDER = re.compile(r"^checkpoint_(\d+)$")
@@ -54,27 +64,40 @@ def _relative_files(directory: str) -> list[str]:
 
 
 def write_manifest(directory: str, records: dict[str, dict[str, Any]], metadata: dict[str, Any]) -> None:
-    """List every file of ``directory`` with its size and sha256 (taken from ``records`` when the writer
-    hashed it already, else read now) and write the manifest, fsynced, as the folder's last file."""
+    """List every file of ``directory`` with its size and chunk hashes (taken from ``records`` when the
+    writer hashed it already, else read now) and write the manifest, fsynced, as the folder's last file."""
     listed: dict[str, Any] = {}
+    pending: dict[str, tuple[int, list[Future]]] = {}
     for relative in _relative_files(directory):
         if relative == MANIFEST_NAME:
             continue
         path = os.path.join(directory, relative)
         known = records.get(relative)
-        if known is None or known["size"] != os.path.getsize(path):
-            fsync_path(path)  # written by a library that did not fsync (or by a pre-save hook)
-            known = hashing_pool().submit(sha256_of_file, path)
-        listed[relative] = known
-    for relative, known in listed.items():
-        if not isinstance(known, dict):
-            size, digest = known.result()
-            listed[relative] = {"size": size, "sha256": digest}
-    manifest = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "files": listed, "metadata": metadata}
+        size = os.path.getsize(path)
+        if known is not None and known["size"] == size and "sha256_chunks" in known:
+            listed[relative] = {"size": size, "sha256_chunks": list(known["sha256_chunks"])}
+            continue
+        fsync_path(path)  # written by a library that did not fsync (or by a pre-save hook)
+        pending[relative] = (
+            size,
+            [
+                hashing_pool().submit(hash_range, path, offset, length)
+                for offset, length in chunk_ranges(size)
+            ],
+        )
+    for relative, (size, futures) in pending.items():
+        listed[relative] = {"size": size, "sha256_chunks": [future.result() for future in futures]}
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "chunk_size": files.HASH_CHUNK_SIZE,
+        "files": dict(sorted(listed.items())),
+        "metadata": metadata,
+    }
     for sub in {os.path.dirname(os.path.join(directory, rel)) for rel in listed}:
         fsync_path(sub)
     files.on_stage("files_synced", directory)
-    with durable_writer(os.path.join(directory, MANIFEST_NAME)) as out:
+    with durable_writer(os.path.join(directory, MANIFEST_NAME), hashed=False) as out:
         out.write(json.dumps(manifest, indent=1, sort_keys=True).encode())
     fsync_path(directory)
     files.on_stage("manifest_written", directory)
@@ -135,10 +158,8 @@ def read_manifest(directory: str) -> dict[str, Any]:
     return manifest
 
 
-def verify(directory: str, check_hashes: bool = True) -> dict[str, Any]:
-    """Check every file the manifest lists: present, of the recorded size and (``check_hashes``) sha256.
-    Returns the manifest; raises :class:`CheckpointError` naming the first file that does not match."""
-    manifest = read_manifest(directory)
+def _checked_paths(directory: str, manifest: dict[str, Any]) -> dict[str, str]:
+    """The manifest's files as paths, after the cheap checks: inside the folder, present, recorded size."""
     paths = {}
     for relative, expected in manifest["files"].items():
         path = os.path.join(directory, relative)
@@ -146,6 +167,8 @@ def verify(directory: str, check_hashes: bool = True) -> dict[str, Any]:
             raise CheckpointError(
                 f"{directory}/{MANIFEST_NAME} lists a file outside the folder: {relative!r}"
             )
+        if not isinstance(expected, dict) or not isinstance(expected.get("size"), int):
+            raise CheckpointError(f"{directory}/{MANIFEST_NAME} has no size for {relative!r}")
         if not os.path.isfile(path):
             raise CheckpointError(f"checkpoint file {path} listed in the manifest is missing")
         size = os.path.getsize(path)
@@ -155,15 +178,75 @@ def verify(directory: str, check_hashes: bool = True) -> dict[str, Any]:
                 "it was truncated or modified after the save"
             )
         paths[relative] = path
-    if check_hashes:
-        digests = {rel: hashing_pool().submit(sha256_of_file, path) for rel, path in paths.items()}
-        for relative, future in digests.items():
-            if future.result()[1] != manifest["files"][relative]["sha256"]:
-                raise CheckpointError(
-                    f"checkpoint file {paths[relative]} does not match its sha256 in the manifest: it was "
-                    "modified or corrupted after the save"
-                )
-    return manifest
+    return paths
+
+
+class Verification:
+    """The sha256 checks of a checkpoint's files, running in the hashing threads from construction on;
+    :meth:`wait` raises :class:`CheckpointError` naming the first file that does not match."""
+
+    def __init__(self, directory: str, manifest: dict[str, Any], paths: dict[str, str]) -> None:
+        self.manifest = manifest
+        chunk_size = manifest.get("chunk_size", files.HASH_CHUNK_SIZE)
+        if not isinstance(chunk_size, int) or chunk_size <= 0:
+            raise CheckpointError(f"{directory}/{MANIFEST_NAME} has an invalid chunk_size {chunk_size!r}")
+        pool = hashing_pool()
+        self._checks: list[tuple[str, list[str], list[Future]]] = []
+        for relative, path in paths.items():
+            expected = manifest["files"][relative]
+            size = expected["size"]
+            if "sha256_chunks" in expected:  # version 2: pieces hash in parallel
+                digests = expected["sha256_chunks"]
+                ranges = chunk_ranges(size, chunk_size)
+                if not isinstance(digests, list) or len(digests) != len(ranges):
+                    raise CheckpointError(
+                        f"{directory}/{MANIFEST_NAME} records {len(digests)} sha256 pieces for {relative!r} "
+                        f"but a file of {size} bytes has {len(ranges)}: the manifest is damaged"
+                    )
+            elif "sha256" in expected:  # version 1: one digest of the whole file
+                digests, ranges = [expected["sha256"]], [(0, size)]
+            else:
+                raise CheckpointError(f"{directory}/{MANIFEST_NAME} records no sha256 for {relative!r}")
+            futures = [pool.submit(hash_range, path, offset, length) for offset, length in ranges]
+            self._checks.append((path, digests, futures))
+        self._outcome: CheckpointError | None = None
+        self._done = False
+
+    def wait(self) -> dict[str, Any]:
+        """Wait for every hash; returns the manifest or raises (every time it is called) on a mismatch."""
+        if not self._done:
+            self._done = True
+            for path, expected, futures in self._checks:
+                if [future.result() for future in futures] != expected:
+                    self._outcome = CheckpointError(
+                        f"checkpoint file {path} does not match its sha256 in the manifest: it was "
+                        "modified or corrupted after the save"
+                    )
+                    break
+            if self._outcome is not None:
+                for _path, _expected, futures in self._checks:
+                    for future in futures:
+                        future.cancel()
+        if self._outcome is not None:
+            raise self._outcome
+        return self.manifest
+
+
+def start_verification(directory: str) -> Verification:
+    """Read the manifest, check names and sizes now (raising :class:`CheckpointError`), and start hashing
+    every file in the background: ``.wait()`` on the result before using what was read from them."""
+    manifest = read_manifest(directory)
+    return Verification(directory, manifest, _checked_paths(directory, manifest))
+
+
+def verify(directory: str, check_hashes: bool = True) -> dict[str, Any]:
+    """Check every file the manifest lists: present, of the recorded size and (``check_hashes``) sha256.
+    Returns the manifest; raises :class:`CheckpointError` naming the first file that does not match."""
+    if not check_hashes:
+        manifest = read_manifest(directory)
+        _checked_paths(directory, manifest)
+        return manifest
+    return start_verification(directory).wait()
 
 
 def is_complete(directory: str) -> bool:

@@ -2,13 +2,20 @@
 
 The order of a save: pre-hooks see the state dicts; the backend's ``save_state`` hook writes models,
 optimizers and schedulers into a temporary folder; the kernel adds RNG states, the GradScaler, data loader
-positions and registered objects; after a barrier the writing process lists every file in a manifest and
-renames the folder into place; then old automatic checkpoints are pruned.
+positions and registered objects; once every process reports success, the writing process lists every file
+in a manifest and renames the folder into place; then old automatic checkpoints are pruned. A failure on
+any process makes every process raise (see ``_agree``) instead of leaving the others waiting.
+
+The order of a load: the checking process reads the manifest, checks names and sizes, and starts hashing
+every file in background threads; the backend reads (the reference backend: everything, into memory);
+then all processes agree that the hashes matched and nothing failed, and only then is anything applied.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -99,6 +106,34 @@ class CheckpointingMixin:
     def _gather(self, value: Any) -> list[Any]:
         return self.state.collectives.all_gather_object(value)
 
+    # -- agreement between processes -----------------------------------------------------------------------
+    def _writer_rank(self) -> int:
+        """Global rank of the process that writes (and on load, verifies) this process's shared files: the
+        main process, or this machine's local main process with ``save_on_each_node``."""
+        if self.project_configuration.save_on_each_node:
+            return self.process_index - self.local_process_index
+        return 0
+
+    def _agree(
+        self, what: str, error: BaseException | None, payload: Any = None, after: str = ""
+    ) -> list[Any]:
+        """Every process's ``payload`` for a step they all run, once each says whether it succeeded. If one
+        failed, every process raises a :class:`CheckpointError` naming the failed ranks (rather than the
+        others waiting forever at the next collective); alone, the original error is raised."""
+        report = (payload, None if error is None else f"{type(error).__name__}: {error}")
+        gathered = self._gather(report)
+        failed = [(rank, message) for rank, (_, message) in enumerate(gathered) if message is not None]
+        if failed:
+            if error is not None and len(gathered) == 1:
+                raise error
+            if len(failed) == 1:
+                where = f"rank {failed[0][0]}: {failed[0][1]}"
+            else:
+                ranks = ", ".join(str(rank) for rank, _ in failed)
+                where = f"ranks {ranks} (" + "; ".join(f"rank {r}: {message}" for r, message in failed) + ")"
+            raise CheckpointError(f"{what} failed on {where}{after}") from error
+        return [payload for payload, _ in gathered]
+
     # -- save ----------------------------------------------------------------------------------------------
     def save_state(
         self,
@@ -108,15 +143,74 @@ class CheckpointingMixin:
     ) -> str:
         """Save models, optimizers, schedulers, GradScaler, RNG states, data loader positions and registered
         objects into one folder, atomically; returns the folder. ``save_model_func_kwargs`` are passed on to
-        backends that take them (``accelerator._save_model_func_kwargs``)."""
+        backends that take them (``accelerator._save_model_func_kwargs``).
+
+        If any process fails while writing, every process raises a :class:`CheckpointError` naming it, the
+        unfinished folder is removed and earlier checkpoints stay as they were."""
         location = os.path.abspath(self._save_location(output_dir))
         writer = writes_shared_files(self)
-        if writer:
-            os.makedirs(os.path.dirname(location), exist_ok=True)
-            manifests.start_incomplete(location)
-        self.wait_for_everyone()
         temporary = manifests.incomplete_path(location)
+        not_written = f"; {location} was not written and earlier checkpoints are untouched"
+        error: Exception | None = None
+        if writer:
+            try:
+                os.makedirs(os.path.dirname(location), exist_ok=True)
+                manifests.start_incomplete(location)
+            except Exception as exc:
+                error = exc
+        self._agree(f"save_state: creating {temporary}", error, after=not_written)
 
+        records_here: dict[str, Any] = {}
+        try:
+            self._write_checkpoint_files(temporary, safe_serialization, save_model_func_kwargs)
+            records_here = take_records(temporary)  # waits for this process's files to be on disk
+        except Exception as exc:
+            error = exc
+            with contextlib.suppress(Exception):
+                take_records(temporary)  # forget what a failed save recorded
+        try:
+            gathered = self._agree(
+                f"save_state into {location}", error, (self._writer_rank(), records_here), after=not_written
+            )
+        except CheckpointError:
+            if writer:
+                shutil.rmtree(temporary, ignore_errors=True)
+            raise
+
+        if writer:
+            # Only the records of the processes whose files are in this folder (this machine's, with
+            # save_on_each_node): another machine's copy of a file of the same name is another file.
+            records: dict[str, Any] = {}
+            for writer_rank, part in gathered:
+                if writer_rank == self.process_index:
+                    records.update(part)
+            try:
+                metadata = {
+                    "step": self.step,
+                    "num_processes": self.num_processes,
+                    "iteration": self.project_configuration.iteration,
+                    "safe_serialization": safe_serialization,
+                }
+                manifests.write_manifest(temporary, records, metadata)
+                manifests.seal(temporary, location)
+            except Exception as exc:
+                error = exc
+                shutil.rmtree(temporary, ignore_errors=True)
+            else:
+                limit = self.project_configuration.total_limit
+                if self.project_configuration.automatic_checkpoint_naming and limit is not None:
+                    try:
+                        manifests.prune(os.path.dirname(location), limit, keep=location)
+                    except Exception as exc:
+                        error = exc
+        self._agree(f"save_state: sealing {location}", error)
+        self.project_configuration.iteration += 1
+        return location
+
+    def _write_checkpoint_files(
+        self, temporary: str, safe_serialization: bool, save_model_func_kwargs: dict[str, Any]
+    ) -> None:
+        """Pre-hooks, then the backend's files, then the kernel's, into the temporary folder."""
         models = list(self._models)
         # The user's module's own state dict (not get_state_dict): a sharded backend saves its shards itself
         # and must not gather the whole model on every save just for the pre-hooks.
@@ -151,28 +245,11 @@ class CheckpointingMixin:
         write_kernel_objects(temporary, self)
         files.on_stage("objects_written", temporary)
 
-        records: dict[str, Any] = {}
-        for part in self._gather(take_records(temporary)):
-            records.update(part)
-        if writer:
-            metadata = {
-                "step": self.step,
-                "num_processes": self.num_processes,
-                "iteration": self.project_configuration.iteration,
-                "safe_serialization": safe_serialization,
-            }
-            manifests.write_manifest(temporary, records, metadata)
-            manifests.seal(temporary, location)
-            limit = self.project_configuration.total_limit
-            if self.project_configuration.automatic_checkpoint_naming and limit is not None:
-                manifests.prune(os.path.dirname(location), limit, keep=location)
-        self.wait_for_everyone()
-        self.project_configuration.iteration += 1
-        return location
-
     # -- load ----------------------------------------------------------------------------------------------
-    def _resolve_checkpoint(self, input_dir: str | None, verify_manifest: bool) -> tuple[str | None, Any]:
-        """(folder, manifest metadata) on a process that checks files; raises CheckpointError."""
+    def _resolve_checkpoint(
+        self, input_dir: str | None, verify_manifest: bool
+    ) -> tuple[str, manifests.Verification | None]:
+        """(folder, its hashes being checked) on a process that checks files; raises CheckpointError."""
         if input_dir is None:
             root = self._checkpoints_root()
             complete = manifests.complete_checkpoints(root)
@@ -186,8 +263,16 @@ class CheckpointingMixin:
         if not verify_manifest:
             if not os.path.isdir(input_dir):
                 raise CheckpointError(f"checkpoint folder {input_dir} does not exist")
-            return input_dir, {}
-        return input_dir, manifests.verify(input_dir).get("metadata", {})
+            return input_dir, None
+        return input_dir, manifests.start_verification(input_dir)
+
+    def _reference_backend_loads(self) -> bool:
+        """Whether only the reference backend implements ``load_state``: it reads everything before
+        applying anything, so the files' hashes can be checked while it reads."""
+        from drivetrain.plugins import REFERENCE_BACKEND
+
+        implementations = self._plugins.implementations("load_state", True)
+        return [name for name, *_ in implementations] == [REFERENCE_BACKEND]
 
     def load_state(
         self,
@@ -199,10 +284,12 @@ class CheckpointingMixin:
 
         With no ``input_dir``, picks the newest complete ``project_dir/checkpoints/checkpoint_<n>``
         (``automatic_checkpoint_naming``). Every file is checked against the manifest (size and sha256)
-        first. ``map_location`` ("cpu" by default, "on_device" for this process's device) places loaded
-        optimizer states; ``load_kwargs`` go to ``torch.load`` — ``{"weights_only": False}`` is the explicit
-        opt-out of safe unpickling, for checkpoints you trust. ``verify_manifest=False`` loads a folder
-        without a manifest (e.g. written by another tool).
+        before anything read from the folder is applied: a mismatch raises a :class:`CheckpointError`
+        naming the file and leaves models, optimizers and the rest as they were. ``map_location`` ("cpu" by
+        default, "on_device" for this process's device) places loaded optimizer states; ``load_kwargs`` go to
+        ``torch.load`` — ``{"weights_only": False}`` is the explicit opt-out of safe unpickling, for
+        checkpoints you trust. ``verify_manifest=False`` loads a folder without a manifest (e.g. written by
+        another tool).
         """
         verify_manifest = bool(load_model_func_kwargs.pop("verify_manifest", True))
         map_location = load_model_func_kwargs.pop("map_location", None)
@@ -213,24 +300,34 @@ class CheckpointingMixin:
         if input_dir is not None:
             input_dir = os.path.abspath(os.fspath(input_dir))
 
-        outcome: tuple[str | None, Any, str | None] = (None, None, None)
+        resolved: tuple[str | None, dict[str, Any]] = (None, {})
+        verification = None
+        error: Exception | None = None
         if writes_shared_files(self):
             try:
-                outcome = (*self._resolve_checkpoint(input_dir, verify_manifest), None)
+                folder, verification = self._resolve_checkpoint(input_dir, verify_manifest)
+                resolved = (folder, verification.manifest.get("metadata", {}) if verification else {})
             except CheckpointError as exc:
-                outcome = (None, None, str(exc))
-        gathered = self._gather(outcome)
-        errors = [error for _, _, error in gathered if error]
-        if errors:
-            raise CheckpointError(errors[0])
-        location, metadata = gathered[0][0], gathered[0][1] or {}
+                error = exc
+        gathered = self._agree("load_state", error, resolved)
+        # Each process loads the folder its writer checked (its own machine's copy with save_on_each_node).
+        location, metadata = gathered[self._writer_rank()]
+        assert location is not None
+        metadata = metadata or {}
+        gate = _VerificationGate(self, verification, location)
 
         if map_location is None or map_location == "on_device":
             map_location = self.device if map_location == "on_device" else "cpu"
         models = list(self._models)
+        # The reference backend reads while the hashes are checked and applies only after gate.wait();
+        # anything else (another backend, a pre-hook reading its own files) starts after the check.
+        deferred = not self._load_state_pre_hooks and self._reference_backend_loads()
+        if not deferred:
+            gate.wait()
         for hook in list(self._load_state_pre_hooks.values()):
             hook(models, location)
         self._checkpoint_load_kwargs = dict(load_kwargs or {})
+        self._checkpoint_gate = gate if deferred else None
         try:
             loaded = self._plugins.first(
                 "load_state",
@@ -241,11 +338,13 @@ class CheckpointingMixin:
                 schedulers=list(self._schedulers),
                 map_location=map_location,
             )
+            gate.wait()
             if not loaded:
                 raise CheckpointError("no plugin loaded the checkpoint (every load_state hook returned None)")
             read_kernel_objects(location, self, map_location)
         finally:
             self._checkpoint_load_kwargs = None
+            self._checkpoint_gate = None
         if "step" in metadata:
             self.step = int(metadata["step"])
         number = manifests.checkpoint_number(location)
@@ -300,6 +399,33 @@ class CheckpointingMixin:
             f,
             save_on_each_node=self.project_configuration.save_on_each_node,
             safe_serialization=safe_serialization,
+        )
+
+
+class _VerificationGate:
+    """The point of a load after which what was read may be applied: the checking process's hashes all
+    matched, and every process read its part without error (all agree, so none applies alone)."""
+
+    def __init__(self, accelerator: Any, verification: manifests.Verification | None, location: str) -> None:
+        self._accelerator = accelerator
+        self._verification = verification
+        self._location = location
+        self._done = False
+
+    def wait(self, error: Exception | None = None) -> None:
+        """Collective: every process calls it once (later calls return at once, or raise ``error``)."""
+        if self._done:
+            if error is not None:
+                raise error
+            return
+        self._done = True
+        if error is None and self._verification is not None:
+            try:
+                self._verification.wait()
+            except CheckpointError as exc:
+                error = exc
+        self._accelerator._agree(
+            f"load_state({self._location})", error, after="; nothing was loaded from the checkpoint"
         )
 
 

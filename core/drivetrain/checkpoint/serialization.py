@@ -159,9 +159,39 @@ def _shared_groups(state_dict: Mapping[str, torch.Tensor]) -> dict[str, list[str
     return {name: names for names in groups.values() for name in names}
 
 
+def _writable_bytes(target: torch.Tensor, entry: Any) -> memoryview | None:
+    """``target``'s memory as a writable byte buffer when a file's tensor ``entry`` can be read straight
+    into it (CPU, contiguous, same dtype, shape and size), else None."""
+    if (
+        target.device.type != "cpu"
+        or not target.is_contiguous()
+        or target.numel() == 0
+        or _SAFETENSORS_DTYPES.get(target.dtype) != entry.get("dtype")
+        or list(target.shape) != list(entry.get("shape", ()))
+    ):
+        return None
+    begin, end = entry["data_offsets"]
+    if end - begin != target.numel() * target.element_size():
+        return None
+    return memoryview(target.detach().reshape(-1).view(torch.uint8).numpy()).cast("B")
+
+
+def _read_exactly(handle: Any, offset: int, into: memoryview, path: str, name: str) -> None:
+    handle.seek(offset)
+    filled = 0
+    while filled < len(into):
+        count = handle.readinto(into[filled:])
+        if not count:
+            raise CheckpointError(f"{path} ends inside tensor {name!r}: the file is truncated")
+        filled += count
+
+
 def load_safetensors_into_module(module: torch.nn.Module, paths: Iterable[str], strict: bool = True) -> None:
     """Copy the tensors of safetensors files into ``module``'s parameters and buffers one at a time (memory:
-    one tensor beyond the model). Tied weights saved once fill every name they are shared under."""
+    one tensor beyond the model). Tied weights saved once fill every name they are shared under.
+
+    A CPU tensor of the same dtype and shape is read from the file straight into the parameter's memory (one
+    copy from the page cache, no mapping); anything else goes through ``safetensors.safe_open``."""
     from safetensors import safe_open
 
     paths = list(paths)
@@ -172,12 +202,30 @@ def load_safetensors_into_module(module: torch.nn.Module, paths: Iterable[str], 
     mismatched: list[str] = []
     with torch.no_grad():
         for path in paths:
-            with safe_open(path, framework="pt", device="cpu") as handle:
-                for name in handle.keys():
+            header = read_safetensors_header(path)
+            with open(path, "rb") as handle:
+                (length,) = struct.unpack("<Q", handle.read(8))
+            data_start = 8 + length
+            indirect: list[str] = []
+            with open(path, "rb", buffering=0) as handle:
+                for name, entry in header.items():
+                    if name == "__metadata__":
+                        continue
                     target = targets.get(name)
                     if target is None:
                         unexpected.append(name)
                         continue
+                    into = _writable_bytes(target, entry)
+                    if into is None:
+                        indirect.append(name)
+                        continue
+                    _read_exactly(handle, data_start + entry["data_offsets"][0], into, path, name)
+                    loaded.update(groups.get(name, [name]))
+            if not indirect:
+                continue
+            with safe_open(path, framework="pt", device="cpu") as handle:
+                for name in indirect:
+                    target = targets[name]
                     source = handle.get_tensor(name)
                     if source.shape != target.shape:
                         mismatched.append(

@@ -137,32 +137,80 @@ def _require(path: str, what: str) -> str:
     return path
 
 
+def checkpoint_verified(accelerator: Any, error: Exception | None = None) -> None:
+    """Call between reading a checkpoint and applying it, on every process: returns once the files' hashes
+    matched and every process read its part (``error``: this process failed reading, and says so to the
+    others). Raises :class:`CheckpointError` otherwise. Outside a ``load_state`` it only re-raises ``error``."""
+    gate = getattr(accelerator, "_checkpoint_gate", None)
+    if gate is not None:
+        gate.wait(error)
+    elif error is not None:
+        raise error
+
+
+def _read_model_source(input_dir: str, index: int, map_location: Any, load_kwargs: dict[str, Any]) -> Any:
+    """Model ``index``'s safetensors path (copied in only when applied), else its pickled state dict."""
+    safe_path = os.path.join(input_dir, model_file_name(index, True))
+    if os.path.isfile(safe_path):
+        return safe_path
+    path = _require(os.path.join(input_dir, model_file_name(index, False)), f"weights for model {index}")
+    return safe_load(path, map_location=map_location, **load_kwargs)
+
+
+def _apply_model_source(model: torch.nn.Module, source: Any) -> None:
+    if isinstance(source, str):
+        load_safetensors_into_module(model, [source])
+    else:
+        model.load_state_dict(source)
+
+
 def read_model_weights(
     model: torch.nn.Module, input_dir: str, index: int, map_location: Any, load_kwargs: dict[str, Any]
 ) -> None:
     """Load model ``index`` of a checkpoint folder, from safetensors when present, else from the pickle."""
-    safe_path = os.path.join(input_dir, model_file_name(index, True))
-    if os.path.isfile(safe_path):
-        load_safetensors_into_module(model, [safe_path])
-        return
-    path = _require(os.path.join(input_dir, model_file_name(index, False)), f"weights for model {index}")
-    model.load_state_dict(safe_load(path, map_location=map_location, **load_kwargs))
+    _apply_model_source(model, _read_model_source(input_dir, index, map_location, load_kwargs))
 
 
 def read_training_objects(
     input_dir: str, models: list, optimizers: list, schedulers: list, map_location: Any, accelerator: Any
 ) -> None:
-    """The reference backend's ``load_state``: every model, optimizer and scheduler, on every process."""
+    """The reference backend's ``load_state``: every model, optimizer and scheduler, on every process.
+
+    Everything is read first (pickles into memory; safetensors weights are copied straight into the model
+    later), while ``load_state`` checks the files' hashes; nothing is applied before :func:`checkpoint_verified`
+    says every file matched, so a damaged checkpoint leaves the training objects untouched."""
     load_kwargs = _load_kwargs(accelerator)
-    for index, model in track(list(enumerate(models)), "checkpoint models", unit="model"):
+    try:
+        model_sources = [
+            _read_model_source(input_dir, index, map_location, load_kwargs) for index in range(len(models))
+        ]
+        optimizer_states = [
+            safe_load(
+                _require(os.path.join(input_dir, optimizer_file_name(index)), f"state for optimizer {index}"),
+                map_location=map_location,
+                **load_kwargs,
+            )
+            for index in range(len(optimizers))
+        ]
+        scheduler_states = [
+            safe_load(
+                _require(os.path.join(input_dir, scheduler_file_name(index)), f"state for scheduler {index}"),
+                map_location=map_location,
+                **load_kwargs,
+            )
+            for index in range(len(schedulers))
+        ]
+    except Exception as exc:
+        checkpoint_verified(accelerator, exc)
+        raise
+    checkpoint_verified(accelerator)
+    for model, source in track(list(zip(models, model_sources)), "checkpoint models", unit="model"):
         unwrapped = accelerator.unwrap_model(model) if hasattr(accelerator, "unwrap_model") else model
-        read_model_weights(unwrapped, input_dir, index, map_location, load_kwargs)
-    for index, optimizer in enumerate(optimizers):
-        path = _require(os.path.join(input_dir, optimizer_file_name(index)), f"state for optimizer {index}")
-        optimizer.load_state_dict(safe_load(path, map_location=map_location, **load_kwargs))
-    for index, scheduler in enumerate(schedulers):
-        path = _require(os.path.join(input_dir, scheduler_file_name(index)), f"state for scheduler {index}")
-        scheduler.load_state_dict(safe_load(path, map_location=map_location, **load_kwargs))
+        _apply_model_source(unwrapped, source)
+    for optimizer, state in zip(optimizers, optimizer_states):
+        optimizer.load_state_dict(state)
+    for scheduler, state in zip(schedulers, scheduler_states):
+        scheduler.load_state_dict(state)
 
 
 def write_kernel_objects(output_dir: str, accelerator: Any) -> None:
