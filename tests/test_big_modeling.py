@@ -262,3 +262,80 @@ def test_missing_plugin_says_how_to_install(monkeypatch) -> None:
     finally:
         monkeypatch.delenv("DRIVETRAIN_LOAD_PLUGINS")
         reset_plugin_manager()
+
+
+def test_mapped_and_copied_loads_are_byte_identical(tmp_path) -> None:
+    reference = _reference(6)
+    checkpoint = _save_sharded(reference, str(tmp_path))
+    expected = reference.state_dict()
+    for map_weights in (True, False):
+        with init_empty_weights():
+            model = TinyLM()
+        load_checkpoint_in_model(model, checkpoint, map_weights=map_weights, strict=False)
+        for name, tensor in model.state_dict().items():
+            assert torch.equal(tensor, expected[name]), name
+        assert model.head.weight is model.embed.weight
+        weight = model.blocks[0].linear1.weight
+        # One storage per tensor, not a view of a whole shard: saving a weight saves only its bytes.
+        assert weight.untyped_storage().nbytes() == weight.numel() * weight.element_size()
+        with torch.no_grad():
+            weight.add_(1.0)  # a mapped weight is copy-on-write: the checkpoint is not modified
+    with init_empty_weights():
+        again = TinyLM()
+    load_checkpoint_in_model(again, checkpoint)
+    assert torch.equal(again.blocks[0].linear1.weight, expected["blocks.0.linear1.weight"])
+
+
+def test_reader_chunks_and_casts_are_exact(tmp_path) -> None:
+    from drivetrain.big_modeling.reader import TensorReader, read_header
+
+    torch.manual_seed(0)
+    tensors = {"a": torch.randn(1000, 37), "b": torch.randint(0, 100, (4099,), dtype=torch.int64)}
+    path = str(tmp_path / "t.safetensors")
+    save_file(tensors, path)
+    records = read_header(path)
+    assert list(records) == sorted(records, key=lambda k: records[k].start)
+    direct = {name: torch.empty(r.shape, dtype=r.dtype) for name, r in records.items()}
+    cast = torch.empty(1000, 37, dtype=torch.bfloat16)
+    strided = torch.empty(37, 1000).t()  # an existing non-contiguous tensor, filled in place
+    with TensorReader(workers=2, chunk_bytes=4096 + 8) as reader:  # many uneven chunks
+        for name, record in records.items():
+            reader.read(path, record, direct[name], name)
+        reader.read(path, records["a"], cast, "a")
+        reader.read(path, records["a"], strided, "a")
+        reader.wait()
+    assert torch.equal(direct["a"], tensors["a"]) and torch.equal(direct["b"], tensors["b"])
+    assert torch.equal(cast, tensors["a"].to(torch.bfloat16))
+    assert torch.equal(strided, tensors["a"])
+
+
+def test_damaged_header_and_8bit_offload_are_clear_errors(tmp_path) -> None:
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes((10**9).to_bytes(8, "little") + b"{}")
+    with init_empty_weights():
+        model = TinyLM()
+    with pytest.raises(CheckpointError, match="bad.safetensors.*damaged or truncated"):
+        load_checkpoint_in_model(model, str(bad))
+    with pytest.raises(NotImplementedError, match="offload_8bit_bnb.*bitsandbytes"):
+        load_checkpoint_in_model(model, str(bad), offload_8bit_bnb=True)
+
+
+def test_saving_over_the_checkpoint_a_mapped_model_came_from_keeps_its_weights(tmp_path) -> None:
+    # A loaded CPU weight shares pages with its checkpoint file; the common "load, use, save back to the same
+    # folder" must neither corrupt the live weights nor crash (save_model replaces files, never rewrites them).
+    from drivetrain import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    reference = _reference(7)
+    accelerator.save_model(reference, str(tmp_path), max_shard_size="20KB")
+    expected = {name: tensor.clone() for name, tensor in reference.state_dict().items()}
+    with init_empty_weights():
+        model = TinyLM()
+    model = load_checkpoint_and_dispatch(model, str(tmp_path), device_map={"": "cpu"})
+    logits = model(IDS)
+
+    torch.manual_seed(99)
+    accelerator.save_model(TinyLM(), str(tmp_path), max_shard_size="20KB")  # other weights, same file names
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, expected[name]), name
+    assert torch.equal(model(IDS), logits)

@@ -64,10 +64,10 @@ def dispatch_model(
     Inputs go to ``main_device`` (default: the first GPU of the map, else CPU) and outputs come back to
     the device of the inputs. Weights mapped to ``"cpu"`` (while computing on a GPU) or ``"disk"`` stay
     there and visit the execution device only while their module runs. ``prefetch`` loads the next
-    offloaded block while the current one computes; the default (None) does so when computing on an
-    accelerator and not on the CPU, where weights are read straight from the memory-mapped files and a
-    prefetch copy only competes for the cores (measured in bench/big_model_load.py). ``offload_dir`` holds the
-    ``index.json`` written by :func:`load_checkpoint_in_model` for ``"disk"`` weights.
+    offloaded block while the current one computes, for one block of extra memory; the default (None)
+    does so when computing on an accelerator or when weights are on disk (on the CPU it overlaps the disk
+    reads with compute, measured in bench/big_model_load.py), not for CPU-offloaded weights run on the
+    CPU, which are used in place. ``offload_dir`` holds the ``index.json`` written by :func:`load_checkpoint_in_model` for ``"disk"`` weights.
     """
     check_device_map(model, device_map)
     if main_device is None:
@@ -122,12 +122,15 @@ def load_checkpoint_and_dispatch(
     strict: bool = False,
     keep_in_fp32_modules: list[str] | None = None,
     prefetch: bool | None = None,
+    map_weights: bool = True,
 ) -> torch.nn.Module:
     """Load ``checkpoint`` into ``model`` (typically built under :func:`init_empty_weights`) and dispatch it.
 
     ``device_map`` is a dict, or ``"auto"``/``"balanced"``/``"balanced_low_0"``/``"sequential"`` to infer
     one from ``max_memory`` (default: what each device has free); blocks of ``no_split_module_classes`` are
-    never cut across devices. Without a device map the weights are only loaded.
+    never cut across devices. Without a device map the weights are only loaded. ``map_weights`` is
+    :func:`load_checkpoint_in_model`'s (CPU weights as views of the mapped checkpoint, the default, or
+    their own memory).
     """
     special_dtypes = {}
     if keep_in_fp32_modules and dtype is not None:
@@ -156,6 +159,7 @@ def load_checkpoint_and_dispatch(
         offload_buffers=offload_buffers,
         keep_in_fp32_modules=keep_in_fp32_modules,
         strict=strict,
+        map_weights=map_weights,
     )
     if device_map is None:
         return model

@@ -1,17 +1,18 @@
 """Loading a checkpoint into a model, tensor by tensor, straight to the device each tensor belongs on.
 
-Safetensors files are memory-mapped (``safe_open``): a tensor is copied once, from the page cache into its
-final place, and the mapped pages are released right after, so host memory never holds a second copy of the
-model. Tensors mapped to ``"disk"`` are not read at all: the offload index points at them in the checkpoint.
+Safetensors files go through ``drivetrain.big_modeling.reader``: CPU tensors kept in the checkpoint's
+dtype become views of a private (copy-on-write) mapping of the file, their pages read during the load;
+the others are read into their own memory, one copy from the page cache. Either way host memory holds one
+copy of the model, and tensors mapped to ``"disk"`` are not read at all: the offload index points at them
+in the checkpoint. ``.bin`` files are memory-mapped by ``torch.load`` and copied tensor by tensor,
+releasing the mapped pages as they go.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
-import mmap
 import os
 import tempfile
 from collections.abc import Iterator
@@ -22,6 +23,19 @@ from safetensors import safe_open
 
 from drivetrain.big_modeling.device_map import check_device_map, device_for, normalize_device
 from drivetrain.big_modeling.offload_index import save_offload_index, write_offloaded_weights
+from drivetrain.big_modeling.reader import (
+    DIRECT_READS_SUPPORTED,
+    MADV_DONTNEED,
+    MADV_WILLNEED,
+    SAFETENSORS_DTYPES,
+    TensorReader,
+    TensorRecord,
+    can_map,
+    madvise,
+    map_file,
+    mapped_tensor,
+    read_header,
+)
 from drivetrain.big_modeling.sizes import to_dtype
 from drivetrain.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 from drivetrain.errors import CheckpointError
@@ -124,44 +138,24 @@ class _TorchFile:
 # Releasing mapped pages
 # ---------------------------------------------------------------------------------------------------------
 
-_PAGE = mmap.PAGESIZE
-_MADV_DONTNEED = 4
-_MADV_WILLNEED = 3
-try:
-    _madvise = ctypes.CDLL(None, use_errno=True).madvise
-    _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-except (OSError, AttributeError):  # pragma: no cover - not Linux/macOS
-    _madvise = None
 
-
-def _advise(tensor: torch.Tensor, advice: int) -> None:
-    if _madvise is None or tensor.device.type != "cpu":
-        return
+def _tensor_range(tensor: torch.Tensor) -> tuple[int, int]:
     start = tensor.data_ptr()
-    end = start + tensor.numel() * tensor.element_size()
-    first = -(-start // _PAGE) * _PAGE
-    last = end // _PAGE * _PAGE
-    if last > first:
-        _madvise(first, last - first, advice)
+    return start, start + tensor.numel() * tensor.element_size()
 
 
 def prefetch_pages(tensor: torch.Tensor) -> None:
     """Ask the kernel to read a memory-mapped tensor's pages ahead (one large read instead of a page fault
     per 4 KiB)."""
-    _advise(tensor, _MADV_WILLNEED)
+    if tensor.device.type == "cpu":
+        madvise(*_tensor_range(tensor), MADV_WILLNEED)
 
 
 def release_pages(tensor: torch.Tensor) -> None:
     """Drop the resident pages of a memory-mapped CPU tensor we are done with (they stay in the page cache,
     but no longer count in this process's memory)."""
-    if _madvise is None or tensor.device.type != "cpu":
-        return
-    start = tensor.data_ptr()
-    end = start + tensor.numel() * tensor.element_size()
-    first = -(-start // _PAGE) * _PAGE
-    last = end // _PAGE * _PAGE
-    if last > first:
-        _madvise(first, last - first, _MADV_DONTNEED)
+    if tensor.device.type == "cpu":
+        madvise(*_tensor_range(tensor), MADV_DONTNEED)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -257,6 +251,7 @@ def load_checkpoint_in_model(
     keep_in_fp32_modules: list[str] | None = None,
     offload_8bit_bnb: bool = False,
     strict: bool = False,
+    map_weights: bool = True,
 ) -> LoadResult:
     """Load the weights of ``checkpoint`` into ``model`` (which may be on the meta device).
 
@@ -267,9 +262,23 @@ def load_checkpoint_in_model(
     safetensors into the folder. Floating tensors are cast to ``dtype`` (default: the model's dtype), except
     those in ``keep_in_fp32_modules``, kept in float32. ``offload_state_dict`` parks the weights going to
     the CPU on disk until the other shards are loaded (only matters for ``.bin`` shards, which are read
-    whole). With ``strict`` a missing or unexpected tensor raises CheckpointError listing them.
+    whole; safetensors tensors are read straight into place). With ``strict`` a missing or unexpected
+    tensor raises CheckpointError listing them. ``offload_8bit_bnb`` (bitsandbytes 8-bit weights) is not
+    supported and raises NotImplementedError.
+
+    Every byte is read during the call. CPU tensors that keep the checkpoint's dtype are, by default
+    (``map_weights=True``), views of a private copy-on-write mapping of the safetensors file: no copy, one
+    set of pages shared with the page cache, and writes to a weight copy only that page. Such a model must
+    not outlive a rewrite or truncation of its checkpoint files (the unmodified pages follow the file).
+    ``map_weights=False`` gives every tensor its own memory instead (slower: one copy of every byte).
     """
-    del offload_8bit_bnb  # accepted for Accelerate compatibility; 8-bit weights are not handled here
+    if offload_8bit_bnb:
+        raise NotImplementedError(
+            "offload_8bit_bnb=True offloads bitsandbytes 8-bit weights (Linear8bitLt) together with their "
+            "SCB scale statistics; drivetrain does not load bitsandbytes-quantized models (and quantizing "
+            "them needs a CUDA GPU). Load the model unquantized and pass dtype= to halve its size, or "
+            "leave offload_8bit_bnb=False"
+        )
     dtype = to_dtype(dtype)
     keep_fp32 = list(keep_in_fp32_modules or [])
     if device_map is not None:
@@ -284,7 +293,7 @@ def load_checkpoint_in_model(
     loaded: set[str] = set()
     unexpected: list[str] = []
     disk_index: dict[str, dict[str, Any]] = {}
-    deferred: list[tuple[str, str, str]] = []  # (tensor name, safetensors file, key) loaded at the end
+    deferred: list[tuple[str, str, str]] = []  # (tensor name, parked file, key) loaded at the end
     parking: tempfile.TemporaryDirectory | None = None
 
     def device_of(name: str) -> Any:
@@ -293,14 +302,42 @@ def load_checkpoint_in_model(
         current = slots.get(name)
         return "cpu" if current.device.type == "meta" else current.device
 
+    def check_shape(name: str, shape: tuple[int, ...], current: torch.Tensor) -> None:
+        if tuple(shape) != tuple(current.shape):
+            raise CheckpointError(
+                f"tensor {name!r} has shape {tuple(shape)} in the checkpoint but {tuple(current.shape)} "
+                "in the model"
+            )
+
+    def destination(name: str, record: TensorRecord, device: Any) -> torch.Tensor:
+        """The tensor ``name``'s bytes are read into: the model's own when it already has the right device
+        and dtype, else a new (still untouched) one put in the model under every tied name."""
+        current = slots.get(name)
+        check_shape(name, record.shape, current)
+        target_dtype = _target_dtype(name, record, current, dtype, keep_fp32)
+        target = _to_device(device)
+        if current.device == target and current.dtype == target_dtype and current.device.type != "meta":
+            return current
+        out = torch.empty(record.shape, dtype=target_dtype, device=target)
+        slots.set(name, out)
+        return out
+
+    def mappable(name: str, record: TensorRecord, device: Any) -> bool:
+        """The tensor can be a view of the mapped file: a new CPU tensor in the checkpoint's dtype (a tensor
+        the model already owns is filled in place, keeping its identity)."""
+        current = slots.get(name)
+        check_shape(name, record.shape, current)
+        return (
+            _to_device(device).type == "cpu"
+            and _target_dtype(name, record, current, dtype, keep_fp32) == record.dtype
+            and current.device.type == "meta"
+            and can_map(record)
+        )
+
     def place(name: str, value: torch.Tensor, device: Any) -> None:
         current = slots.get(name)
         target_dtype = _target_dtype(name, value, current, dtype, keep_fp32)
-        if tuple(value.shape) != tuple(current.shape):
-            raise CheckpointError(
-                f"tensor {name!r} has shape {tuple(value.shape)} in the checkpoint but {tuple(current.shape)} "
-                "in the model"
-            )
+        check_shape(name, tuple(value.shape), current)
         target = _to_device(device)
         prefetch_pages(value)
         if current.device == target and current.dtype == target_dtype and current.device.type != "meta":
@@ -312,65 +349,99 @@ def load_checkpoint_in_model(
             slots.set(name, out)
         release_pages(value)
 
-    for path in track(files, "loading checkpoint files", unit="file"):
-        safetensors_file = is_safetensors(path)
-        to_disk: dict[str, torch.Tensor] = {}
-        to_park: dict[str, torch.Tensor] = {}
-        with open_weights(path) as weights:
-            for key in weights.keys():
-                if key not in slots.canonical:
-                    unexpected.append(key)
-                    continue
-                first = slots.canonical[key]
-                if first in loaded:
-                    continue
-                loaded.add(first)
-                device = device_of(first)
-                current = slots.get(first)
-                if device == "disk":
-                    if safetensors_file:
-                        info = _slice_info(weights, key)
-                        target_dtype = _target_dtype(first, info, current, dtype, keep_fp32)
-                        for name in slots.names(first):
-                            disk_index[name] = {
-                                "safetensors_file": os.path.abspath(path),
-                                "weight_name": key,
-                                "dtype": str(target_dtype).removeprefix("torch."),
-                            }
-                        slots.set(first, torch.empty(info.shape, dtype=target_dtype, device="meta"))
+    def take(key: str) -> str | None:
+        """The model's name for checkpoint tensor ``key``, or None when it is unknown or already loaded."""
+        if key not in slots.canonical:
+            unexpected.append(key)
+            return None
+        first = slots.canonical[key]
+        if first in loaded:
+            return None
+        loaded.add(first)
+        return first
+
+    def index_disk(first: str, path: str, key: str, record: Any) -> None:
+        target_dtype = _target_dtype(first, record, slots.get(first), dtype, keep_fp32)
+        check_shape(first, record.shape, slots.get(first))
+        for name in slots.names(first):
+            disk_index[name] = {
+                "safetensors_file": os.path.abspath(path),
+                "weight_name": key,
+                "dtype": str(target_dtype).removeprefix("torch."),
+            }
+        slots.set(first, torch.empty(record.shape, dtype=target_dtype, device="meta"))
+
+    with TensorReader() as reader:
+        previous: str | None = None
+        for position, path in enumerate(track(files, "loading checkpoint files", unit="file")):
+            if is_safetensors(path) and DIRECT_READS_SUPPORTED:
+                records = read_header(path)
+                following = files[position + 1] if position + 1 < len(files) else None
+                if following is not None and is_safetensors(following):
+                    reader.announce(following)
+                mapping = None
+                spans: list[tuple[int, int]] = []
+                for key, record in records.items():
+                    first = take(key)
+                    if first is None:
+                        continue
+                    device = device_of(first)
+                    if device == "disk":
+                        index_disk(first, path, key, record)
+                    elif map_weights and mappable(first, record, device):
+                        mapping = mapping if mapping is not None else map_file(path)
+                        tensor = mapped_tensor(mapping, record)
+                        slots.set(first, tensor)
+                        spans.append(_tensor_range(tensor))
                     else:
+                        reader.read(path, record, destination(first, record, device), key)
+                reader.populate(path, spans)
+                # One file of lookahead: the reads of this file are queued before waiting for the last one.
+                if previous is not None:
+                    reader.wait(previous)
+                previous = path
+                continue
+            to_disk: dict[str, torch.Tensor] = {}
+            to_park: dict[str, torch.Tensor] = {}
+            with open_weights(path) as weights:
+                for key in weights.keys():
+                    first = take(key)
+                    if first is None:
+                        continue
+                    device = device_of(first)
+                    if device == "disk" and is_safetensors(path):
+                        index_disk(first, path, key, _slice_info(weights, key))
+                        continue
+                    try:
                         value = weights.get_tensor(key)
-                        target_dtype = _target_dtype(first, value, current, dtype, keep_fp32)
-                        to_disk[first] = value.to(target_dtype)
-                        slots.set(first, torch.empty(value.shape, dtype=target_dtype, device="meta"))
-                    continue
-                if offload_state_dict and device == "cpu":
-                    if safetensors_file:
-                        deferred.append((first, path, key))
-                    else:
-                        to_park[first] = weights.get_tensor(key)
-                    continue
-                try:
-                    value = weights.get_tensor(key)
-                    place(first, value, device)
-                except CheckpointError:
-                    raise
-                except Exception as exc:
-                    raise CheckpointError(
-                        f"cannot read tensor {key!r} from checkpoint file {path}: {type(exc).__name__}: {exc}"
-                    ) from exc
-        if to_disk:
-            stem = os.path.splitext(os.path.basename(path))[0]
-            entries = write_offloaded_weights(offload_folder, to_disk, f"offload-{stem}.safetensors")  # type: ignore[arg-type]
-            for first, entry in entries.items():
-                for name in slots.names(first):
-                    disk_index[name] = dict(entry)
-        if to_park:
-            parking = parking or tempfile.TemporaryDirectory(prefix="drivetrain-parked-")
-            park_file = os.path.join(parking.name, f"parked-{len(deferred)}.safetensors")
-            write_offloaded_weights(parking.name, to_park, os.path.basename(park_file))
-            deferred.extend((first, park_file, first) for first in to_park)
-        del to_disk, to_park
+                        if device == "disk":
+                            target_dtype = _target_dtype(first, value, slots.get(first), dtype, keep_fp32)
+                            to_disk[first] = value.to(target_dtype)
+                            slots.set(first, torch.empty(value.shape, dtype=target_dtype, device="meta"))
+                        elif offload_state_dict and device == "cpu":
+                            to_park[first] = value
+                        else:
+                            place(first, value, device)
+                    except CheckpointError:
+                        raise
+                    except Exception as exc:
+                        raise CheckpointError(
+                            f"cannot read tensor {key!r} from checkpoint file {path}: "
+                            f"{type(exc).__name__}: {exc}"
+                        ) from exc
+            if to_disk:
+                stem = os.path.splitext(os.path.basename(path))[0]
+                entries = write_offloaded_weights(offload_folder, to_disk, f"offload-{stem}.safetensors")  # type: ignore[arg-type]
+                for first, entry in entries.items():
+                    for name in slots.names(first):
+                        disk_index[name] = dict(entry)
+            if to_park:
+                parking = parking or tempfile.TemporaryDirectory(prefix="drivetrain-parked-")
+                park_file = os.path.join(parking.name, f"parked-{len(deferred)}.safetensors")
+                write_offloaded_weights(parking.name, to_park, os.path.basename(park_file))
+                deferred.extend((first, park_file, first) for first in to_park)
+            del to_disk, to_park
+        reader.wait()
 
     for first, path, key in deferred:
         with open_weights(path) as weights:
@@ -404,25 +475,10 @@ class _SliceInfo(NamedTuple):
         return self.dtype.is_floating_point
 
 
-_SAFETENSORS_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-
-
 def _slice_info(weights: Any, key: str) -> _SliceInfo:
-    """Shape and dtype of a safetensors tensor, read from the header without touching its data."""
+    """Shape and dtype of a safetensors tensor, read from the header without touching its data (used when
+    the byte reader is not available, e.g. on big-endian machines)."""
     view = weights.get_slice(key)
     dtype_name = view.get_dtype()
-    dtype = _SAFETENSORS_DTYPES.get(dtype_name) or getattr(
-        torch, dtype_name.lower().replace("f8_", "float8_")
-    )
+    dtype = SAFETENSORS_DTYPES.get(dtype_name) or getattr(torch, dtype_name.lower().replace("f8_", "float8_"))
     return _SliceInfo(tuple(view.get_shape()), dtype)

@@ -25,13 +25,18 @@ def attach_execution_device_hook(
     preload_module_classes: list[str] | None = None,
     tied_params_map: dict | None = None,
 ) -> None:
-    """Give every submodule that holds tensors a module hook moving its inputs to ``execution_device``."""
+    """Give every submodule that holds tensors a module hook moving its inputs to ``execution_device``
+    (tied weights found in ``tied_params_map`` are moved once)."""
     if not hasattr(module, "_hf_hook") and _has_direct_tensors(module):
-        add_hook_to_module(module, AlignDevicesHook(execution_device, skip_keys=skip_keys))
+        add_hook_to_module(
+            module, AlignDevicesHook(execution_device, skip_keys=skip_keys, tied_params_map=tied_params_map)
+        )
     if preload_module_classes and type(module).__name__ in preload_module_classes:
         return
     for child in module.children():
-        attach_execution_device_hook(child, execution_device, skip_keys, preload_module_classes)
+        attach_execution_device_hook(
+            child, execution_device, skip_keys, preload_module_classes, tied_params_map
+        )
 
 
 def attach_align_device_hook(
@@ -96,7 +101,8 @@ def attach_align_device_hook_on_blocks(
     """Attach hooks block by block: ``execution_device`` and ``offload`` map block names to their device
     and to whether their weights are offloaded. Each block moves its inputs to its device; offloaded blocks
     bring their weights in at forward. With ``prefetch`` the next offloaded module's weights are loaded
-    while the current one runs. Returns the offloading hooks, in module order."""
+    while the current one runs. ``tied_params_map`` (see :class:`AlignDevicesHook`) keeps a tied weight
+    from being brought to a device twice. Returns the offloading hooks, in module order."""
     if not isinstance(execution_device, Mapping):
         execution_device = {module_name: execution_device}
     if not isinstance(offload, Mapping):
@@ -127,7 +133,9 @@ def attach_align_device_hook_on_blocks(
         else:
             for child in target.modules():
                 if not hasattr(child, "_hf_hook") and _has_direct_tensors(child):
-                    add_hook_to_module(child, AlignDevicesHook(device, skip_keys=skip_keys))
+                    add_hook_to_module(
+                        child, AlignDevicesHook(device, skip_keys=skip_keys, tied_params_map=tied_params_map)
+                    )
         # The block moves its own inputs (residual connections need them on the block's device); a
         # container without forward passes that job to its children.
         for entry in _entry_points(target):
@@ -151,6 +159,7 @@ def attach_align_device_hook_on_blocks(
             else None,
             offload_buffers=offload_buffers,
             skip_keys=skip_keys,
+            tied_params_map=tied_params_map,
         )
         hook.managed = offloaded_names
         add_hook_to_module(owner, hook, append=True)

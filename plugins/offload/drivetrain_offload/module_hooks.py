@@ -14,7 +14,17 @@ from typing import Any
 import torch
 
 from drivetrain.operations import find_device, send_to_device
-from drivetrain_offload.weights import OffloadedWeights, get_tensor, module_tensors, set_tensor, to_meta
+from drivetrain_offload.weights import (
+    OffloadedWeights,
+    get_tensor,
+    module_tensors,
+    read_unique,
+    read_weight,
+    set_tensor,
+    source_key,
+    to_meta,
+    unique_key,
+)
 
 
 class ModelHook:
@@ -132,6 +142,12 @@ class AlignDevicesHook(ModelHook):
     :param place_submodules: the hook manages the tensors of all submodules, not only the direct ones.
     :param offload_buffers: buffers are offloaded too (else they live on the execution device).
     :param skip_keys: keyword arguments (or mapping keys) never moved.
+    :param tied_params_map: shared by the hooks of one model: ``{source key: {device: tensor}}`` with one
+        entry per tied weight (source key: the data pointer of a tensor kept in memory, or the file entry of
+        one on disk). While a hook has a tied weight on its execution device it records it there, and any
+        other hook needing the same weight meanwhile (a module whose forward runs a submodule sharing its
+        weight) takes that tensor instead of reading and allocating it again. The entry is dropped at the
+        recording hook's post_forward. Tied names within one hook always share one read.
     """
 
     def __init__(
@@ -159,6 +175,7 @@ class AlignDevicesHook(ModelHook):
         #: When set, the only (direct) tensors this hook offloads: a module split between devices.
         self.managed: list[str] | None = None
         self.original_devices: dict[str, torch.device] = {}
+        self._tied_added: list[tuple[Any, torch.device]] = []
 
     def __repr__(self) -> str:
         return (
@@ -170,10 +187,23 @@ class AlignDevicesHook(ModelHook):
     def init_hook(self, module: torch.nn.Module) -> torch.nn.Module:
         if not self.offload:
             if self.execution_device is not None:
+                moved: dict[int, torch.Tensor] = {}  # tied names move once and stay one tensor
                 for name in module_tensors(module, self.place_submodules, include_buffers=True):
                     tensor = get_tensor(module, name)
-                    if tensor.device.type != "meta":
-                        set_tensor(module, name, tensor.data.to(self.execution_device))
+                    if tensor.device.type == "meta" or tensor.device == self.execution_device:
+                        continue
+                    if id(tensor) in moved:
+                        set_tensor(module, name, moved[id(tensor)])
+                        continue
+                    entry = self._tied_entry(tensor.data_ptr())
+                    shared = entry.get(self.execution_device) if entry is not None else None
+                    if shared is not None and shared.shape == tensor.shape and shared.dtype == tensor.dtype:
+                        moved[id(tensor)] = set_tensor(module, name, shared)
+                        continue
+                    placed = set_tensor(module, name, tensor.data.to(self.execution_device))
+                    moved[id(tensor)] = placed
+                    if entry is not None:
+                        entry[self.execution_device] = placed
             return module
         self.tensor_names = module_tensors(
             module, self.place_submodules, include_buffers=self.offload_buffers
@@ -195,17 +225,50 @@ class AlignDevicesHook(ModelHook):
         return module
 
     def load_weights(self) -> dict[str, torch.Tensor]:
-        """This module's offloaded tensors, on the execution device."""
+        """This module's offloaded tensors, on the execution device (tied names read once)."""
         device = self.execution_device or torch.device("cpu")
-        return {name: self.weights_map[name].to(device) for name in self.tensor_names}  # type: ignore[index]
+        weights = self.weights_map
+        return read_unique(self.tensor_names, weights, lambda name: read_weight(weights, name).to(device))  # type: ignore[arg-type]
+
+    def _tied_entry(self, key: Any) -> dict | None:
+        if self.tied_params_map is None:
+            return None
+        try:
+            return self.tied_params_map.get(key)
+        except TypeError:  # an unhashable key cannot be a tied weight
+            return None
+
+    def _onload(self, module: torch.nn.Module, prefetched: dict[str, torch.Tensor] | None) -> None:
+        """Put this module's offloaded tensors in it, on the execution device: tied names as one tensor,
+        read once, and a tied weight that another active hook already has on this device is taken from
+        ``tied_params_map`` instead of being read and allocated again."""
+        device = self.execution_device or torch.device("cpu")
+        weights: Mapping = self.weights_map  # type: ignore[assignment]
+        placed: dict[Any, torch.Tensor] = {}  # stored tensor -> what was put in the module
+        for name in self.tensor_names:
+            key = source_key(weights, name)
+            exact = unique_key(weights, name, key)
+            if exact in placed:
+                set_tensor(module, name, placed[exact])
+                continue
+            entry = self._tied_entry(key)
+            shared = entry.get(device) if entry is not None else None
+            if shared is not None and shared.shape == get_tensor(module, name).shape:
+                placed[exact] = set_tensor(module, name, shared)
+                continue
+            tensor = prefetched.get(name) if prefetched is not None else None
+            if tensor is None:
+                tensor = read_weight(weights, name).to(device)
+            placed[exact] = set_tensor(module, name, tensor)
+            if entry is not None:
+                entry[device] = placed[exact]
+                self._tied_added.append((entry, device))
 
     def pre_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
         if self.io_same_device:
             self.input_device = find_device([args, kwargs])
         if self.offload:
-            tensors = self.prefetcher.fetch(self) if self.prefetcher is not None else self.load_weights()
-            for name, tensor in tensors.items():
-                set_tensor(module, name, tensor)
+            self._onload(module, self.prefetcher.fetch(self) if self.prefetcher is not None else None)
         if self.execution_device is None:
             return args, kwargs
         return (
@@ -217,6 +280,10 @@ class AlignDevicesHook(ModelHook):
         if self.offload:
             for name in self.tensor_names:
                 set_tensor(module, name, to_meta(get_tensor(module, name)))
+            # Forget the tied weights this hook lent to others, so that their memory can be freed.
+            for entry, device in self._tied_added:
+                entry.pop(device, None)
+            self._tied_added = []
         if self.io_same_device and self.input_device is not None:
             output = send_to_device(output, self.input_device, skip_keys=self.skip_keys)
         return output

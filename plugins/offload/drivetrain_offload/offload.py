@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from drivetrain.big_modeling.device_map import find_tied_parameters
 from drivetrain.big_modeling.offload_index import INDEX_FILE, save_offload_index, write_offloaded_weights
 from drivetrain_offload.attach import attach_align_device_hook
 from drivetrain_offload.module_hooks import (
@@ -16,7 +17,7 @@ from drivetrain_offload.module_hooks import (
     add_hook_to_module,
 )
 from drivetrain_offload.prefetch import Prefetcher
-from drivetrain_offload.weights import OffloadedWeights
+from drivetrain_offload.weights import OffloadedWeights, build_tied_params_map
 
 
 def as_device(device: Any) -> torch.device:
@@ -35,6 +36,7 @@ def _attach_offload(
     preload_module_classes: list[str] | None,
     prefetch: bool,
 ) -> torch.nn.Module:
+    tied = [name for group in find_tied_parameters(model) for name in group]
     add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
     hooks = attach_align_device_hook(
         model,
@@ -43,6 +45,7 @@ def _attach_offload(
         weights_map=weights,
         offload_buffers=offload_buffers,
         preload_module_classes=preload_module_classes,
+        tied_params_map=build_tied_params_map(model, weights, tied),
     )
     if prefetch and len(hooks) > 1:
         prefetcher = Prefetcher(hooks)

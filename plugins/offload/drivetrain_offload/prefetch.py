@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from drivetrain_offload.weights import on_disk
+from drivetrain_offload.weights import read_unique, read_weight, source_key
 
 
 class Prefetcher:
@@ -31,27 +31,31 @@ class Prefetcher:
 
     def _load(self, hook: Any) -> tuple[dict[str, torch.Tensor], Any]:
         device = hook.execution_device or torch.device("cpu")
+        # Tied weights are left to the hook: another active hook may lend it the tensor (tied_params_map),
+        # which is known only when the block runs; reading them ahead could read them twice.
+        tied = hook.tied_params_map or {}
+        names = [name for name in hook.tensor_names if _key(hook.weights_map, name) not in tied]
         if device.type == "cuda":
             if self.stream is None:
                 self.stream = torch.cuda.Stream(device)
+
+            def to_device(name: str) -> torch.Tensor:
+                source = read_weight(hook.weights_map, name)
+                if not source.is_pinned():
+                    source = source.pin_memory()
+                return source.to(device, non_blocking=True)
+
             with torch.cuda.stream(self.stream):
-                tensors = {}
-                for name in hook.tensor_names:
-                    source = hook.weights_map[name]
-                    if not source.is_pinned():
-                        source = source.pin_memory()
-                    tensors[name] = source.to(device, non_blocking=True)
+                tensors = read_unique(names, hook.weights_map, to_device)
                 event = torch.cuda.Event()
                 event.record(self.stream)
             return tensors, event
-        tensors = {}
-        for name in hook.tensor_names:
-            source = hook.weights_map[name]
-            # Reading a memory-mapped tensor here pulls its pages from disk off the main thread.
-            tensors[name] = (
-                source.to(device).clone() if on_disk(hook.weights_map, name) else source.to(device)
-            )
-        return tensors, None
+
+        # Disk weights come back with their pages already read in: reading them here, off the main
+        # thread, is the prefetch.
+        return read_unique(
+            names, hook.weights_map, lambda name: read_weight(hook.weights_map, name).to(device)
+        ), None
 
     def fetch(self, hook: Any) -> dict[str, torch.Tensor]:
         if self.last is not None and self.last is not hook:
@@ -81,3 +85,10 @@ class Prefetcher:
     def close(self) -> None:
         self.pending = None
         self.executor.shutdown(wait=True)
+
+
+def _key(weights: Any, name: str) -> Any:
+    try:
+        return source_key(weights, name)
+    except (KeyError, TypeError):
+        return None

@@ -143,3 +143,81 @@ def test_transformers_model_across_cpu_and_disk(tmp_path) -> None:
     assert "disk" in set(auto.hf_device_map.values()) and "cpu" in set(auto.hf_device_map.values())
     with torch.no_grad():
         torch.testing.assert_close(auto(ids).logits, expected, rtol=0, atol=0)
+
+
+class _RecordingLinear(torch.nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        object.__setattr__(self, "seen", self.weight)  # a plain attribute, not a registered parameter
+        return super().forward(x)
+
+
+class _SharedWeight(torch.nn.Module):
+    """Uses its own parameter while the submodule holding the same (tied) parameter runs: both module
+    hooks need the weight on the execution device at the same time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _RecordingLinear(16, 16)
+        self.scale = self.inner.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        object.__setattr__(self, "seen", self.scale)
+        return self.inner(x) @ self.scale.T
+
+
+def _tied_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 16), _SharedWeight()).eval()
+
+
+def _count_reads(monkeypatch) -> list[str]:
+    from drivetrain_offload.weights import OffloadedWeights
+
+    reads: list[str] = []
+    original = OffloadedWeights.__getitem__
+
+    def counting(self, name):
+        reads.append(name)
+        return original(self, name)
+
+    monkeypatch.setattr(OffloadedWeights, "__getitem__", counting)
+    return reads
+
+
+@pytest.mark.parametrize("where", ["disk", "cpu_offload"])
+def test_tied_weight_is_onloaded_once_across_active_hooks(tmp_path, monkeypatch, where) -> None:
+    from safetensors.torch import save_file
+
+    from drivetrain_offload.module_hooks import AlignDevicesHook, hooks_of
+
+    reference = _tied_model(7)
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        expected = reference(x)
+    if where == "disk":
+        state = {k: v for k, v in reference.state_dict().items() if k != "1.scale"}
+        save_file(state, tmp_path / "model.safetensors")
+        with init_empty_weights():
+            model = _tied_model(7)
+        model = load_checkpoint_and_dispatch(
+            model,
+            tmp_path / "model.safetensors",
+            device_map={"0": "cpu", "1": "disk"},
+            offload_folder=tmp_path / "offload",
+        )
+    else:
+        model = cpu_offload(reference, execution_device="cpu")
+    tied = {"1.scale", "1.inner.weight"}
+    reads = _count_reads(monkeypatch)
+    with torch.no_grad():
+        for _ in range(2):
+            reads.clear()
+            torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
+            # The outer hook brought the weight in; the inner hook took the same tensor...
+            assert model[1].inner.seen is model[1].seen
+            if where == "disk":  # ...and the file was read once (in memory, a lookup is no read)
+                assert len([name for name in reads if name in tied]) == 1, reads
+    hook = next(h for h in hooks_of(model[1]) if isinstance(h, AlignDevicesHook) and h.offload)
+    assert len(hook.tied_params_map) == 1
+    assert all(devices == {} for devices in hook.tied_params_map.values())  # released after forward
+    assert model[1].scale.device.type == "meta"
