@@ -16,7 +16,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import attrs
@@ -338,13 +338,12 @@ class PluginManager:
     def info(self, name: str) -> PluginInfo:
         return self.load(name).info
 
-    def plugins_of_kind(self, kind: str) -> list[str]:
-        """Names of plugins of one kind (loads every plugin module, never their libraries).
+    def _loadable(self) -> Iterator[tuple[str, PluginInfo]]:
+        """Each plugin's name and info, in name order, importing a plugin module only when reached.
 
         A plugin that fails to load is left out with a warning naming it and why, so that one broken
         extension cannot stop a training run that does not use it; ``drivetrain plugins`` shows the error.
         """
-        names = []
         for name in self.names():
             try:
                 info = self.info(name)
@@ -352,12 +351,28 @@ class PluginManager:
                 if name not in self._warned:
                     self._warned.add(name)
                     warnings.warn(
-                        f"drivetrain: skipping plugin {name!r}: {exc}", RuntimeWarning, stacklevel=2
+                        f"drivetrain: skipping plugin {name!r}: {exc}", RuntimeWarning, stacklevel=3
                     )
                 continue
-            if info.kind == kind:
-                names.append(name)
-        return names
+            yield name, info
+
+    def plugins_of_kind(self, kind: str) -> list[str]:
+        """Names of plugins of one kind (loads every plugin module, never their libraries); plugins that fail
+        to load are left out with a warning."""
+        return [name for name, info in self._loadable() if info.kind == kind]
+
+    def multiprocess_backend(self) -> str | None:
+        """The backend used when several processes run and none is named: the first by name of those that
+        declare ``select_for_multiprocess``, or None. Plugin modules are imported in name order only until
+        it is found (a later one cannot come first), which keeps the launcher's start-up short."""
+        return next(
+            (
+                name
+                for name, info in self._loadable()
+                if info.kind == "backend" and info.select_for_multiprocess
+            ),
+            None,
+        )
 
     def stack(self, names: Iterable[str]) -> PluginStack:
         """The active plugins for one Accelerator, in composition order, with ``local`` as the fallback."""

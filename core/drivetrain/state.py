@@ -79,16 +79,14 @@ def select_backend(backend: str | None, backend_config: Any) -> settings.Setting
     if world_size <= 1:
         return settings.Setting(REFERENCE_BACKEND, "default (one process)")
     manager = get_plugin_manager()
-    candidates = [
-        name for name in manager.plugins_of_kind("backend") if manager.info(name).select_for_multiprocess
-    ]
-    if not candidates:
+    backend = manager.multiprocess_backend()
+    if backend is None:
         raise PluginError(
             f"this script runs in {world_size} processes (WORLD_SIZE={world_size}) but no installed backend "
             f"handles several processes (installed: {', '.join(manager.names())}); "
             "install one with: pip install drivetrain-ddp"
         )
-    return settings.Setting(sorted(candidates)[0], f"automatic ({world_size} processes)")
+    return settings.Setting(backend, f"automatic ({world_size} processes)")
 
 
 def _cuda_forbidden_is_set() -> bool:

@@ -367,26 +367,18 @@ def _check_backend(name: str, source: str) -> None:
 
 
 def _automatic_backend(world_size: int) -> str:
-    """What the kernel will select when nothing names a backend (mirrors state.select_backend: the first by
-    name of the backends that declare ``select_for_multiprocess``)."""
+    """What the kernel will select when nothing names a backend (the rule of state.select_backend)."""
     from drivetrain.plugins import REFERENCE_BACKEND, get_plugin_manager
 
     if world_size <= 1:
         return REFERENCE_BACKEND
-    manager = get_plugin_manager()
-    # Plugins are imported in name order only until the first candidate: the later ones cannot come first,
-    # and importing each plugin module is most of the launcher's own start-up time.
-    for name in manager.names():
-        try:
-            info = manager.info(name)
-        except PluginError:
-            continue  # the processes warn about it when they select their backend; `drivetrain plugins` says why
-        if info.kind == "backend" and info.select_for_multiprocess:
-            return name
-    raise UsageError(
-        f"{world_size} processes need a multi-process backend, and none is installed "
-        "(pip install drivetrain-ddp)"
-    )
+    backend = get_plugin_manager().multiprocess_backend()
+    if backend is None:
+        raise UsageError(
+            f"{world_size} processes need a multi-process backend, and none is installed "
+            "(pip install drivetrain-ddp)"
+        )
+    return backend
 
 
 def resolve_plan(args: argparse.Namespace, environ: dict[str, str] | None = None) -> LaunchPlan:
@@ -508,10 +500,12 @@ def resolve_plan(args: argparse.Namespace, environ: dict[str, str] | None = None
     else:
         backend_label = f"{_automatic_backend(num_processes)} (automatic)"
     backend_config = dict(config.get("backend_config") or {})
-    for plugin, values in plugin_options.items():
-        _check_plugin_options(plugin, values, backend or _automatic_backend(num_processes))
-        if plugin == (backend or _automatic_backend(num_processes)):
-            backend_config.update(values)
+    if plugin_options:
+        running = backend or _automatic_backend(num_processes)
+        for plugin, values in plugin_options.items():
+            _check_plugin_options(plugin, values, running)
+            if plugin == running:
+                backend_config.update(values)
     if backend_config:
         if backend is None and config.get("backend_config"):
             raise UsageError(
