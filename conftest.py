@@ -15,6 +15,7 @@ def fresh_drivetrain_state(monkeypatch):
     developer's shell do not leak in."""
     import torch
 
+    from drivetrain.checkpoint import finishing
     from drivetrain.plugins import reset_plugin_manager
     from drivetrain.state import reset_state
 
@@ -25,6 +26,9 @@ def fresh_drivetrain_state(monkeypatch):
     reset_state()
     reset_plugin_manager()
     yield
+    # A test that ends right after save_state leaves the save finishing in the background: let it end
+    # inside the test's time and folders, not during the next test.
+    finishing.wait_for_all()
     # Code under test may export DRIVETRAIN_* itself (the launcher does, for the processes it starts); those
     # are not monkeypatch's to undo, so drop them here or the next test runs under them.
     for name in list(os.environ):

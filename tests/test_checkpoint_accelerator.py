@@ -77,6 +77,7 @@ def test_save_and_load_state_round_trip(tmp_path):
     torch.manual_seed(123)
     location = accelerator.save_state(tmp_path / "ckpt")
     after_rng = torch.rand(3)  # what the RNG yields right after the save
+    accelerator.wait_for_checkpoint()  # the folder appears once the save finished in the background
     assert sorted(os.listdir(location)) == sorted(
         [
             manifests.MANIFEST_NAME,
@@ -109,7 +110,7 @@ def test_save_and_load_state_round_trip(tmp_path):
 def test_bin_serialization_and_scaler_file(tmp_path):
     accelerator, model, optimizer, scheduler = _setup(tmp_path)
     accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=64.0)
-    location = accelerator.save_state(tmp_path / "ckpt", safe_serialization=False)
+    location = accelerator.save_state(tmp_path / "ckpt", safe_serialization=False, blocking=True)
     assert {"pytorch_model.bin", SCALER_NAME} <= set(os.listdir(location))
     accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0)
     accelerator.load_state(location)
@@ -124,6 +125,7 @@ def test_automatic_naming_total_limit_and_latest(tmp_path):
     for _ in range(4):
         _train(accelerator, model, optimizer, scheduler, steps=1)
         saved.append(accelerator.save_state())
+    accelerator.wait_for_everyone()  # also completes the last save
     root = tmp_path / "checkpoints"
     assert [os.path.basename(p) for p in saved] == [f"checkpoint_{n}" for n in range(4)]
     assert sorted(os.listdir(root)) == ["checkpoint_2", "checkpoint_3"]
@@ -148,7 +150,7 @@ def test_load_state_errors_are_clear(tmp_path):
         accelerator.save_state()
     with pytest.raises(CheckpointError, match="does not exist"):
         accelerator.load_state(tmp_path / "nowhere")
-    location = accelerator.save_state(tmp_path / "ckpt")
+    location = accelerator.save_state(tmp_path / "ckpt", blocking=True)
     with open(os.path.join(location, "optimizer.bin"), "ab") as handle:
         handle.write(b"x")
     with pytest.raises(CheckpointError, match=r"optimizer\.bin has \d+ bytes"):
@@ -211,6 +213,7 @@ def test_pre_hooks_run_can_drop_a_model_and_are_removable(tmp_path):
     save_handle = accelerator.register_save_state_pre_hook(save_hook)
     load_handle = accelerator.register_load_state_pre_hook(load_hook)
     location = accelerator.save_state(tmp_path / "ckpt")
+    accelerator.wait_for_checkpoint()
     assert SAFE_WEIGHTS_NAME not in os.listdir(location)
     assert "config.json" in manifests.verify(location)["files"]  # the hook's file is part of the checkpoint
     accelerator.load_state(location)  # no model file, but the hook took the model off the list
@@ -260,6 +263,7 @@ def test_a_tampered_file_fails_the_load_and_nothing_is_applied(tmp_path, damaged
     accelerator.register_for_checkpointing(counter)
     _train(accelerator, model, optimizer, scheduler)
     location = accelerator.save_state(tmp_path / "ckpt")
+    accelerator.wait_for_checkpoint()
     path = os.path.join(location, damaged)
     with open(path, "r+b") as handle:  # same size, one byte of the data changed
         handle.seek(-3, os.SEEK_END)
@@ -271,7 +275,9 @@ def test_a_tampered_file_fails_the_load_and_nothing_is_applied(tmp_path, damaged
     counter.count = 9
     current = _snapshot(model, optimizer, scheduler)
     torch.manual_seed(7)
-    with pytest.raises(CheckpointError, match=rf"{damaged.replace('.', '[.]')} does not match its sha256"):
+    with pytest.raises(
+        CheckpointError, match=rf"{damaged.replace('.', '[.]')} does not match its xxh3_128 checksum"
+    ):
         accelerator.load_state(location)
     drawn = torch.rand(3)
     torch.manual_seed(7)
@@ -289,7 +295,7 @@ def test_checkpoint_with_a_version_1_manifest_still_loads(tmp_path):
     accelerator, model, optimizer, scheduler = _setup(tmp_path)
     _train(accelerator, model, optimizer, scheduler)
     before = _snapshot(model, optimizer, scheduler)
-    location = accelerator.save_state(tmp_path / "ckpt")
+    location = accelerator.save_state(tmp_path / "ckpt", blocking=True)
     path = os.path.join(location, manifests.MANIFEST_NAME)
     with open(path) as handle:
         manifest = json.load(handle)
@@ -307,3 +313,30 @@ def test_checkpoint_with_a_version_1_manifest_still_loads(tmp_path):
     assert all(torch.equal(weights[k], before[0][k]) for k in weights)
     assert all(torch.equal(optimizer_state[p][n], before[1][p][n]) for p in before[1] for n in before[1][p])
     assert last_epoch == before[2]
+
+
+@pytest.mark.parametrize("optimizer_has_state", [True, False])
+def test_loaded_optimizer_state_is_the_optimizers_own_memory_not_the_files(tmp_path, optimizer_has_state):
+    # load_state maps the optimizer file instead of reading it; what the optimizer ends up holding must
+    # still be independent of the file (changing or deleting it afterwards changes nothing).
+    accelerator, model, optimizer, scheduler = _setup(tmp_path)
+    _train(accelerator, model, optimizer, scheduler)
+    location = accelerator.save_state(tmp_path / "ckpt", blocking=True)
+    saved = _snapshot(model, optimizer, scheduler)[1]
+    if optimizer_has_state:
+        _train(accelerator, model, optimizer, scheduler)
+        own = {id(t) for entries in optimizer.optimizer.state.values() for t in entries.values()}
+    else:
+        accelerator, model, optimizer, scheduler = _setup(tmp_path)
+        assert not optimizer.state_dict()["state"]
+    accelerator.load_state(location)
+    loaded = optimizer.optimizer.state
+    if optimizer_has_state:  # copied into the tensors it had: no new memory
+        assert {id(t) for entries in loaded.values() for t in entries.values()} == own
+    path = os.path.join(location, "optimizer.bin")
+    size = os.path.getsize(path)
+    with open(path, "r+b") as handle:  # overwrite the file in place, then remove it
+        handle.write(b"\xff" * size)
+    os.remove(path)
+    state = optimizer.state_dict()["state"]
+    assert all(torch.equal(state[p][n], saved[p][n]) for p in saved for n in saved[p])

@@ -19,8 +19,9 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ckpt_crash.py")
 
 # (where the saver dies, the checkpoint load_state() must then pick)
 KILL_POINTS = [
-    ("file:1", 0),  # one file of checkpoint_1 on disk
+    ("file:1", 0),  # one file of checkpoint_1 written
     ("objects_written", 0),  # every file written, nothing sealed
+    ("files_synced", 0),  # (in the background from here on) every file durable, no manifest yet
     ("manifest_written", 0),  # manifest complete, folder not yet renamed
     ("renamed", 1),  # checkpoint_1 in place, old one not yet pruned
 ]
@@ -63,5 +64,6 @@ def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path, kill_at, su
     # Training goes on: the next save numbers itself after the loaded one and clears the leftovers.
     assert accelerator.save_iteration == survivor + 1
     saved = accelerator.save_state()
+    accelerator.wait_for_checkpoint()
     assert os.path.basename(saved) == f"checkpoint_{survivor + 1}"
     assert sorted(os.listdir(root)) == [f"checkpoint_{survivor + 1}"]

@@ -10,13 +10,13 @@ import pickle
 
 import pytest
 import torch
+import xxhash
 from safetensors import safe_open
 from safetensors.torch import load_file
 from safetensors.torch import save_file as reference_save_file
 
 from drivetrain.checkpoint import files
 from drivetrain.checkpoint import manifest as manifests
-from drivetrain.checkpoint.files import take_records
 from drivetrain.checkpoint.model_files import write_model_files
 from drivetrain.checkpoint.serialization import (
     deduplicate_shared,
@@ -26,7 +26,7 @@ from drivetrain.checkpoint.serialization import (
     safe_load,
     save_safetensors,
 )
-from drivetrain.checkpoint.training_objects import torch_save_durable
+from drivetrain.checkpoint.training_objects import torch_save_into_checkpoint
 from drivetrain.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 from drivetrain.errors import CheckpointError
 
@@ -171,10 +171,10 @@ def test_save_model_files_bin_names(tmp_path):
 def _make_checkpoint(root, name, payload=b"weights"):
     final = os.path.join(root, name)
     temporary = manifests.start_incomplete(final)
-    torch_save_durable({"w": torch.arange(100)}, os.path.join(temporary, "optimizer.bin"))
-    with open(os.path.join(temporary, "extra.txt"), "wb") as handle:  # a file we did not hash while writing
+    torch_save_into_checkpoint({"w": torch.arange(100)}, os.path.join(temporary, "optimizer.bin"))
+    with open(os.path.join(temporary, "extra.txt"), "wb") as handle:  # a file another library wrote
         handle.write(payload)
-    manifests.write_manifest(temporary, take_records(temporary), {"step": 1})
+    manifests.write_manifest(temporary, {"step": 1})
     manifests.seal(temporary, final)
     return final
 
@@ -201,9 +201,11 @@ def test_tampered_file_of_same_size_is_named(tmp_path):
     final = _make_checkpoint(str(tmp_path), "checkpoint_0")
     with open(os.path.join(final, "extra.txt"), "wb") as handle:
         handle.write(b"WEIGHTS")
-    assert manifests.is_complete(final)  # sizes match: only the hash can tell
-    with pytest.raises(CheckpointError, match=r"extra\.txt does not match its sha256"):
+    assert manifests.is_complete(final)  # sizes match: only the checksums can tell
+    with pytest.raises(CheckpointError, match=r"extra\.txt does not match its xxh3_128 checksum"):
         manifests.verify(final)
+    with pytest.raises(CheckpointError, match=r"extra\.txt does not match its sha256 checksum"):
+        manifests.verify(final, checksum="sha256")
 
 
 def test_folder_without_manifest_is_not_a_checkpoint(tmp_path):
@@ -322,25 +324,32 @@ def test_rng_states_load_safely():
     assert set(state) >= {"python", "numpy", "torch"}
 
 
-# -- hashing while writing, pieces, version 1 --------------------------------------------------------------------
-def test_hashes_taken_while_writing_equal_the_files_on_disk(tmp_path, monkeypatch):
+# -- checksums in pieces, version 1 ---------------------------------------------------------------------------
+def test_the_manifest_records_sha256_and_xxh3_of_every_piece_of_every_file(tmp_path, monkeypatch):
     monkeypatch.setattr(files, "HASH_CHUNK_SIZE", 1000)
-    monkeypatch.setattr(files, "_PARALLEL_HASH_MIN", 512)  # exercise the helper-thread path on small data
-    monkeypatch.setattr(files, "_WRITEBACK_EVERY", 700)  # and writes split across pieces and writeback
+    monkeypatch.setattr(files, "_WRITEBACK_EVERY", 700)  # writes split across pieces and writeback calls
+    folder = manifests.start_incomplete(str(tmp_path / "checkpoint_0"))
     tensors = {"a": torch.randn(1000), "b": torch.arange(3, dtype=torch.int64), "c": torch.randn(0)}
-    save_safetensors(tensors, str(tmp_path / "w.safetensors"))
-    torch_save_durable({"big": torch.randn(2000), "small": 3}, str(tmp_path / "o.bin"))
-    with open(tmp_path / "empty.bin", "wb"):
+    save_safetensors(tensors, os.path.join(folder, "w.safetensors"))
+    torch_save_into_checkpoint({"big": torch.randn(2000), "small": 3}, os.path.join(folder, "o.bin"))
+    with open(os.path.join(folder, "empty.bin"), "wb"):
         pass
-    records = take_records(str(tmp_path))
-    assert set(records) == {"w.safetensors", "o.bin"}
-    for name, record in records.items():
-        size, digests = files.sha256_chunks_of_file(str(tmp_path / name))
-        assert record == {"size": size, "sha256_chunks": digests}
-        assert len(digests) == -(-size // 1000) > 3
-    assert files.sha256_chunks_of_file(str(tmp_path / "empty.bin"), 1000) == (
-        0,
-        [hashlib.sha256(b"").hexdigest()],
+    manifests.write_manifest(folder, {})
+    recorded = manifests.read_manifest(folder)["files"]
+    assert set(recorded) == {"w.safetensors", "o.bin", "empty.bin"}
+    for name, record in recorded.items():
+        with open(os.path.join(folder, name), "rb") as handle:
+            data = handle.read()
+        pieces = [data[start : start + 1000] for start in range(0, len(data), 1000)] or [b""]
+        assert record == {
+            "size": len(data),
+            "sha256_chunks": [hashlib.sha256(piece).hexdigest() for piece in pieces],
+            "xxh3_128_chunks": [xxhash.xxh3_128(piece).hexdigest() for piece in pieces],
+        }
+    assert len(recorded["o.bin"]["sha256_chunks"]) > 3
+    assert files.sha256_chunks_of_file(os.path.join(folder, "o.bin"), 1000) == (
+        recorded["o.bin"]["size"],
+        recorded["o.bin"]["sha256_chunks"],
     )
 
 
@@ -356,8 +365,10 @@ def test_a_changed_byte_in_any_piece_is_found_and_named(tmp_path, monkeypatch):
         byte = handle.read(1)
         handle.seek(600)
         handle.write(bytes([byte[0] ^ 1]))
-    with pytest.raises(CheckpointError, match=r"optimizer\.bin does not match its sha256"):
+    with pytest.raises(CheckpointError, match=r"optimizer\.bin does not match its xxh3_128 checksum"):
         manifests.verify(final)
+    with pytest.raises(CheckpointError, match=r"optimizer\.bin does not match its sha256 checksum"):
+        manifests.verify(final, checksum="sha256")
 
 
 def test_version_1_manifests_still_verify_and_catch_tampering(tmp_path):
@@ -368,7 +379,7 @@ def test_version_1_manifests_still_verify_and_catch_tampering(tmp_path):
     assert manifests.complete_checkpoints(str(tmp_path)) == [final]
     with open(os.path.join(final, "extra.txt"), "wb") as handle:
         handle.write(b"WEIGHTS")
-    with pytest.raises(CheckpointError, match=r"extra\.txt does not match its sha256"):
+    with pytest.raises(CheckpointError, match=r"extra\.txt does not match its sha256 checksum"):
         manifests.verify(final)
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from drivetrain import operations, settings
+from drivetrain.checkpoint.finishing import FinishingSave
 from drivetrain.checkpointing import CheckpointingMixin
 from drivetrain.compat import BACKEND_CONFIG_KWARGS
 from drivetrain.configuration import (
@@ -183,6 +184,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
         self._dataloaders: list[Any] = []
         self._custom_objects: list[Any] = []
         self._save_state_pre_hooks: dict[int, Callable] = collections.OrderedDict()
+        self._finishing_save: FinishingSave | None = None
         self._load_state_pre_hooks: dict[int, Callable] = collections.OrderedDict()
         #: optimizers and data loaders of the prepare() call in progress: models are wrapped first, and a
         #: backend may need them then (DeepSpeed builds its engine with the optimizer and reads the batch size)
@@ -614,6 +616,9 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
         return self.state.partial_state.split_between_processes(inputs, apply_padding=apply_padding)
 
     def wait_for_everyone(self) -> None:
+        """Meet every other process here; a :meth:`save_state` still finishing in the background is
+        completed first, so the checkpoint folder exists on every process afterwards."""
+        self.wait_for_checkpoint()
         self.state.partial_state.wait_for_everyone()
 
     def main_process_first(self) -> Any:
@@ -700,7 +705,9 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
 
     def end_training(self) -> None:
         """Finish every tracker, then meet the other processes and tear the process group down (a run that
-        ends without it may abort at exit with gloo). Call once, at the end of a script."""
+        ends without it may abort at exit with gloo). Call once, at the end of a script. A save still
+        finishing in the background is completed first."""
+        self.wait_for_checkpoint()
         super().end_training()
         self.state.partial_state.destroy_process_group()
 

@@ -1,6 +1,7 @@
 """Save checkpoint_0, train a step, and start saving checkpoint_1 — but SIGKILL this process at the stage named
-by CKPT_KILL_AT (``file:<n>``: after the n-th file of the second save is durable; or a sealing stage:
-``objects_written``, ``files_synced``, ``manifest_written``, ``renamed``).
+by CKPT_KILL_AT (``file:<n>``: after the n-th file of the second save is written; or a stage:
+``objects_written`` before save_state returns, then ``files_synced``, ``manifest_written``, ``renamed`` while
+the save finishes in the background, which the script's exit waits for).
 
     python ckpt_crash.py PROJECT_DIR TOTAL_LIMIT
 
@@ -54,6 +55,7 @@ def main() -> None:
         optimizer.zero_grad()
         torch.save(accelerator.get_state_dict(model), os.path.join(project_dir, f"expected_{iteration}.pt"))
         if iteration == 1:
+            accelerator.wait_for_checkpoint()  # checkpoint_0 is complete before anything may die
             install_kill_switch(os.environ["CKPT_KILL_AT"])
         accelerator.save_state()
     print("second save finished without being killed")

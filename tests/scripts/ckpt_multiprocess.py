@@ -95,6 +95,7 @@ def crash(project_dir: str) -> None:
         if iteration == 1 and kill_rank in ("all", str(accelerator.process_index)):
             install_kill_switch(os.environ["CKPT_KILL_AT"])
         accelerator.save_state()
+    accelerator.wait_for_everyone()  # the save finishes in the background: this is where it is complete
     print("second save finished without being killed", flush=True)
 
 
@@ -109,6 +110,7 @@ def resume(project_dir: str, survivor: int) -> None:
     check(accelerator, "optimizer_restored", bool(optimizer.state_dict()["state"]))
     train_step(accelerator, model, optimizer)
     saved = accelerator.save_state()
+    accelerator.wait_for_everyone()
     root = os.path.dirname(saved)
     check(accelerator, "next_number", os.path.basename(saved) == f"checkpoint_{survivor + 1}")
     check(accelerator, "leftovers_cleared", sorted(os.listdir(root)) == [f"checkpoint_{survivor + 1}"])
@@ -164,7 +166,7 @@ def fail(project_dir: str, who: str) -> None:
     try:
         accelerator.load_state(first)
     except CheckpointError as exc:
-        refused = "model.safetensors does not match its sha256" in str(exc)
+        refused = "model.safetensors does not match its xxh3_128 checksum" in str(exc)
     else:
         refused = False
     check(accelerator, "tampered_load_refused_everywhere", refused)
@@ -182,6 +184,7 @@ def nodes(base: str, each: bool) -> None:
     train_step(accelerator, model, optimizer)
     saved = weights(accelerator, model)
     location = accelerator.save_state()
+    accelerator.wait_for_everyone()
     local_ranks = accelerator.state.collectives.all_gather_object((node, accelerator.process_index))
     mine = sorted(rank for machine, rank in local_ranks if machine == node or not each)
     if accelerator.is_local_main_process and (each or accelerator.is_main_process):

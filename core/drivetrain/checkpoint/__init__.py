@@ -1,8 +1,9 @@
 """Checkpoints that never lose work. ``drivetrain.checkpointing`` re-exports the public names.
 
-files.py            durable, hashed file writes
+files.py            checkpoint file writes, fsync, checksums
 serialization.py    safetensors streaming, safe unpickling, shard planning
 manifest.py         manifests, sealing by rename, picking and pruning checkpoints
+finishing.py        finishing a save (durable, manifest, rename) in the background
 training_objects.py which object goes in which file, and the reference backend's save/load
 model_files.py      save_model's single-file / sharded layout
 mixin.py            the Accelerator methods

@@ -1,29 +1,33 @@
 """What makes a checkpoint folder complete: a manifest of its files, written last, and an atomic rename.
 
 A save writes into ``.<name>.incomplete`` beside the final folder, fsyncs every file, writes
-``drivetrain_manifest.json`` (each file's size and sha256) last, fsyncs it, and renames the folder to
+``drivetrain_manifest.json`` (each file's size and checksums) last, fsyncs it, and renames the folder to
 ``<name>``. A folder without a readable manifest whose files all match it is never taken for a checkpoint.
 
-Manifest version 2 records each file's sha256 in pieces of ``chunk_size`` bytes (``sha256_chunks``), so
-the pieces verify on several cores at once; version 1 (one whole-file ``sha256``) is still read.
+Manifest version 2 records each file's checksums in pieces of ``chunk_size`` bytes, so the pieces verify on
+several cores at once: ``sha256_chunks`` always, and ``xxh3_128_chunks`` (what a load checks by default,
+about ten times faster) in newer manifests; readers ignore fields they do not know,
+so adding one needs no new version. Version 1 (one whole-file ``sha256``) is still read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
 import shutil
+import threading
 from concurrent.futures import Future
 from typing import Any
 
 from drivetrain.checkpoint import files
 from drivetrain.checkpoint.files import (
+    checkpoint_writer,
+    checksum_range,
     chunk_ranges,
-    durable_writer,
     fsync_path,
-    hash_range,
     hashing_pool,
 )
 from drivetrain.errors import CheckpointError
@@ -63,30 +67,50 @@ def _relative_files(directory: str) -> list[str]:
     return sorted(found)
 
 
-def write_manifest(directory: str, records: dict[str, dict[str, Any]], metadata: dict[str, Any]) -> None:
-    """List every file of ``directory`` with its size and chunk hashes (taken from ``records`` when the
-    writer hashed it already, else read now) and write the manifest, fsynced, as the folder's last file."""
+def _finishing_workers() -> int:
+    """Threads that checksum a finished save: every core but one, which the training loop keeps (1 to 8)."""
+    return max(1, min(8, (os.cpu_count() or 2) - 1))
+
+
+def write_manifest(directory: str, metadata: dict[str, Any]) -> None:
+    """Make every file of ``directory`` durable, checksum it, and write the manifest (fsynced) as the
+    folder's last file. The fsyncs run on this thread while other threads read the files back from the
+    page cache to checksum them."""
     listed: dict[str, Any] = {}
-    pending: dict[str, tuple[int, list[Future]]] = {}
-    for relative in _relative_files(directory):
-        if relative == MANIFEST_NAME:
-            continue
+    relatives = [relative for relative in _relative_files(directory) if relative != MANIFEST_NAME]
+    pieces = []
+    for relative in relatives:
         path = os.path.join(directory, relative)
-        known = records.get(relative)
         size = os.path.getsize(path)
-        if known is not None and known["size"] == size and "sha256_chunks" in known:
-            listed[relative] = {"size": size, "sha256_chunks": list(known["sha256_chunks"])}
-            continue
-        fsync_path(path)  # written by a library that did not fsync (or by a pre-save hook)
-        pending[relative] = (
-            size,
-            [
-                hashing_pool().submit(hash_range, path, offset, length)
-                for offset, length in chunk_ranges(size)
-            ],
-        )
-    for relative, (size, futures) in pending.items():
-        listed[relative] = {"size": size, "sha256_chunks": [future.result() for future in futures]}
+        listed[relative] = {"size": size}
+        pieces.extend((relative, path, offset, length) for offset, length in chunk_ranges(size))
+    algorithms = tuple(files.CHECKSUMS)
+    tasks = [
+        functools.partial(checksum_range, path, offset, length, algorithms)
+        for _, path, offset, length in pieces
+    ]
+    sync_errors: list[BaseException] = []
+
+    def sync_all() -> None:
+        try:
+            for relative in relatives:
+                fsync_path(os.path.join(directory, relative))
+            for sub in {os.path.dirname(os.path.join(directory, rel)) for rel in relatives}:
+                fsync_path(sub)
+        except BaseException as exc:
+            sync_errors.append(exc)
+
+    syncer = threading.Thread(target=sync_all, name="drivetrain-fsync")
+    syncer.start()
+    try:
+        digests_per_piece = files.run_in_threads(tasks, _finishing_workers())
+    finally:
+        syncer.join()
+    if sync_errors:
+        raise sync_errors[0]
+    for (relative, *_), digests in zip(pieces, digests_per_piece):
+        for algorithm, digest in zip(algorithms, digests):
+            listed[relative].setdefault(f"{algorithm}_chunks", []).append(digest)
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
@@ -94,10 +118,8 @@ def write_manifest(directory: str, records: dict[str, dict[str, Any]], metadata:
         "files": dict(sorted(listed.items())),
         "metadata": metadata,
     }
-    for sub in {os.path.dirname(os.path.join(directory, rel)) for rel in listed}:
-        fsync_path(sub)
     files.on_stage("files_synced", directory)
-    with durable_writer(os.path.join(directory, MANIFEST_NAME), hashed=False) as out:
+    with checkpoint_writer(os.path.join(directory, MANIFEST_NAME), durable=True) as out:
         out.write(json.dumps(manifest, indent=1, sort_keys=True).encode())
     fsync_path(directory)
     files.on_stage("manifest_written", directory)
@@ -181,50 +203,73 @@ def _checked_paths(directory: str, manifest: dict[str, Any]) -> dict[str, str]:
     return paths
 
 
+#: What a load checks a checkpoint's files with: ``"fast"`` (the xxh3-128 checksums, or sha256 where a
+#: manifest has no others) or ``"sha256"`` (the sha256 digests, also when faster checksums are recorded).
+CHECKSUM_CHOICES = ("fast", "sha256")
+
+
+def _expected_pieces(
+    directory: str, relative: str, expected: dict[str, Any], chunk_size: int, checksum: str
+) -> tuple[str, list[str], list[tuple[int, int]]]:
+    """(algorithm, expected digests, byte ranges) that check one file of a manifest."""
+    size = expected["size"]
+    for algorithm in ("xxh3_128", "sha256") if checksum == "fast" else ("sha256",):
+        digests = expected.get(f"{algorithm}_chunks")
+        if digests is None:
+            continue
+        ranges = chunk_ranges(size, chunk_size)
+        if not isinstance(digests, list) or len(digests) != len(ranges):
+            raise CheckpointError(
+                f"{directory}/{MANIFEST_NAME} records {len(digests)} {algorithm} pieces for {relative!r} "
+                f"but a file of {size} bytes has {len(ranges)}: the manifest is damaged"
+            )
+        return algorithm, digests, ranges
+    if "sha256" in expected:  # version 1: one digest of the whole file
+        return "sha256", [expected["sha256"]], [(0, size)]
+    raise CheckpointError(f"{directory}/{MANIFEST_NAME} records no sha256 for {relative!r}")
+
+
 class Verification:
-    """The sha256 checks of a checkpoint's files, running in the hashing threads from construction on;
+    """The checksum checks of a checkpoint's files, running in the hashing threads from construction on;
     :meth:`wait` raises :class:`CheckpointError` naming the first file that does not match."""
 
-    def __init__(self, directory: str, manifest: dict[str, Any], paths: dict[str, str]) -> None:
+    def __init__(
+        self, directory: str, manifest: dict[str, Any], paths: dict[str, str], checksum: str = "fast"
+    ) -> None:
+        if checksum not in CHECKSUM_CHOICES:
+            raise ValueError(
+                f"checkpoint verification {checksum!r} is not one of {', '.join(map(repr, CHECKSUM_CHOICES))}"
+            )
         self.manifest = manifest
         chunk_size = manifest.get("chunk_size", files.HASH_CHUNK_SIZE)
         if not isinstance(chunk_size, int) or chunk_size <= 0:
             raise CheckpointError(f"{directory}/{MANIFEST_NAME} has an invalid chunk_size {chunk_size!r}")
         pool = hashing_pool()
-        self._checks: list[tuple[str, list[str], list[Future]]] = []
+        self._checks: list[tuple[str, str, list[str], list[Future]]] = []
         for relative, path in paths.items():
-            expected = manifest["files"][relative]
-            size = expected["size"]
-            if "sha256_chunks" in expected:  # version 2: pieces hash in parallel
-                digests = expected["sha256_chunks"]
-                ranges = chunk_ranges(size, chunk_size)
-                if not isinstance(digests, list) or len(digests) != len(ranges):
-                    raise CheckpointError(
-                        f"{directory}/{MANIFEST_NAME} records {len(digests)} sha256 pieces for {relative!r} "
-                        f"but a file of {size} bytes has {len(ranges)}: the manifest is damaged"
-                    )
-            elif "sha256" in expected:  # version 1: one digest of the whole file
-                digests, ranges = [expected["sha256"]], [(0, size)]
-            else:
-                raise CheckpointError(f"{directory}/{MANIFEST_NAME} records no sha256 for {relative!r}")
-            futures = [pool.submit(hash_range, path, offset, length) for offset, length in ranges]
-            self._checks.append((path, digests, futures))
+            algorithm, digests, ranges = _expected_pieces(
+                directory, relative, manifest["files"][relative], chunk_size, checksum
+            )
+            futures = [
+                pool.submit(checksum_range, path, offset, length, (algorithm,)) for offset, length in ranges
+            ]
+            self._checks.append((path, algorithm, digests, futures))
         self._outcome: CheckpointError | None = None
         self._done = False
 
     def wait(self) -> dict[str, Any]:
-        """Wait for every hash; returns the manifest or raises (every time it is called) on a mismatch."""
+        """Wait for every check; returns the manifest or raises (every time it is called) on a mismatch."""
         if not self._done:
             self._done = True
-            for path, expected, futures in self._checks:
-                if [future.result() for future in futures] != expected:
+            for path, algorithm, expected, futures in self._checks:
+                if [future.result()[0] for future in futures] != expected:
                     self._outcome = CheckpointError(
-                        f"checkpoint file {path} does not match its sha256 in the manifest: it was "
-                        "modified or corrupted after the save"
+                        f"checkpoint file {path} does not match its {algorithm} checksum in the manifest: "
+                        "it was modified or corrupted after the save"
                     )
                     break
             if self._outcome is not None:
-                for _path, _expected, futures in self._checks:
+                for *_, futures in self._checks:
                     for future in futures:
                         future.cancel()
         if self._outcome is not None:
@@ -232,21 +277,22 @@ class Verification:
         return self.manifest
 
 
-def start_verification(directory: str) -> Verification:
-    """Read the manifest, check names and sizes now (raising :class:`CheckpointError`), and start hashing
-    every file in the background: ``.wait()`` on the result before using what was read from them."""
+def start_verification(directory: str, checksum: str = "fast") -> Verification:
+    """Read the manifest, check names and sizes now (raising :class:`CheckpointError`), and start
+    checksumming every file in the background: ``.wait()`` on the result before using what was read."""
     manifest = read_manifest(directory)
-    return Verification(directory, manifest, _checked_paths(directory, manifest))
+    return Verification(directory, manifest, _checked_paths(directory, manifest), checksum)
 
 
-def verify(directory: str, check_hashes: bool = True) -> dict[str, Any]:
-    """Check every file the manifest lists: present, of the recorded size and (``check_hashes``) sha256.
-    Returns the manifest; raises :class:`CheckpointError` naming the first file that does not match."""
+def verify(directory: str, check_hashes: bool = True, checksum: str = "fast") -> dict[str, Any]:
+    """Check every file the manifest lists: present, of the recorded size and (``check_hashes``) checksums
+    (``checksum``: see :data:`CHECKSUM_CHOICES`). Returns the manifest; raises :class:`CheckpointError`
+    naming the first file that does not match."""
     if not check_hashes:
         manifest = read_manifest(directory)
         _checked_paths(directory, manifest)
         return manifest
-    return start_verification(directory).wait()
+    return start_verification(directory, checksum).wait()
 
 
 def is_complete(directory: str) -> bool:

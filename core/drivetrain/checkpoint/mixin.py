@@ -2,18 +2,19 @@
 
 The order of a save: pre-hooks see the state dicts; the backend's ``save_state`` hook writes models,
 optimizers and schedulers into a temporary folder; the kernel adds RNG states, the GradScaler, data loader
-positions and registered objects; once every process reports success, the writing process lists every file
-in a manifest and renames the folder into place; then old automatic checkpoints are pruned. A failure on
-any process makes every process raise (see ``_agree``) instead of leaving the others waiting.
+positions and registered objects; once every process reports success, the writing process fsyncs and
+checksums every file, lists them in a manifest and renames the folder into place, then prunes old automatic
+checkpoints — on a background thread unless the save is blocking (see ``checkpoint/finishing.py``). A
+failure on any process makes every process raise (see ``_agree``) instead of leaving the others waiting.
 
-The order of a load: the checking process reads the manifest, checks names and sizes, and starts hashing
-every file in background threads; the backend reads (the reference backend: everything, into memory);
+The order of a load: a save still finishing is waited for; the checking process reads the manifest, checks
+names and sizes, and starts checksumming every file in background threads; the backend reads (the reference backend: everything, into memory);
 then all processes agree that the hashes matched and nothing failed, and only then is anything applied.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import os
 import shutil
 from collections.abc import Callable
@@ -24,7 +25,8 @@ from torch.utils.hooks import RemovableHandle
 
 from drivetrain.checkpoint import files
 from drivetrain.checkpoint import manifest as manifests
-from drivetrain.checkpoint.files import atomic_write, take_records
+from drivetrain.checkpoint.files import atomic_write
+from drivetrain.checkpoint.finishing import FinishingSave
 from drivetrain.checkpoint.model_files import write_model_files
 from drivetrain.checkpoint.serialization import deduplicate_shared, save_safetensors_atomically
 from drivetrain.checkpoint.training_objects import (
@@ -139,14 +141,23 @@ class CheckpointingMixin:
         self,
         output_dir: str | os.PathLike | None = None,
         safe_serialization: bool = True,
+        blocking: bool | None = None,
         **save_model_func_kwargs: Any,
     ) -> str:
         """Save models, optimizers, schedulers, GradScaler, RNG states, data loader positions and registered
         objects into one folder, atomically; returns the folder. ``save_model_func_kwargs`` are passed on to
         backends that take them (``accelerator._save_model_func_kwargs``).
 
+        Returns once the files are written. Unless ``blocking`` (default: not
+        ``ProjectConfiguration.async_save``), the checkpoint is then finished in the background — files
+        fsynced, manifest written, folder renamed into place, old checkpoints pruned — and the folder
+        appears when that is done; :meth:`wait_for_checkpoint` waits for it, and every later checkpoint
+        operation, :meth:`wait_for_everyone` and :meth:`end_training` do so first.
+
         If any process fails while writing, every process raises a :class:`CheckpointError` naming it, the
-        unfinished folder is removed and earlier checkpoints stay as they were."""
+        unfinished folder is removed and earlier checkpoints stay as they were (a failure while finishing
+        in the background is raised by :meth:`wait_for_checkpoint` the same way)."""
+        self.wait_for_checkpoint()
         location = os.path.abspath(self._save_location(output_dir))
         writer = writes_shared_files(self)
         temporary = manifests.incomplete_path(location)
@@ -160,52 +171,54 @@ class CheckpointingMixin:
                 error = exc
         self._agree(f"save_state: creating {temporary}", error, after=not_written)
 
-        records_here: dict[str, Any] = {}
+        config = self.project_configuration
+        wait = (not config.async_save) if blocking is None else blocking
         try:
-            self._write_checkpoint_files(temporary, safe_serialization, save_model_func_kwargs)
-            records_here = take_records(temporary)  # waits for this process's files to be on disk
+            with files.early_writeback(wait):
+                self._write_checkpoint_files(temporary, safe_serialization, save_model_func_kwargs)
         except Exception as exc:
             error = exc
-            with contextlib.suppress(Exception):
-                take_records(temporary)  # forget what a failed save recorded
         try:
-            gathered = self._agree(
-                f"save_state into {location}", error, (self._writer_rank(), records_here), after=not_written
-            )
+            self._agree(f"save_state into {location}", error, after=not_written)
         except CheckpointError:
             if writer:
                 shutil.rmtree(temporary, ignore_errors=True)
             raise
 
+        finish = None
         if writer:
-            # Only the records of the processes whose files are in this folder (this machine's, with
-            # save_on_each_node): another machine's copy of a file of the same name is another file.
-            records: dict[str, Any] = {}
-            for writer_rank, part in gathered:
-                if writer_rank == self.process_index:
-                    records.update(part)
-            try:
-                metadata = {
-                    "step": self.step,
-                    "num_processes": self.num_processes,
-                    "iteration": self.project_configuration.iteration,
-                    "safe_serialization": safe_serialization,
-                }
-                manifests.write_manifest(temporary, records, metadata)
-                manifests.seal(temporary, location)
-            except Exception as exc:
-                error = exc
-                shutil.rmtree(temporary, ignore_errors=True)
-            else:
-                limit = self.project_configuration.total_limit
-                if self.project_configuration.automatic_checkpoint_naming and limit is not None:
-                    try:
-                        manifests.prune(os.path.dirname(location), limit, keep=location)
-                    except Exception as exc:
-                        error = exc
-        self._agree(f"save_state: sealing {location}", error)
-        self.project_configuration.iteration += 1
+            # Everything the finishing thread needs is fixed now: the training loop goes on meanwhile.
+            metadata = {
+                "step": self.step,
+                "num_processes": self.num_processes,
+                "iteration": config.iteration,
+                "safe_serialization": safe_serialization,
+            }
+            limit = config.total_limit if config.automatic_checkpoint_naming else None
+            finish = functools.partial(_finish_save, temporary, location, metadata, limit)
+        self._finishing_save = FinishingSave(location, finish)
+        config.iteration += 1
+        if wait:
+            self.wait_for_checkpoint()
         return location
+
+    def wait_for_checkpoint(self) -> None:
+        """Wait until the last :meth:`save_state` is complete on disk (folder renamed into place, old
+        checkpoints pruned); returns at once when nothing is finishing. Every process must call it, like
+        :meth:`wait_for_everyone`. Raises :class:`CheckpointError` on every process if finishing failed on
+        one (that checkpoint was not written; earlier ones are untouched)."""
+        pending = getattr(self, "_finishing_save", None)
+        if pending is None:
+            return
+        self._finishing_save = None
+        error = pending.wait()
+        what = f"finishing save_state into {pending.location}"
+        after = f"; {pending.location} was not written and earlier checkpoints are untouched"
+        if self.num_processes == 1:
+            if error is not None:
+                raise CheckpointError(f"{what} failed: {type(error).__name__}: {error}{after}") from error
+            return
+        self._agree(what, error, after=after)
 
     def _write_checkpoint_files(
         self, temporary: str, safe_serialization: bool, save_model_func_kwargs: dict[str, Any]
@@ -247,9 +260,9 @@ class CheckpointingMixin:
 
     # -- load ----------------------------------------------------------------------------------------------
     def _resolve_checkpoint(
-        self, input_dir: str | None, verify_manifest: bool
+        self, input_dir: str | None, verify_manifest: bool | str
     ) -> tuple[str, manifests.Verification | None]:
-        """(folder, its hashes being checked) on a process that checks files; raises CheckpointError."""
+        """(folder, its checksums being checked) on a process that checks files; raises CheckpointError."""
         if input_dir is None:
             root = self._checkpoints_root()
             complete = manifests.complete_checkpoints(root)
@@ -264,7 +277,8 @@ class CheckpointingMixin:
             if not os.path.isdir(input_dir):
                 raise CheckpointError(f"checkpoint folder {input_dir} does not exist")
             return input_dir, None
-        return input_dir, manifests.start_verification(input_dir)
+        checksum = "fast" if verify_manifest is True else str(verify_manifest)
+        return input_dir, manifests.start_verification(input_dir, checksum)
 
     def _reference_backend_loads(self) -> bool:
         """Whether only the reference backend implements ``load_state``: it reads everything before
@@ -283,15 +297,23 @@ class CheckpointingMixin:
         """Restore everything :meth:`save_state` wrote; returns the folder loaded.
 
         With no ``input_dir``, picks the newest complete ``project_dir/checkpoints/checkpoint_<n>``
-        (``automatic_checkpoint_naming``). Every file is checked against the manifest (size and sha256)
-        before anything read from the folder is applied: a mismatch raises a :class:`CheckpointError`
-        naming the file and leaves models, optimizers and the rest as they were. ``map_location`` ("cpu" by
+        (``automatic_checkpoint_naming``); a save still finishing in the background is waited for first.
+        Every file is checked against the manifest (size and xxh3-128 checksums; ``verify_manifest="sha256"``
+        checks the sha256 digests instead) before anything read from the folder is applied: a mismatch
+        raises a :class:`CheckpointError` naming the file and leaves models, optimizers and the rest as they
+        were. ``map_location`` ("cpu" by
         default, "on_device" for this process's device) places loaded optimizer states; ``load_kwargs`` go to
         ``torch.load`` — ``{"weights_only": False}`` is the explicit opt-out of safe unpickling, for
         checkpoints you trust. ``verify_manifest=False`` loads a folder without a manifest (e.g. written by
         another tool).
         """
-        verify_manifest = bool(load_model_func_kwargs.pop("verify_manifest", True))
+        verify_manifest = load_model_func_kwargs.pop("verify_manifest", True)
+        if verify_manifest not in (True, False, *manifests.CHECKSUM_CHOICES):
+            raise ValueError(
+                f"load_state(verify_manifest={verify_manifest!r}): valid values are True (the manifest's fast "
+                "checksums), 'sha256' (its sha256 digests) and False (no manifest needed)"
+            )
+        self.wait_for_checkpoint()
         map_location = load_model_func_kwargs.pop("map_location", None)
         if input_dir is None and not self.project_configuration.automatic_checkpoint_naming:
             raise ValueError(
@@ -400,6 +422,20 @@ class CheckpointingMixin:
             save_on_each_node=self.project_configuration.save_on_each_node,
             safe_serialization=safe_serialization,
         )
+
+
+def _finish_save(temporary: str, location: str, metadata: dict[str, Any], total_limit: int | None) -> None:
+    """The writing process's part of a save after every process wrote its files: make them durable and
+    checksum them, write the manifest, rename the folder into place, then prune old automatic checkpoints.
+    Runs on a background thread (see :mod:`drivetrain.checkpoint.finishing`)."""
+    try:
+        manifests.write_manifest(temporary, metadata)
+        manifests.seal(temporary, location)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    if total_limit is not None:
+        manifests.prune(os.path.dirname(location), total_limit, keep=location)
 
 
 class _VerificationGate:

@@ -2,7 +2,7 @@
 
 Why our own safetensors writer: ``safetensors.torch.save_file`` first turns every tensor into a ``bytes``
 copy, so saving needs twice the model's memory. The format is simple (an 8-byte header length, a JSON
-header, the raw bytes), so we write each tensor's buffer straight from memory, hashing it on the way. The
+header, the raw bytes), so we write each tensor's buffer straight from memory. The
 files are ordinary safetensors files that ``safetensors``/``transformers`` read.
 """
 
@@ -18,27 +18,12 @@ from typing import Any
 import torch
 
 from drivetrain import units
-from drivetrain.checkpoint.files import durable_writer
+from drivetrain.big_modeling.reader import SAFETENSORS_DTYPES, TensorReader, read_header
+from drivetrain.checkpoint.files import checkpoint_writer
 from drivetrain.errors import CheckpointError
 
-_SAFETENSORS_DTYPES = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-    torch.float8_e4m3fn: "F8_E4M3",
-    torch.float8_e5m2: "F8_E5M2",
-    torch.uint16: "U16",
-    torch.uint32: "U32",
-    torch.uint64: "U64",
-    torch.complex64: "C64",
-}
+#: safetensors' dtype names, by torch dtype (the reader's table, inverted: one list of what the format holds).
+_SAFETENSORS_DTYPES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
 
 #: How the opt-out of safe unpickling is spelled in errors and docs.
 UNSAFE_OPT_OUT = "load_kwargs={'weights_only': False}"
@@ -99,10 +84,11 @@ def save_safetensors(
     tensors: Mapping[str, torch.Tensor],
     path: str,
     metadata: Mapping[str, str] | None = None,
-    hashed: bool = True,
+    durable: bool = False,
 ) -> None:
     """Write ``tensors`` (tied names already removed, see :func:`deduplicate_shared`) as a safetensors file,
-    streaming each tensor's memory to disk, hashed and fsynced on the way."""
+    streaming each tensor's memory to disk; ``durable`` fsyncs it before returning (a checkpoint's files
+    are fsynced together when the save finishes)."""
     header: dict[str, Any] = {}
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
@@ -119,7 +105,7 @@ def save_safetensors(
         offset += nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # the data section starts 8-byte aligned, as safetensors writes it
-    with durable_writer(path, hashed=hashed) as out:
+    with checkpoint_writer(path, durable=durable) as out:
         out.write(struct.pack("<Q", len(encoded)))
         out.write(encoded)
         for tensor in tensors.values():
@@ -131,23 +117,11 @@ def save_safetensors_atomically(tensors: Mapping[str, torch.Tensor], path: str) 
     path = os.path.abspath(path)
     temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.partial")
     try:
-        save_safetensors(tensors, temporary, metadata={"format": "pt"}, hashed=False)
+        save_safetensors(tensors, temporary, metadata={"format": "pt"}, durable=True)
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
-
-
-def read_safetensors_header(path: str) -> dict[str, Any]:
-    """The JSON header of a safetensors file (names, dtypes, shapes), with a clear error when it is not one."""
-    try:
-        with open(path, "rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            if length > os.path.getsize(path):
-                raise ValueError("header length beyond end of file")
-            return json.loads(handle.read(length))
-    except (OSError, ValueError, struct.error) as exc:
-        raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from exc
 
 
 def _shared_groups(state_dict: Mapping[str, torch.Tensor]) -> dict[str, list[str]]:
@@ -159,81 +133,32 @@ def _shared_groups(state_dict: Mapping[str, torch.Tensor]) -> dict[str, list[str
     return {name: names for names in groups.values() for name in names}
 
 
-def _writable_bytes(target: torch.Tensor, entry: Any) -> memoryview | None:
-    """``target``'s memory as a writable byte buffer when a file's tensor ``entry`` can be read straight
-    into it (CPU, contiguous, same dtype, shape and size), else None."""
-    if (
-        target.device.type != "cpu"
-        or not target.is_contiguous()
-        or target.numel() == 0
-        or _SAFETENSORS_DTYPES.get(target.dtype) != entry.get("dtype")
-        or list(target.shape) != list(entry.get("shape", ()))
-    ):
-        return None
-    begin, end = entry["data_offsets"]
-    if end - begin != target.numel() * target.element_size():
-        return None
-    return memoryview(target.detach().reshape(-1).view(torch.uint8).numpy()).cast("B")
-
-
-def _read_exactly(handle: Any, offset: int, into: memoryview, path: str, name: str) -> None:
-    handle.seek(offset)
-    filled = 0
-    while filled < len(into):
-        count = handle.readinto(into[filled:])
-        if not count:
-            raise CheckpointError(f"{path} ends inside tensor {name!r}: the file is truncated")
-        filled += count
-
-
 def load_safetensors_into_module(module: torch.nn.Module, paths: Iterable[str], strict: bool = True) -> None:
-    """Copy the tensors of safetensors files into ``module``'s parameters and buffers one at a time (memory:
-    one tensor beyond the model). Tied weights saved once fill every name they are shared under.
+    """Copy the tensors of safetensors files into ``module``'s parameters and buffers (memory: nothing
+    beyond the model). Tied weights saved once fill every name they are shared under.
 
-    A CPU tensor of the same dtype and shape is read from the file straight into the parameter's memory (one
-    copy from the page cache, no mapping); anything else goes through ``safetensors.safe_open``."""
-    from safetensors import safe_open
-
+    Each tensor is read from the file straight into the parameter's memory, on a few threads, by the same
+    reader big-model loading uses (casting on the way when the dtypes differ); a damaged or truncated file
+    fails with a :class:`CheckpointError` naming it before anything is read from it."""
     paths = list(paths)
     targets = module.state_dict(keep_vars=True)
     groups = _shared_groups(targets)
     loaded: set[str] = set()
     unexpected: list[str] = []
     mismatched: list[str] = []
-    with torch.no_grad():
+    with torch.no_grad(), TensorReader() as reader:
         for path in paths:
-            header = read_safetensors_header(path)
-            with open(path, "rb") as handle:
-                (length,) = struct.unpack("<Q", handle.read(8))
-            data_start = 8 + length
-            indirect: list[str] = []
-            with open(path, "rb", buffering=0) as handle:
-                for name, entry in header.items():
-                    if name == "__metadata__":
-                        continue
-                    target = targets.get(name)
-                    if target is None:
-                        unexpected.append(name)
-                        continue
-                    into = _writable_bytes(target, entry)
-                    if into is None:
-                        indirect.append(name)
-                        continue
-                    _read_exactly(handle, data_start + entry["data_offsets"][0], into, path, name)
-                    loaded.update(groups.get(name, [name]))
-            if not indirect:
-                continue
-            with safe_open(path, framework="pt", device="cpu") as handle:
-                for name in indirect:
-                    target = targets[name]
-                    source = handle.get_tensor(name)
-                    if source.shape != target.shape:
-                        mismatched.append(
-                            f"{name}: checkpoint {tuple(source.shape)}, model {tuple(target.shape)}"
-                        )
-                        continue
-                    target.copy_(source)
-                    loaded.update(groups.get(name, [name]))
+            for name, record in read_header(path).items():
+                target = targets.get(name)
+                if target is None:
+                    unexpected.append(name)
+                    continue
+                if tuple(target.shape) != record.shape:
+                    mismatched.append(f"{name}: checkpoint {record.shape}, model {tuple(target.shape)}")
+                    continue
+                reader.read(path, record, target, name)
+                loaded.update(groups.get(name, [name]))
+            reader.wait(path)
     missing = [name for name in targets if name not in loaded]
     problems = []
     if mismatched:

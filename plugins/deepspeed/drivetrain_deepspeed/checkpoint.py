@@ -16,7 +16,7 @@ from drivetrain.checkpoint.serialization import safe_load
 from drivetrain.checkpoint.training_objects import (
     _load_kwargs,
     scheduler_file_name,
-    torch_save_durable,
+    torch_save_into_checkpoint,
     writes_shared_files,
 )
 from drivetrain.errors import CheckpointError
@@ -68,7 +68,9 @@ def save_state(
         engine.save_checkpoint(output_dir, tag=engine_tag(index), save_latest=False, **save_model_func_kwargs)
     if writes_shared_files(accelerator):
         for index, scheduler in _user_schedulers(schedulers):
-            torch_save_durable(scheduler.state_dict(), os.path.join(output_dir, scheduler_file_name(index)))
+            torch_save_into_checkpoint(
+                scheduler.state_dict(), os.path.join(output_dir, scheduler_file_name(index))
+            )
 
 
 def load_state(

@@ -21,7 +21,7 @@ from drivetrain.checkpoint.training_objects import (
     model_file_name,
     optimizer_file_name,
     scheduler_file_name,
-    torch_save_durable,
+    torch_save_into_checkpoint,
     write_model_weights,
     writes_shared_files,
 )
@@ -112,10 +112,12 @@ def save(
         else:
             state = get_optimizer_state_dict(module, inner, options=_options(True, cpu_offload=True))
             if writer:
-                torch_save_durable(state, os.path.join(output_dir, optimizer_file_name(index)))
+                torch_save_into_checkpoint(state, os.path.join(output_dir, optimizer_file_name(index)))
     if writer:
         for index, scheduler in enumerate(schedulers):
-            torch_save_durable(scheduler.state_dict(), os.path.join(output_dir, scheduler_file_name(index)))
+            torch_save_into_checkpoint(
+                scheduler.state_dict(), os.path.join(output_dir, scheduler_file_name(index))
+            )
 
 
 def _full_model_file(input_dir: str, index: int) -> str | None:

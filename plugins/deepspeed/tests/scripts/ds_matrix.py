@@ -240,6 +240,7 @@ def run_multi_models(checkpoint_root: str) -> None:
 
     folder = os.path.join(checkpoint_root, "two_engines")
     accelerator.save_state(folder)
+    accelerator.wait_for_everyone()  # the folder appears once the save finished in the background
     # The student's engine folder; the frozen teacher (an inference engine) is not checkpointed.
     check(
         "engine_folder_per_trained_model",
