@@ -78,6 +78,22 @@ def test_a_rank_that_raises_during_save_makes_every_rank_raise(tmp_path, who):
     )
 
 
+def test_a_save_that_fails_while_finishing_in_the_background_raises_on_every_rank(tmp_path):
+    result = launch_script(
+        SCRIPT, 2, args=["finish", str(tmp_path)], env={"TMPDIR": str(tmp_path)}, timeout=180
+    )
+    assert result.stdout.count(" raised: ") == 2, result.stdout
+    assert_checks_passed(
+        result,
+        [
+            "every_rank_raised_at_the_next_wait",
+            "previous_is_latest",
+            "no_leftover_folder",
+            "next_save_completes",
+        ],
+    )
+
+
 def _launch_machine(tmp_path: Path, machine_rank: int, port: int, each: bool) -> subprocess.Popen:
     env = {
         **os.environ,

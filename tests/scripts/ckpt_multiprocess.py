@@ -8,6 +8,9 @@
     python ckpt_multiprocess.py fail   PROJECT WHO    a save where rank WHO raises ("object": rank 0's
                                                       registered object; "hook": rank 1's pre-hook), then a
                                                       load of a tampered checkpoint
+    python ckpt_multiprocess.py finish PROJECT        rank 0's background finishing of a save fails (disk
+                                                      full): every rank raises at wait_for_everyone, then
+                                                      saves again
     python ckpt_multiprocess.py nodes  BASE EACH      two machines: save with save_on_each_node=EACH (each
                                                       machine's own BASE/node<k> when EACH is 1), load back
 
@@ -176,6 +179,40 @@ def fail(project_dir: str, who: str) -> None:
     check(accelerator, "saved_weights_differ", not same(saved, disturbed))
 
 
+def finish_failure(project_dir: str) -> None:
+    from drivetrain.checkpoint import files
+
+    accelerator, model, optimizer = setup(project_dir, total_limit=None)
+    rank = accelerator.process_index
+    train_step(accelerator, model, optimizer)
+    first = accelerator.save_state(blocking=True)
+
+    def disk_full(stage: str, path: str) -> None:
+        if stage == "files_synced":
+            raise OSError(28, "No space left on device")
+
+    files.on_stage = disk_full  # only rank 0 finishes saves; set everywhere to show that is so
+    train_step(accelerator, model, optimizer)
+    second = accelerator.save_state()  # returns on both ranks: the failure comes later, on rank 0's thread
+    try:
+        accelerator.wait_for_everyone()
+    except CheckpointError as exc:
+        message = str(exc)
+        print(f"rank {rank} raised: {message}", flush=True)
+        raised = "failed on rank 0: OSError" in message and "No space left" in message and second in message
+    else:
+        raised = False
+    check(accelerator, "every_rank_raised_at_the_next_wait", raised)
+    files.on_stage = lambda stage, path: None
+    root = os.path.dirname(first)
+    check(accelerator, "previous_is_latest", manifests.complete_checkpoints(root) == [first])
+    check(accelerator, "no_leftover_folder", sorted(os.listdir(root)) == ["checkpoint_0"])
+    third = accelerator.save_state()
+    accelerator.wait_for_everyone()
+    check(accelerator, "next_save_completes", manifests.complete_checkpoints(root) == [first, third])
+    check(accelerator, "next_save_takes_the_failed_number", third == second)
+
+
 def nodes(base: str, each: bool) -> None:
     node = int(os.environ.get("GROUP_RANK", "0"))
     # Both "machines" share this disk: with save_on_each_node each gets its own folder, as if local.
@@ -216,6 +253,8 @@ def main() -> None:
         resume(where, int(sys.argv[3]))
     elif mode == "fail":
         fail(where, sys.argv[3])
+    elif mode == "finish":
+        finish_failure(where)
     elif mode == "nodes":
         nodes(where, sys.argv[3] == "1")
     else:

@@ -26,8 +26,9 @@ class FinishingSave:
     """One save's finishing work, running on its own thread from construction (``work=None``: this process
     has nothing to finish, its files are another process's to seal)."""
 
-    def __init__(self, location: str, work: Callable[[], None] | None) -> None:
+    def __init__(self, location: str, work: Callable[[], None] | None, iteration: int | None = None) -> None:
         self.location = location
+        self.iteration = iteration  # the automatic checkpoint number it takes, if any
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         if work is not None:

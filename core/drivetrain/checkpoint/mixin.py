@@ -44,7 +44,8 @@ class CheckpointingMixin:
 
     Relies on the Accelerator's ``_models``, ``_optimizers``, ``_schedulers``, ``_dataloaders``,
     ``_custom_objects``, ``_save_state_pre_hooks``, ``_load_state_pre_hooks``, ``scaler``, ``step``,
-    ``project_configuration``, ``_plugins``, ``device``, ``process_index`` and ``unwrap_model``.
+    ``project_configuration``, ``_plugins``, ``device``, ``process_index``, ``unwrap_model`` and
+    ``_finishing_save`` (None, or the :class:`FinishingSave` of the last save not yet collected).
     """
 
     # -- registration ------------------------------------------------------------------------------------
@@ -196,7 +197,8 @@ class CheckpointingMixin:
             }
             limit = config.total_limit if config.automatic_checkpoint_naming else None
             finish = functools.partial(_finish_save, temporary, location, metadata, limit)
-        self._finishing_save = FinishingSave(location, finish)
+        number = config.iteration if config.automatic_checkpoint_naming else None
+        self._finishing_save = FinishingSave(location, finish, number)
         config.iteration += 1
         if wait:
             self.wait_for_checkpoint()
@@ -207,18 +209,24 @@ class CheckpointingMixin:
         checkpoints pruned); returns at once when nothing is finishing. Every process must call it, like
         :meth:`wait_for_everyone`. Raises :class:`CheckpointError` on every process if finishing failed on
         one (that checkpoint was not written; earlier ones are untouched)."""
-        pending = getattr(self, "_finishing_save", None)
+        pending = self._finishing_save
         if pending is None:
             return
         self._finishing_save = None
         error = pending.wait()
         what = f"finishing save_state into {pending.location}"
         after = f"; {pending.location} was not written and earlier checkpoints are untouched"
-        if self.num_processes == 1:
-            if error is not None:
+        try:
+            if self.num_processes > 1:
+                self._agree(what, error, after=after)
+            elif error is not None:
                 raise CheckpointError(f"{what} failed: {type(error).__name__}: {error}{after}") from error
-            return
-        self._agree(what, error, after=after)
+        except CheckpointError:
+            # As after a save that failed before returning: the next automatic save takes the same number.
+            config = self.project_configuration
+            if pending.iteration is not None and config.iteration == pending.iteration + 1:
+                config.iteration = pending.iteration
+            raise
 
     def _write_checkpoint_files(
         self, temporary: str, safe_serialization: bool, save_model_func_kwargs: dict[str, Any]
