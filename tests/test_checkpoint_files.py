@@ -395,3 +395,19 @@ def _rewrite_as_version_1(folder):
         manifest["files"][name] = {"size": size, "sha256": digest}
     with open(path, "w") as handle:
         json.dump(manifest, handle)
+
+
+def test_checkpoint_pickles_skip_the_zip_crc_and_still_load(tmp_path):
+    # The manifest checksums every byte, so torch.save's per-record CRC-32 is skipped inside a checkpoint
+    # (and only there: the setting is back afterwards for everyone else's torch.save).
+    from torch.utils.serialization import config
+
+    state = {"w": torch.randn(300), "step": 3}
+    path = str(tmp_path / "optimizer.bin")
+    torch_save_into_checkpoint(state, path)
+    assert config.save.compute_crc32 is True
+    loaded = torch.load(path, weights_only=True)
+    assert torch.equal(loaded["w"], state["w"]) and loaded["step"] == 3
+    import zipfile
+
+    assert {info.CRC for info in zipfile.ZipFile(path).infolist()} == {0}

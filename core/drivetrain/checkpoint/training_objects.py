@@ -8,6 +8,7 @@ unwrapped (no ``module.`` prefix), so a checkpoint loads under any number of pro
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -77,9 +78,22 @@ def writes_shared_files(accelerator: Any) -> bool:
     return bool(accelerator.is_main_process)
 
 
+def _without_zip_crc() -> contextlib.AbstractContextManager[Any]:
+    """torch.save computes a CRC-32 of every record of its zip file: half its time for large tensors. A
+    checkpoint's manifest checksums every byte anyway, so its pickles skip it (torch >= 2.6; torch.load and
+    Accelerate read such files, Python's ``zipfile`` module refuses their members)."""
+    try:
+        from torch.utils.serialization import config
+    except ImportError:
+        return contextlib.nullcontext()
+    if not hasattr(config, "patch") or not hasattr(config.save, "compute_crc32"):
+        return contextlib.nullcontext()
+    return config.patch({"save.compute_crc32": False})
+
+
 def torch_save_into_checkpoint(obj: Any, path: str) -> None:
     """``torch.save`` of one file of a checkpoint being written (made durable when the save finishes)."""
-    with checkpoint_writer(path) as out:
+    with checkpoint_writer(path) as out, _without_zip_crc():
         torch.save(obj, out)
 
 
