@@ -85,6 +85,29 @@ def load_ipex(request: Request) -> Any:
     return ipex
 
 
+def ipex_for(request: Request, accelerator: Any) -> Any:
+    """IPEX, when it can optimise on this run's device; None when only Accelerate's ``use_xpu`` asked and the
+    installed IPEX cannot (a notice says so). IPEX's PyPI wheels are CPU builds; its XPU builds come from
+    Intel's package index (``_C._has_xpu()``)."""
+    ipex = load_ipex(request)
+    if accelerator.device.type != "xpu":
+        return ipex
+    has_xpu = getattr(ipex._C, "_has_xpu", None)
+    if has_xpu is not None and has_xpu():
+        return ipex
+    if request.optimize:
+        raise PluginError(
+            f"{request.source} asks for ipex.optimize on {accelerator.device}, but intel-extension-for-pytorch "
+            f"{ipex.__version__} is a CPU build; install IPEX's XPU build (Intel's package index), or do not ask "
+            "for ipex to train on the XPU with torch alone"
+        )
+    notice(
+        f"intel-extension-for-pytorch {ipex.__version__} is a CPU build: training on the XPU with torch alone",
+        accelerator,
+    )
+    return None
+
+
 def bf16_prepack_supported() -> bool:
     """Whether oneDNN can prepack bf16 weights on this CPU (AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX): the test
     ipex.optimize asserts when it prepacks bf16 weights."""
@@ -216,13 +239,15 @@ def optimizer_for(model: torch.nn.Module, optimizers: list[Any]) -> Any:
 def wrap_model(model: torch.nn.Module, accelerator: Any, request: Request) -> torch.nn.Module | None:
     if model in _optimised_models:
         return None  # prepared again
+    ipex = ipex_for(request, accelerator)  # a missing IPEX is reported now, whatever comes next
+    if ipex is None:
+        return None
     optimizer = optimizer_for(model, list(accelerator.prepared.pending_optimizers))
     if optimizer is not None:
-        return _optimise(load_ipex(request), model, optimizer, accelerator)
+        return _optimise(ipex, model, optimizer, accelerator)
     if not model.training:
-        return _optimise(load_ipex(request), model, None, accelerator)
+        return _optimise(ipex, model, None, accelerator)
     # Training, and its optimizer comes in a later prepare() call (or never: then it stays as it is).
-    load_ipex(request)  # a missing IPEX is reported now, not at the optimizer
     _waiting.setdefault(accelerator, weakref.WeakSet()).add(model)
     return None
 
@@ -247,7 +272,7 @@ def wrap_optimizer(optimizer: Any, accelerator: Any, request: Request) -> None:
                 "prepare the model and its optimizer in one call"
             )
         _waiting[accelerator].discard(model)
-        _optimise(load_ipex(request), model, optimizer, accelerator)
+        _optimise(ipex_for(request, accelerator), model, optimizer, accelerator)
         return
     for model, how in list(_optimised_models.items()):
         if how == "inference" and optimizer_for(model, [optimizer]) is not None:

@@ -212,3 +212,38 @@ def test_save_load_resume_equals_the_uninterrupted_run(tmp_path, precision):
     train(accelerator, prepared, optimizer, data[2:], scheduler)
     assert all(torch.equal(a, b) for a, b in zip(weights(model), uninterrupted)), "resume differs"
     assert scheduler.get_last_lr() == [0.05 * 0.7**4]
+
+
+@pytest.fixture
+def fake_xpu(monkeypatch):
+    """torch says an Intel XPU is there (none is: nothing may run on it, so device_placement=False)."""
+    import intel_extension_for_pytorch  # noqa: F401  (imported before torch's XPU check is patched)
+
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: True)
+    monkeypatch.setattr(torch.xpu, "device_count", lambda: 1)
+
+
+def test_asking_for_ipex_on_an_xpu_with_the_cpu_build_is_a_one_line_error(fake_xpu):
+    accelerator = Accelerator(plugins=["ipex"], device_placement=False)
+    assert accelerator.device == torch.device("xpu", 0)
+    model = make_model()
+    with pytest.raises(Exception) as error:
+        accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    message = str(error.value).splitlines()[0]
+    assert message.startswith("Accelerator(plugins=['ipex']) asks for ipex.optimize on xpu:0, but")
+    assert "is a CPU build; install IPEX's XPU build" in message
+
+
+def test_use_xpu_with_the_cpu_build_trains_with_torch_alone(fake_xpu, monkeypatch, capfd):
+    import json
+
+    from drivetrain_ipex import optimize
+
+    monkeypatch.setattr(optimize, "_noticed", set())
+    monkeypatch.setenv("DRIVETRAIN_PLUGIN_OPTIONS", json.dumps({"ipex": {"use_xpu": True}}))
+    accelerator = Accelerator(device_placement=False)
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    prepared, _ = accelerator.prepare(model, optimizer)
+    assert prepared is model and not hasattr(optimizer, "params_attr")
+    assert "is a CPU build: training on the XPU with torch alone" in capfd.readouterr().err
