@@ -38,6 +38,14 @@ Every property uses the reference backend `local` as its oracle. A property outs
 backend declares (`PluginInfo.capabilities`) is reported **n/a** with the reason, never skipped silently.
 Multi-process properties run real processes (torch.distributed.run, gloo on CPU).
 
+Device and feature plugins are checked *over* a backend: `--plugins NAME[,NAME]` makes every Accelerator
+the checks build name them (`Accelerator(backend=..., plugins=[...])`), while the oracle stays the
+reference backend alone — `drivetrain conformance ddp --processes 2 --plugins ipex`
+(`drivetrain_conformance.check("ddp", 2, plugins=("ipex",))` from pytest). The suite runs on the CPU
+(`cpu=True`), so for a device plugin it checks what the plugin does to CPU runs. Results for ipex (which
+runs only in its pinned environment) are in [its guide](ipex.md#conformance), for mps in
+[its guide](mps.md#what-is-tested-where).
+
 ## Properties
 """
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import re
 import sys
 from pathlib import Path
 
@@ -51,6 +52,7 @@ SECTIONS = {
         "send_to_device",
         "find_device",
         "patch_forward_with_autocast",
+        "track_step_for_schedulers",
     ],
     "Checkpoint files": [
         "write_training_objects",
@@ -119,9 +121,11 @@ Hooks receive the `Accelerator` (argument `accelerator`); the part of it that is
 
 def _signature(obj: object) -> str:
     try:
-        return str(inspect.signature(obj))  # type: ignore[arg-type]
+        signature = str(inspect.signature(obj))  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return ""
+    # a default value's repr may hold its memory address (a lambda), different in every process
+    return re.sub(r" at 0x[0-9a-f]+>", ">", signature)
 
 
 def _summary(obj: object) -> str:

@@ -349,3 +349,41 @@ def test_gradient_accumulation_steps_from_environment(monkeypatch):
 def test_rng_types_are_validated():
     with pytest.raises(ConfigurationError, match="rng_types entry 'dice'"):
         Accelerator(rng_types=["dice"])
+
+
+def test_requested_plugins_are_the_names_the_script_gave():
+    import types
+
+    from drivetrain.contract.info import PluginInfo
+    from drivetrain.contract.manager import get_plugin_manager
+
+    get_plugin_manager().register(
+        "noop-feature", types.SimpleNamespace(PLUGIN_INFO=PluginInfo(kind="feature"))
+    )
+    assert Accelerator().requested_plugins == ()
+    accelerator = Accelerator(plugins=["noop-feature", "noop-feature"])
+    assert accelerator.requested_plugins == ("noop-feature",)
+    assert "noop-feature" in accelerator.state.plugins.names
+
+
+def test_a_step_replaced_in_place_after_the_scheduler_is_tracked_again():
+    """A plugin that swaps optimizer.step for a fused one (IPEX) after the user built a scheduler calls
+    track_step_for_schedulers; scheduler.step() then does not warn that the step was overridden."""
+    import types
+    import warnings
+
+    from drivetrain.plugin_api import track_step_for_schedulers
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    original = optimizer.step
+    optimizer.step = types.MethodType(lambda self, closure=None: original(closure), optimizer)  # fused step
+    track_step_for_schedulers(optimizer)
+    track_step_for_schedulers(optimizer)  # once only
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == 0.5

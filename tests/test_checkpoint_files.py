@@ -88,6 +88,39 @@ def test_tied_weights_are_stored_once_and_fill_both_names_on_load(tmp_path):
     assert target.head.weight is target.embed.weight
 
 
+class HalfWithMasterCopy(torch.nn.Module):
+    """Keeps its weight in bf16 and the full fp32 value aside; its state dict hands out the fp32 value and
+    loading splits it again (what IPEX's bf16 training does): the state dict's tensors are copies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(4, 4).to(torch.bfloat16))
+        self.master = self.weight.detach().float()
+        self._register_state_dict_hook(
+            lambda module, state, prefix, local: state.update({prefix + "weight": module.master.clone()})
+        )
+        self._register_load_state_dict_pre_hook(self._split)
+
+    def _split(self, state, prefix, *args) -> None:
+        self.master = state[prefix + "weight"].clone()
+        state[prefix + "weight"] = self.master.to(torch.bfloat16)
+
+
+def test_a_module_whose_state_dict_hands_out_copies_is_loaded_through_load_state_dict(tmp_path):
+    torch.manual_seed(0)
+    source = HalfWithMasterCopy()
+    source.master += 1e-4  # fp32 detail that bf16 cannot hold
+    path = str(tmp_path / "m.safetensors")
+    save_safetensors(source.state_dict(), path)
+    target = HalfWithMasterCopy()
+    load_safetensors_into_module(target, [path])
+    assert torch.equal(target.state_dict()["weight"], source.state_dict()["weight"])
+    assert torch.equal(target.weight, source.master.to(torch.bfloat16))
+    save_safetensors({"weight": torch.zeros(2, 2)}, path)
+    with pytest.raises(CheckpointError, match="cannot load .* into HalfWithMasterCopy: .*size mismatch"):
+        load_safetensors_into_module(target, [path])
+
+
 def test_loading_reports_missing_unexpected_and_mismatched_keys(tmp_path):
     path = str(tmp_path / "m.safetensors")
     save_safetensors({"hidden.weight": torch.zeros(3, 3), "extra": torch.zeros(1)}, path)

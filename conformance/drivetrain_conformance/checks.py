@@ -64,12 +64,15 @@ def make_data(count: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
 class Context:
     """What a check needs: the backend under test, this process's place, and a place to record tensors."""
 
-    def __init__(self, backend: str, info: Any, workdir: str) -> None:
+    def __init__(self, backend: str, info: Any, workdir: str, plugins: tuple[str, ...] = ()) -> None:
         from drivetrain.plugin_api import PartialState
 
         state = PartialState(cpu=True, backend=backend)
         self.backend = backend
         self.info = info
+        #: plugins every Accelerator of the checks names (``Accelerator(plugins=[...])``): a device or feature
+        #: plugin checked over the backend (the oracle never names any)
+        self.plugins = tuple(plugins)
         self.workdir = workdir
         self.processes = state.num_processes
         self.rank = state.process_index
@@ -79,7 +82,7 @@ class Context:
     def accelerator(self, **kwargs: Any) -> Any:
         from drivetrain.plugin_api import Accelerator
 
-        return Accelerator(backend=self.backend, cpu=True, **kwargs)
+        return Accelerator(backend=self.backend, cpu=True, plugins=list(self.plugins), **kwargs)
 
     def rows(self, step: int, rank: int | None = None, per_rank: int = PER_RANK) -> slice:
         """Rows of ``rank``'s share of global batch ``step`` (global batch = ``processes * per_rank`` rows)."""

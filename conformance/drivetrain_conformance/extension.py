@@ -29,6 +29,13 @@ def register_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=float, default=600, metavar="SECONDS", help="limit for the whole run"
     )
+    parser.add_argument(
+        "--plugins",
+        default="",
+        metavar="NAME[,NAME]",
+        help="plugins every checked Accelerator names (Accelerator(plugins=[...])): a device or feature "
+        "plugin checked over the backend(s), against the reference backend alone",
+    )
     parser.add_argument("--json", action="store_true", help="print the verdicts as JSON")
 
 
@@ -42,13 +49,14 @@ def run(args: argparse.Namespace) -> int:
     from drivetrain_conformance.targets import is_file_target
 
     manager = get_plugin_manager()
-    for name in args.backends:
+    plugins = tuple(name.strip() for name in args.plugins.split(",") if name.strip())
+    for name in (*args.backends, *plugins):
         if not is_file_target(name) and name not in manager.discovered():
             try:
                 manager.load(name)
             except PluginError as exc:
                 raise UsageError(f"conformance: {exc}") from None
-    reports = run_suite(list(args.backends), processes=args.processes, timeout=args.timeout)
+    reports = run_suite(list(args.backends), processes=args.processes, timeout=args.timeout, plugins=plugins)
     if args.json:
         print(json.dumps([report.to_json() for report in reports.values()], indent=2))
     else:

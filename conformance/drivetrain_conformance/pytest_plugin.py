@@ -13,15 +13,16 @@ class ConformanceFixture:
     def __init__(self, workdir: str) -> None:
         self.workdir = workdir
 
-    def run(self, backend: str, processes: int = 1):
-        """The :class:`~drivetrain_conformance.Report` for one backend."""
+    def run(self, backend: str, processes: int = 1, plugins: tuple[str, ...] = ()):
+        """The :class:`~drivetrain_conformance.Report` for one backend (with ``plugins`` named by every
+        Accelerator of the checks)."""
         from drivetrain_conformance.runner import run_suite
 
-        return run_suite([backend], processes=processes)[backend]
+        return run_suite([backend], processes=processes, plugins=plugins)[backend]
 
-    def check(self, backend: str, processes: int = 1):
+    def check(self, backend: str, processes: int = 1, plugins: tuple[str, ...] = ()):
         """Run the suite and fail the test with the verdict table when any property fails."""
-        report = self.run(backend, processes)
+        report = self.run(backend, processes, plugins)
         if not report.ok:
             pytest.fail(report.format(), pytrace=False)
         return report

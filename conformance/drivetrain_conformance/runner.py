@@ -39,6 +39,8 @@ class Report:
     backend: str
     processes: int
     verdicts: list[Verdict]
+    #: plugins the checked Accelerators named besides the backend (a device or feature plugin under test)
+    plugins: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -53,7 +55,8 @@ class Report:
 
     def format(self) -> str:
         width = max(len(prop.name) for prop in PROPERTIES)
-        lines = [f"drivetrain conformance: backend {self.backend!r}, {self.processes} process(es)"]
+        named = f" with plugins {', '.join(self.plugins)}" if self.plugins else ""
+        lines = [f"drivetrain conformance: backend {self.backend!r}{named}, {self.processes} process(es)"]
         for v in self.verdicts:
             lines.append(f"  {v.status:<4}  {v.property:<{width}}  {v.reason}".rstrip())
         failed = self.failed
@@ -65,6 +68,7 @@ class Report:
     def to_json(self) -> dict[str, Any]:
         return {
             "backend": self.backend,
+            "plugins": list(self.plugins),
             "processes": self.processes,
             "ok": self.ok,
             "verdicts": [attrs.asdict(v) for v in self.verdicts],
@@ -195,10 +199,17 @@ def _exit_verdict(launch: Launch, processes: int) -> Verdict:
 
 
 def run_suite(
-    targets: list[str], processes: int = 1, timeout: float = 600, workdir: str | None = None
+    targets: list[str],
+    processes: int = 1,
+    timeout: float = 600,
+    workdir: str | None = None,
+    plugins: tuple[str, ...] = (),
 ) -> dict[str, Report]:
     """Check every backend in ``targets`` (installed plugin names or ``.py`` files) with ``processes``
-    processes in one launch. Returns a :class:`Report` per target, keyed by the target as given."""
+    processes in one launch. Returns a :class:`Report` per target, keyed by the target as given.
+
+    ``plugins`` are named by every Accelerator the checks build (``Accelerator(plugins=[...])``), so a device
+    or feature plugin is checked over each backend, against the oracle of the reference backend alone."""
     if processes < 1:
         raise ValueError(f"processes must be >= 1, got {processes}")
     with tempfile.TemporaryDirectory(prefix="drivetrain-conformance-") as scratch:
@@ -216,6 +227,8 @@ def run_suite(
             )
         ]
         args = ["--out", workdir, "--targets", ",".join(f"{ids[spec]}={spec}" for spec in launched)]
+        if plugins:
+            args += ["--plugins", ",".join(plugins)]
         launch = Launch(0, "", {rank: [{"finished": True}] for rank in range(processes)}, workdir)
         if launched:
             with_oracle = processes == 1 and not _oracle_cache
@@ -238,5 +251,5 @@ def run_suite(
                     verdicts.append(_exit_verdict(launch, processes))
                 else:
                     verdicts.append(_worker_verdict(prop.name, ids[spec], launch, processes, info))
-            reports[spec] = Report(target_name(spec), processes, verdicts)
+            reports[spec] = Report(target_name(spec), processes, verdicts, tuple(plugins))
         return reports

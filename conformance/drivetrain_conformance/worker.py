@@ -17,6 +17,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--targets", default="", help="comma-separated id=spec pairs")
     parser.add_argument("--oracle", action="store_true", help="first run the reference backend's oracle")
+    parser.add_argument(
+        "--plugins", default="", help="comma-separated plugins every checked Accelerator names"
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
@@ -49,7 +52,7 @@ def main() -> None:
             from drivetrain.plugin_api import PluginInfo
 
             info = getattr(module, "PLUGIN_INFO", None) or PluginInfo(kind="backend")
-            ctx = checks.Context(name, info, args.out)
+            ctx = checks.Context(name, info, args.out, tuple(filter(None, args.plugins.split(","))))
         except Exception as exc:
             for prop in WORKER_PROPERTIES:
                 emit(

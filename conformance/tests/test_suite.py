@@ -173,3 +173,37 @@ def test_cli_unknown_backend_is_a_usage_error():
     assert result.returncode == 2
     assert "unknown drivetrain plugin 'no-such-backend'" in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+SHRINKER = """
+import torch
+from drivetrain import hookimpl
+from drivetrain.plugin_api import PluginInfo
+
+PLUGIN_INFO = PluginInfo(kind="feature", description="halves every weight at prepare (changes training)")
+
+
+@hookimpl
+def wrap_model(model):
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(0.5)
+"""
+
+
+def test_plugins_reach_every_checked_accelerator_and_not_the_oracle(tmp_path, monkeypatch):
+    """`--plugins NAME`: a feature plugin that changes training is named by the checked Accelerators (so
+    training no longer matches the reference backend) while the oracle stays the reference backend alone."""
+    from drivetrain.testing import install_plugin_for_test
+
+    env = install_plugin_for_test(tmp_path / "site", "shrinker", SHRINKER)
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])  # the launched processes discover it
+    (tmp_path / "run").mkdir()
+    report = run_suite(["local"], processes=1, workdir=str(tmp_path / "run"), plugins=("shrinker",))["local"]
+    statuses = _statuses(report)
+    assert statuses["one_process_matches_local"] == "FAIL"
+    assert statuses["collectives"] == statuses["checkpoint_resume"] == "pass"
+    assert report.format().splitlines()[0] == (
+        "drivetrain conformance: backend 'local' with plugins shrinker, 1 process(es)"
+    )
+    assert report.to_json()["plugins"] == ["shrinker"]

@@ -92,7 +92,8 @@ class Accelerator(TrackingMixin, ProfilingMixin):
 
     The constructor takes Accelerate's arguments plus ``backend`` (a plugin name), ``backend_config`` (a
     backend's configuration object; ``fsdp_plugin=``/``deepspeed_plugin=``/``megatron_lm_plugin=`` are
-    aliases) and ``plugins`` (names of feature plugins to activate). Settings not passed here come from
+    aliases) and ``plugins`` (names of feature plugins to activate, and of installed device plugins
+    asked to act, such as an optimising runtime). Settings not passed here come from
     ``DRIVETRAIN_*`` environment variables or the config file; a conflict raises (see docs/configuration.md).
     """
 
@@ -328,6 +329,11 @@ class Accelerator(TrackingMixin, ProfilingMixin):
     def backend(self) -> str:
         """The drivetrain backend plugin in charge (``"local"``, ``"ddp"``, ...)."""
         return self.state.backend_name
+
+    @property
+    def requested_plugins(self) -> tuple[str, ...]:
+        """The plugins named in ``Accelerator(plugins=[...])``, in the order given."""
+        return self.state.requested_plugins
 
     @property
     def split_batches(self) -> bool:

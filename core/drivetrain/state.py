@@ -314,6 +314,9 @@ class AcceleratorState:
         self.dynamo_plugin = dynamo_plugin
         manager = get_plugin_manager()
         provider = precision_plugin(manager, self.mixed_precision)
+        #: the plugins the script named (``Accelerator(plugins=[...])``): a device plugin is active whenever it
+        #: is installed, and changes what it does only when asked (named here, or by its own options)
+        self.requested_plugins: tuple[str, ...] = tuple(dict.fromkeys(feature_plugins))
         names = [*self.partial_state.device_plugins, *feature_plugins, *([provider] if provider else [])]
         self.plugins: PluginStack = manager.stack([*names, self.partial_state.backend_name])
 

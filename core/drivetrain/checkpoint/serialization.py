@@ -142,6 +142,9 @@ def load_safetensors_into_module(module: torch.nn.Module, paths: Iterable[str], 
     paths = list(paths)
     targets = module.state_dict(keep_vars=True)
     groups = _shared_groups(targets)
+    if not _state_dict_is_own_tensors(module, targets):
+        _load_through_state_dict(module, paths, groups, strict)
+        return
     loaded: set[str] = set()
     unexpected: list[str] = []
     mismatched: list[str] = []
@@ -170,6 +173,38 @@ def load_safetensors_into_module(module: torch.nn.Module, paths: Iterable[str], 
         raise CheckpointError(
             f"cannot load {', '.join(paths)} into {type(module).__name__}: " + "; ".join(problems)
         )
+
+
+def _state_dict_is_own_tensors(module: torch.nn.Module, state_dict: Mapping[str, Any]) -> bool:
+    """Whether every tensor of ``module.state_dict(keep_vars=True)`` is one of its parameters or buffers.
+    Not so when a state-dict hook or a patched ``state_dict`` hands out converted copies (weights kept in a
+    packed layout, or in bf16 with fp32 master copies elsewhere): writing into those copies loads nothing."""
+    own = {id(tensor) for tensor in (*module.parameters(), *module.buffers())}
+    return all(id(value) in own for value in state_dict.values() if isinstance(value, torch.Tensor))
+
+
+def _load_through_state_dict(
+    module: torch.nn.Module, paths: list[str], groups: Mapping[str, list[str]], strict: bool
+) -> None:
+    """Read the files into memory and hand them to ``module.load_state_dict``, whose own loading logic
+    converts them back (the slow path, for modules whose state dict is not their own tensors)."""
+    from safetensors.torch import load_file
+
+    values: dict[str, torch.Tensor] = {}
+    for path in paths:
+        values.update(load_file(path))
+    for name, names in groups.items():
+        if name not in values:  # a tied weight saved under another of its names
+            saved = next((other for other in names if other in values), None)
+            if saved is not None:
+                values[name] = values[saved]
+    try:
+        module.load_state_dict(values, strict=strict)
+    except RuntimeError as exc:
+        problem = " ".join(str(exc).split())
+        raise CheckpointError(
+            f"cannot load {', '.join(paths)} into {type(module).__name__}: {problem}"
+        ) from None
 
 
 def _numpy_safe_globals() -> list[Any]:

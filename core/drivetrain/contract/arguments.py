@@ -101,6 +101,12 @@ class PluginAccelerator(Protocol):
     def gradient_accumulation_steps(self) -> int: ...
 
     @property
+    def requested_plugins(self) -> tuple[str, ...]:
+        """The plugin names the script passed in ``Accelerator(plugins=[...])``. Device plugins are active
+        whenever they are installed; one that changes training acts only when named here or asked
+        through its own launch option or config key."""
+
+    @property
     def kwargs_handlers(self) -> list[Any]:
         """The ``KwargsHandler`` objects the user passed (a plugin finds its own by type)"""
 

@@ -77,6 +77,14 @@ def rebind_scheduler(scheduler: Any, optimizer: Any) -> None:
                     if key in old:
                         new[key] = old[key]
     scheduler.optimizer = optimizer
+    track_step_for_schedulers(optimizer)
+
+
+def track_step_for_schedulers(optimizer: Any) -> None:
+    """Wrap ``optimizer.step`` the way torch's LR schedulers do when they are built on an optimizer, unless
+    it is wrapped already. Needed when a plugin replaced the optimizer, or replaced its ``step`` in place
+    after a scheduler was built (a fused step): otherwise every ``scheduler.step()`` warns that the
+    optimizer's step was overridden or not called."""
     step = optimizer.step
     if getattr(step, "_wrapped_by_lr_sched", False):
         return

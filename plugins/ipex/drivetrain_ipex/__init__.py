@@ -1,0 +1,1 @@
+"""drivetrain-ipex: Intel Extension for PyTorch and Intel XPUs for drivetrain (see docs/ipex.md)."""
