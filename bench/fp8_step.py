@@ -80,9 +80,7 @@ def run_by_hand(steps: int, hidden: int, batch: int, device: str, convert: bool 
 
 def run_prepared(steps: int, hidden: int, batch: int, device: str) -> float:
     from drivetrain import Accelerator
-    from drivetrain.state import reset_state
 
-    reset_state()
     accelerator = Accelerator(mixed_precision="fp8", cpu=device == "cpu")
     model, optimizer, batches = build(hidden, batch, device)
     model, optimizer = accelerator.prepare(model, optimizer)

@@ -9,7 +9,6 @@ import torch
 from safetensors.torch import load_file
 
 from drivetrain import Accelerator
-from drivetrain.state import reset_state
 from drivetrain_fp8.ao import converted_layer_names
 
 STEPS = 60
@@ -51,7 +50,6 @@ def train(accelerator: Accelerator, model, optimizer, data, steps: range) -> lis
 
 
 def run(mixed_precision: str, data) -> list[float]:
-    reset_state()
     accelerator = Accelerator(mixed_precision=mixed_precision)
     model = make_model()
     model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=3e-3))
@@ -92,7 +90,6 @@ def test_save_load_resume_is_exact(tmp_path):
     plain.load_state_dict(saved)
     assert set(saved) == set(make_model().state_dict())
 
-    reset_state()
     accelerator = Accelerator(mixed_precision="fp8")
     model = make_model()
     model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=3e-3))
