@@ -24,8 +24,8 @@ def test_fp8_then_ddp_equals_one_process(launch_env):
 
 @pytest.mark.multiprocess
 def test_fp8_then_fsdp_with_float8_all_gather(launch_env, tmp_path):
-    """Converted, then sharded with FSDP2 whose all-gather sends float8 weights; trains like 1 process; a
-    sharded checkpoint resumes exactly."""
+    """Converted, then sharded with FSDP2 whose all-gather sends float8 weights; trains like 1 process;
+    save_model exports plain weights; a sharded checkpoint resumes exactly."""
     result = launch_script(
         SCRIPT, num_processes=2, args=["fsdp", str(tmp_path / "checkpoint")], env=launch_env
     )
@@ -36,6 +36,7 @@ def test_fp8_then_fsdp_with_float8_all_gather(launch_env, tmp_path):
             "float8_all_gather",
             "optimizer_holds_sharded_weights",
             "fsdp_equal_to_one_process",
+            "fsdp_save_model_plain",
             "fsdp_resume_exact",
         ],
     )

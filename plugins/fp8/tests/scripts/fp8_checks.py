@@ -12,6 +12,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import load_file
 
 from drivetrain import Accelerator, FullyShardedDataParallelPlugin
 from drivetrain_fp8.ao import convert_model_to_fp8_ao
@@ -159,6 +160,13 @@ def check_fsdp(checkpoint_dir: str) -> None:
         difference < TOLERANCE < moved / 20,
         f"(max weight difference {difference:.2e}; weights moved {moved:.2e})",
     )
+
+    # the exported weights are an ordinary model's: a plain, unconverted model loads them
+    accelerator.save_model(model, checkpoint_dir + "_model")
+    accelerator.wait_for_everyone()
+    plain = make_model()
+    plain.load_state_dict(load_file(checkpoint_dir + "_model/model.safetensors"))
+    check("fsdp_save_model_plain", max_difference(full(plain), ours) == 0.0)
 
     accelerator, model, optimizer = prepared("fsdp")
     accelerator.load_state(checkpoint_dir)
