@@ -130,6 +130,21 @@ FLAG_HELP = {
 }
 
 
+#: flag -> what its value looks like in --help
+FLAG_METAVAR = {
+    "backend": "{ao,te,msamp}",
+    "margin": "N",
+    "interval": "N",
+    "fp8_format": "{HYBRID,E4M3,E5M2}",
+    "amax_history_len": "N",
+    "amax_compute_algo": "{max,most_recent}",
+    "override_linear_precision": "FPROP,DGRAD,WGRAD",
+    "opt_level": "{O1,O2}",
+    "enable_fsdp_float8_all_gather": "{true,false}",
+    "pad_inner_dim": "{true,false}",
+}
+
+
 def _flag_name(field: str) -> str:
     # --fp8_format, not --fp8_fp8_format (Accelerate's spelling)
     return field if field.startswith("fp8_") else f"fp8_{field}"
@@ -143,7 +158,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(f"--{_flag_name(field)}", action="store_true", default=None, help=help_text)
         else:
             parser.add_argument(
-                f"--{_flag_name(field)}", type=_argparse_type(normalise), default=None, help=help_text
+                f"--{_flag_name(field)}",
+                type=_argparse_type(normalise),
+                default=None,
+                metavar=FLAG_METAVAR[field],
+                help=help_text,
             )
 
 
