@@ -34,9 +34,10 @@ PLUGIN_INFO = plugin_info(
     precisions=("fp8",),
     capabilities=Capabilities(multi_process=True, precisions=("fp8",), devices=("cpu", "cuda")),
     optional_requires={
-        "torchao": "fp8 backend 'ao' (torchao float8 training; CPU and GPU)",
-        "transformer_engine": "fp8 backend 'te' (NVIDIA TransformerEngine; NVIDIA GPU with fp8)",
-        "msamp": "fp8 backend 'msamp' (Microsoft MS-AMP; NVIDIA GPU, built from source)",
+        "torchao": "fp8 backend ao, CPU and GPU; pip install torchao",
+        "transformer_engine": "fp8 backend te, NVIDIA GPUs with fp8; "
+        "pip install --no-build-isolation transformer-engine[pytorch]",
+        "msamp": "fp8 backend msamp, NVIDIA GPUs with fp8; MS-AMP is built from source",
     },
 )
 
