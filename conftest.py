@@ -16,7 +16,7 @@ def fresh_drivetrain_state(monkeypatch):
     import torch
 
     from drivetrain.checkpoint import finishing
-    from drivetrain.plugins import reset_plugin_manager
+    from drivetrain.contract.manager import reset_plugin_manager
     from drivetrain.state import reset_state
 
     for name in list(os.environ):

@@ -13,8 +13,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from drivetrain import Accelerator, GradientAccumulationPlugin
 from drivetrain.errors import ConfigurationError
-from drivetrain.optimizer import AcceleratedOptimizer
-from drivetrain.scheduler import AcceleratedScheduler
+from drivetrain.training.optimizer import AcceleratedOptimizer
+from drivetrain.training.scheduler import AcceleratedScheduler
 from drivetrain.utils import set_seed
 
 ROOT = Path(__file__).resolve().parents[1]

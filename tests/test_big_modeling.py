@@ -248,7 +248,7 @@ def test_dispatch_model_on_loaded_model_writes_disk_weights(tmp_path) -> None:
 
 
 def test_missing_plugin_says_how_to_install(monkeypatch) -> None:
-    from drivetrain.plugins import reset_plugin_manager
+    from drivetrain.contract.manager import reset_plugin_manager
 
     monkeypatch.setenv("DRIVETRAIN_LOAD_PLUGINS", "local")
     reset_plugin_manager()

@@ -21,7 +21,6 @@ from drivetrain.checkpoint.model_files import write_model_files
 from drivetrain.checkpoint.serialization import (
     deduplicate_shared,
     load_safetensors_into_module,
-    parse_size,
     plan_shards,
     safe_load,
     save_safetensors,
@@ -29,6 +28,7 @@ from drivetrain.checkpoint.serialization import (
 from drivetrain.checkpoint.training_objects import torch_save_into_checkpoint
 from drivetrain.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 from drivetrain.errors import CheckpointError
+from drivetrain.units import parse_size
 
 
 class TiedModel(torch.nn.Module):
@@ -115,13 +115,13 @@ def test_non_tensor_values_are_refused_by_the_safe_writer():
     ],
 )
 def test_parse_size(text, expected):
-    assert parse_size(text) == expected
+    assert parse_size(text, what="max_shard_size", allow_zero=False) == expected
 
 
 @pytest.mark.parametrize("bad", ["5 parsecs", "", "-3MB", 0, True, "MB"])
 def test_parse_size_rejects_with_the_valid_forms(bad):
     with pytest.raises(ValueError, match="max_shard_size=.*'10GB'"):
-        parse_size(bad)
+        parse_size(bad, what="max_shard_size", allow_zero=False)
 
 
 def test_shard_plan_respects_limit_and_isolates_oversized_tensors():
@@ -315,7 +315,7 @@ class _Trusted:
 def test_rng_states_load_safely():
     import io
 
-    from drivetrain.random import capture_rng_state
+    from drivetrain.operations.random import capture_rng_state
 
     buffer = io.BytesIO()
     torch.save(capture_rng_state(), buffer)

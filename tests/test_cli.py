@@ -13,7 +13,8 @@ import yaml
 
 from drivetrain.commands.launch import build_parser, first_host, resolve_plan, slurm_settings
 from drivetrain.commands.main import main
-from drivetrain.config_file import load_config
+from drivetrain.config.file import load_config
+from drivetrain.errors import ConfigurationError
 
 
 @pytest.fixture
@@ -51,15 +52,35 @@ def test_plugins_lists_local_and_ddp_with_hooks_and_json(capsys):
 
 
 def test_plugins_reports_missing_library(capsys):
-    from drivetrain.plugins import PluginInfo, get_plugin_manager
+    from drivetrain.contract.info import PluginInfo
+    from drivetrain.contract.manager import get_plugin_manager
 
     class Broken:
-        PLUGIN_INFO = PluginInfo(kind="feature", requires=("no_such_library_xyz",))
+        PLUGIN_INFO = PluginInfo(
+            kind="feature",
+            requires=("no_such_library_xyz",),
+            optional_requires={"json": "reading JSON", "no_such_extra_xyz": "the extra backend"},
+        )
 
     get_plugin_manager().register("needs-lib", Broken())
     assert main(["plugins"]) == 0
     out = capsys.readouterr().out
-    assert "needs-lib" in out and "UNAVAILABLE: no_such_library_xyz does not import" in out
+    assert "needs-lib" in out and "UNAVAILABLE: no_such_library_xyz is not installed" in out
+    assert "json (reading JSON): installed" in out
+    assert "no_such_extra_xyz (the extra backend): no_such_extra_xyz is not installed" in out
+
+
+def test_listing_plugins_imports_no_backend_library():
+    # Whether a plugin's library is installed is read from package metadata, not by importing it (DeepSpeed
+    # takes seconds to import and prints on stdout).
+    code = (
+        "import sys; from drivetrain.commands.main import main; main(['plugins']); "
+        "print('IMPORTED', sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('deepspeed', 'torch_xla', 'intel_extension_for_pytorch', 'megatron', 'torchao', 'transformer_engine')))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "IMPORTED []" in result.stdout
+    assert "deepspeed" in result.stdout.split("IMPORTED")[0]  # listed all the same
 
 
 def test_env_shows_config_in_effect(config_dir, capsys):
@@ -83,7 +104,7 @@ def test_user_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (
             ["launch", "--mixed_precision", "fp12", "x.py"],
-            "--mixed_precision must be one of no, fp16, bf16, fp8",
+            "--mixed_precision must be one of no, fp8, fp16, bf16",
         ),
         (["launch", "--backend", "nope", "x.py"], "unknown drivetrain plugin 'nope'; installed: "),
         (["launch", "--config_file", str(bad_file), "x.py"], "did you mean 'num_processes'?"),
@@ -128,7 +149,7 @@ def test_help_groups_options_by_topic(capsys):
 
 def test_plugin_commands_are_listed_with_their_plugin_and_run(capsys):
     from drivetrain import hookimpl
-    from drivetrain.plugins import get_plugin_manager
+    from drivetrain.contract.manager import get_plugin_manager
 
     calls = []
 
@@ -161,7 +182,7 @@ def test_config_questionnaire_through_a_pipe(config_dir, capsys):
     import io
 
     from drivetrain.commands.config import Questions, questionnaire
-    from drivetrain.commands.main import UsageError
+    from drivetrain.commands.parsing import UsageError
 
     with pytest.raises(UsageError, match="no answer to 'How many processes"):
         questionnaire(Questions(io.StringIO("ddp\nmany\n1\nyes\n").readline))
@@ -182,7 +203,11 @@ def test_config_default_and_update_accelerate_file(config_dir, tmp_path, capsys)
         "tpu_env: []\ntpu_use_cluster: false\ntpu_use_sudo: false\nuse_cpu: false\n"
         "dynamo_config:\n  dynamo_backend: INDUCTOR\n"
     )
-    loaded = load_config(accelerate_file)
+    from drivetrain.contract.manager import get_plugin_manager
+
+    # The installed fsdp plugin declares distributed_type FSDP and its section fsdp_config.
+    declarations = get_plugin_manager().config_declarations()
+    loaded = load_config(accelerate_file, plugins=declarations)
     assert loaded.format == "accelerate"
     # Accelerate's always-written "no choice" values (mixed_precision: no, use_cpu: false) are dropped
     assert loaded.values == {
@@ -197,7 +222,17 @@ def test_config_default_and_update_accelerate_file(config_dir, tmp_path, capsys)
     }
     assert main(["config", "update", "--config_file", str(accelerate_file)]) == 0
     assert load_config(accelerate_file).format == "drivetrain"
-    assert load_config(accelerate_file).values == loaded.values
+    assert load_config(accelerate_file, plugins=declarations).values == loaded.values
+    # Without the plugin that answers it, Accelerate's distributed_type is an error naming what to install.
+    megatron_file = tmp_path / "megatron.yaml"
+    megatron_file.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MEGATRON_LM\n")
+    declarations.distributed_types.pop("MEGATRON_LM", None)
+    with pytest.raises(
+        ConfigurationError,
+        match="distributed_type MEGATRON_LM needs a plugin that is not "
+        "installed: pip install drivetrain-megatron",
+    ):
+        load_config(megatron_file, plugins=declarations)
 
 
 def test_launch_precedence_flag_over_file_over_default(tmp_path, config_dir):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from drivetrain.plugins import HOOK_SPECS
+from drivetrain.contract.manager import HOOK_SPECS
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOK_DOCS = ROOT / "docs" / "hooks.md"
@@ -64,14 +64,17 @@ def test_docs_document_no_hook_that_does_not_exist():
     assert set(_documented_signatures()) <= set(HOOK_SPECS)
 
 
-def test_every_spec_says_how_it_is_called():
-    from drivetrain import hookspecs
+def test_every_spec_says_how_it_is_called_and_the_kernel_reads_that_from_the_spec():
+    from drivetrain.contract import hookspecs
 
+    words = {"first": "**first result**", "chain": "**chain**", "broadcast": "**broadcast**"}
     for hook in HOOK_SPECS:
         doc = getattr(hookspecs, hook).__doc__
-        assert re.search(r"\*\*(first result|chain|broadcast)\*\*", doc), hook
+        style, chained = hookspecs.HOOK_STYLES[hook]
+        assert words[style] in doc, f"{hook}: the spec is {style} but its docstring does not say so"
         firstresult = getattr(hookspecs, hook).drivetrain_spec["firstresult"]
-        assert firstresult == ("**first result**" in doc), hook
+        assert firstresult == (style == "first"), hook
+        assert (chained in HOOK_SPECS[hook]) if style == "chain" else chained is None, hook
 
 
 BACKEND_LIBRARIES = (

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from drivetrain import hookimpl
-from drivetrain.plugins import PluginInfo, get_plugin_manager
-from drivetrain.state import DistributedEnvironment
+from drivetrain.contract.environment import DistributedEnvironment
+from drivetrain.contract.info import PluginInfo
+from drivetrain.contract.manager import get_plugin_manager
 
 
 def _plugin(kind: str, **hooks):
@@ -310,3 +311,147 @@ def test_hook_load_state_local_restores_model_optimizer_and_scheduler(tmp_path):
     assert torch.equal(model.weight, saved_weight)
     assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], saved_moment)
     assert scheduler.scheduler.last_epoch == 1
+
+
+# -- contract 1.1: what reaches a hook as an argument instead of a private attribute ---------------------------
+def test_hook_setup_process_group_receives_the_parallelism_config_and_reports_data_shards():
+    from drivetrain import Accelerator
+    from drivetrain.config.parallelism import ParallelismConfig
+
+    received = []
+
+    def setup_process_group(parallelism):
+        received.append(parallelism)
+        # Four processes in two tensor-parallel pairs: this process is in the second data share.
+        return DistributedEnvironment(num_processes=1, data_parallel_size=2, data_parallel_rank=1)
+
+    _toy_backend(setup_process_group=setup_process_group)
+    config = ParallelismConfig(tp_size=2, dp_shard_size=2)
+    accelerator = Accelerator(backend="toy", parallelism_config=config)
+    assert received == [config]
+    options = accelerator.sharding_options(device_placement=True)
+    assert (options.num_processes, options.process_index) == (2, 1)
+    # The reference backend shards by those coordinates: the second of two shares of 8 samples, batches of 2.
+    loader = accelerator.prepare(torch.utils.data.DataLoader(torch.arange(8), batch_size=2))
+    assert [batch.tolist() for batch in loader] == [[2, 3], [6, 7]]
+
+
+def test_hook_shard_dataloader_receives_the_sharding_options():
+    seen = []
+
+    def shard_dataloader(dataloader, options):
+        seen.append(options)
+        return None  # the reference backend shards
+
+    _toy_backend(shard_dataloader=shard_dataloader)
+    from drivetrain import Accelerator, DataLoaderConfiguration
+
+    accelerator = Accelerator(backend="toy", dataloader_config=DataLoaderConfiguration(even_batches=False))
+    loader = accelerator.prepare(torch.utils.data.DataLoader(list(range(4)), batch_size=2))
+    assert [batch.tolist() for batch in loader] == [[0, 1], [2, 3]]
+    assert seen[0].even_batches is False and seen[0].device == accelerator.device
+    assert seen[0].to_kwargs()["rng_types"] == ["generator"]
+
+
+def test_hook_save_state_receives_weights_from_pre_hooks_and_save_kwargs(tmp_path):
+    seen = {}
+
+    def save_state(output_dir, weights, save_kwargs):
+        seen.update(weights=[sorted(state) for state in weights], save_kwargs=save_kwargs)
+        return None  # the reference backend writes the files
+
+    _toy_backend(save_state=save_state)
+    from drivetrain import Accelerator
+
+    accelerator = Accelerator(backend="toy")
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    accelerator.register_save_state_pre_hook(lambda models, weights, output_dir: weights[0].pop("bias"))
+    accelerator.save_state(str(tmp_path / "ckpt"), blocking=True, exclude_frozen_parameters=True)
+    assert seen == {"weights": [["weight"]], "save_kwargs": {"exclude_frozen_parameters": True}}
+    from safetensors.torch import load_file
+
+    assert sorted(load_file(str(tmp_path / "ckpt" / "model.safetensors"))) == ["weight"]
+    assert model.bias is not None
+
+
+def test_hook_load_state_receives_load_kwargs_and_waits_for_verification_only_when_asked(tmp_path):
+    from drivetrain import Accelerator
+
+    events = []
+
+    def reads_then_verifies(input_dir, load_kwargs, verified):
+        events.append(("called", dict(load_kwargs)))
+        verified()
+        events.append("verified")
+        return None  # the reference backend restores the objects
+
+    _toy_backend(load_state=reads_then_verifies)
+    accelerator = Accelerator(backend="toy")
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    folder = accelerator.save_state(str(tmp_path / "ckpt"))
+    saved = model.weight.detach().clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    accelerator.load_state(folder, load_kwargs={"mmap": False})
+    assert events == [("called", {"mmap": False}), "verified"]
+    assert torch.equal(model.weight, saved)
+
+    # A damaged file: the hook that calls verified() is told so, and nothing is applied.
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"garbage")
+    from drivetrain.errors import CheckpointError
+
+    before = model.weight.detach().clone()
+    with pytest.raises(CheckpointError):
+        accelerator.load_state(folder)
+    assert torch.equal(model.weight, before)
+
+
+def test_hook_wrap_optimizer_replacement_gets_the_users_scheduler():
+    """A backend that returns another optimizer object: the scheduler the user built on the original is
+    rebound to it, so the learning rate of the optimizer that steps changes."""
+
+    def wrap_optimizer(optimizer):
+        return torch.optim.SGD(optimizer.param_groups[0]["params"], lr=optimizer.param_groups[0]["lr"])
+
+    _toy_backend(wrap_optimizer=wrap_optimizer)
+    from drivetrain import Accelerator
+
+    accelerator = Accelerator(backend="toy")
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5**step)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    for _ in range(2):
+        accelerator.backward(model(torch.ones(1, 2)).sum())
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    assert optimizer.optimizer.param_groups[0]["lr"] == pytest.approx(0.25)
+
+
+def test_hook_implementations_may_not_reorder_themselves():
+    from drivetrain.errors import PluginError
+
+    plugin = types.SimpleNamespace(PLUGIN_INFO=PluginInfo(kind="feature"))
+    plugin.wrap_model = hookimpl(tryfirst=True)(lambda model: None)
+    with pytest.raises(PluginError, match="tryfirst=True.*order of plugins follows their kind"):
+        get_plugin_manager().register("eager", plugin)
+
+
+def test_hook_styles_come_from_the_specs():
+    from drivetrain.contract.hookspecs import HOOK_STYLES
+
+    assert HOOK_STYLES["wrap_model"] == ("chain", "model")
+    assert HOOK_STYLES["wrap_optimizer"] == ("chain", "optimizer")
+    assert HOOK_STYLES["register_extensions"] == ("broadcast", None)
+    assert {hook for hook, (style, _) in HOOK_STYLES.items() if style == "first"} == {
+        "detect_device",
+        "setup_process_group",
+        "shard_dataloader",
+        "autocast",
+        "backward",
+        "clip_grad_norm",
+        "save_state",
+        "load_state",
+        "dispatch_module",
+    }

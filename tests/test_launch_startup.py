@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from drivetrain.plugins import ENTRY_POINT_GROUP
+from drivetrain.contract.info import ENTRY_POINT_GROUP
 
 PROBE = """
 import json, os, sys
@@ -133,7 +133,8 @@ def test_a_backend_launcher_gets_every_plugin_option(tmp_path, monkeypatch):
     though the command line was parsed with the kernel's options only."""
     from drivetrain import hookimpl
     from drivetrain.commands.launch import main
-    from drivetrain.plugins import PluginInfo, get_plugin_manager
+    from drivetrain.contract.info import PluginInfo
+    from drivetrain.contract.manager import get_plugin_manager
 
     seen = []
 

@@ -1,4 +1,4 @@
-"""drivetrain.operations and drivetrain.random in one process: nested structures, identities, seeding."""
+"""drivetrain.operations and drivetrain.operations.random in one process: nested structures, identities, seeding."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from drivetrain import operations as ops
-from drivetrain.random import (
+from drivetrain.operations.random import (
     capture_rng_state,
     restore_rng_state,
     set_seed,

@@ -9,8 +9,10 @@ import types
 import pytest
 
 from drivetrain import hookimpl
+from drivetrain.contract.exports import resolve_export
+from drivetrain.contract.info import PluginInfo
+from drivetrain.contract.manager import get_plugin_manager, validate_plugin
 from drivetrain.errors import PluginError
-from drivetrain.plugins import PluginInfo, get_plugin_manager, resolve_export, validate_plugin
 
 
 def _run_python(code: str, **env: str) -> str:
@@ -173,3 +175,47 @@ def test_unknown_attribute_is_an_attribute_error():
 
     with pytest.raises(AttributeError):
         drivetrain.NotAThing  # noqa: B018
+
+
+def test_a_contract_1_0_import_path_still_works_and_names_its_new_place():
+    code = (
+        "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+        "try:\n"
+        "    from drivetrain.plugins import PluginInfo\n"
+        "except DeprecationWarning as w:\n"
+        "    print('WARNED', w)\n"
+        "warnings.simplefilter('ignore')\n"
+        "from drivetrain.plugins import PluginInfo\n"
+        "from drivetrain.plugin_api import PluginInfo as Current\n"
+        "print('SAME', PluginInfo is Current)\n"
+    )
+    out = _run_python(code)
+    assert "WARNED drivetrain.plugins moved to drivetrain.plugin_api" in out and "SAME True" in out
+
+
+def test_a_removed_plugin_info_field_is_a_clear_error(tmp_path):
+    from drivetrain.testing import install_plugin_for_test
+
+    env = install_plugin_for_test(
+        tmp_path,
+        "old",
+        "from drivetrain.plugin_api import PluginInfo\nPLUGIN_INFO = PluginInfo(kind='backend', config_class=dict)\n",
+        distribution="old-plugin",
+    )
+    out = _run_python("from drivetrain.commands.main import main; main(['plugins'])", **env)
+    line = next(line for line in out.splitlines() if line.startswith("old "))
+    assert "UNAVAILABLE" in line and "(distribution old-plugin 0.1)" in line
+    assert "'config_class' was removed in contract 1.1: delete it" in line
+
+
+def test_accelerator_on_one_process_imports_no_other_plugin_module_and_no_service_it_does_not_use():
+    loaded = _run_python(
+        "import sys, torch\n"
+        "from drivetrain import Accelerator\n"
+        "after_import = sorted(m for m in sys.modules if m.startswith(('drivetrain.big_modeling', "
+        "'drivetrain.checkpoint', 'drivetrain.commands', 'drivetrain.config.file')))\n"
+        "a = Accelerator(cpu=True)\n"
+        "model = a.prepare(torch.nn.Linear(2, 2))\n"
+        "print(after_import, sorted(m for m in sys.modules if m.startswith('drivetrain_')))\n"
+    )
+    assert loaded == "[] []"

@@ -9,9 +9,11 @@ import attrs
 import pytest
 
 from drivetrain import hookimpl
+from drivetrain.contract.environment import DistributedEnvironment
+from drivetrain.contract.info import PluginInfo
+from drivetrain.contract.manager import get_plugin_manager
 from drivetrain.errors import ConfigurationError, PluginError
-from drivetrain.plugins import PluginInfo, get_plugin_manager
-from drivetrain.state import AcceleratorState, DistributedEnvironment, PartialState, reset_state
+from drivetrain.state import AcceleratorState, PartialState, reset_state
 
 
 @attrs.define
@@ -21,7 +23,7 @@ class ToyConfig:
 
 
 def _register_toy_backend():
-    plugin = types.SimpleNamespace(PLUGIN_INFO=PluginInfo(kind="backend", config_class=ToyConfig))
+    plugin = types.SimpleNamespace(PLUGIN_INFO=PluginInfo(kind="backend"))
 
     @hookimpl
     def setup_process_group():
@@ -143,7 +145,7 @@ def test_fp8_without_a_precision_plugin_says_what_to_install(monkeypatch):
 
 def test_local_refuses_several_processes_with_a_fix(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(RuntimeError, match="--backend ddp"):
+    with pytest.raises(RuntimeError, match="pick a multi-process backend with `--backend NAME`"):
         PartialState(backend="local")
 
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from drivetrain import Accelerator, hookimpl
-from drivetrain.enums import LoggerType
+from drivetrain.config.enums import LoggerType
+from drivetrain.contract.manager import get_plugin_manager
 from drivetrain.errors import ConfigurationError
-from drivetrain.plugins import get_plugin_manager
 from drivetrain.tracking import GeneralTracker, on_main_process, resolve_log_with, validate_log_with
 
 
@@ -211,7 +211,7 @@ MULTIPROCESS_SCRIPT = textwrap.dedent(
     sys.path.insert(0, {tests_dir!r})
     from test_tracking import JsonLinesTracker
     from drivetrain import Accelerator, hookimpl
-    from drivetrain.plugins import get_plugin_manager
+    from drivetrain.contract.manager import get_plugin_manager
 
     class EveryRank(JsonLinesTracker):
         name = "everyrank"

@@ -37,6 +37,18 @@ class ConformanceNet(torch.nn.Module):
         return self.out(torch.tanh(self.hidden(x)))
 
 
+def reference_loader(dataloader: Any, accelerator: Any) -> Any:
+    """``dataloader`` sharded the way the reference backend shards it (not through the backend under test)."""
+    from drivetrain.plugin_api import ShardingOptions, prepare_data_loader
+
+    options = ShardingOptions(
+        device=accelerator.device,
+        num_processes=accelerator.num_processes,
+        process_index=accelerator.process_index,
+    )
+    return prepare_data_loader(dataloader, **options.to_kwargs())
+
+
 def make_model() -> ConformanceNet:
     torch.manual_seed(0)
     return ConformanceNet()
@@ -53,7 +65,7 @@ class Context:
     """What a check needs: the backend under test, this process's place, and a place to record tensors."""
 
     def __init__(self, backend: str, info: Any, workdir: str) -> None:
-        from drivetrain.state import PartialState
+        from drivetrain.plugin_api import PartialState
 
         state = PartialState(cpu=True, backend=backend)
         self.backend = backend
@@ -65,7 +77,7 @@ class Context:
         self.x, self.y = make_data()
 
     def accelerator(self, **kwargs: Any) -> Any:
-        from drivetrain import Accelerator
+        from drivetrain.plugin_api import Accelerator
 
         return Accelerator(backend=self.backend, cpu=True, **kwargs)
 
@@ -227,10 +239,8 @@ def gradient_accumulation(ctx: Context) -> str:
 
     # The end of the data loader forces a sync (loader prepared by the reference backend: this property
     # is about accumulation, dataloader_modes checks the backend's own loaders).
-    from drivetrain.backends import local
-
     dataset = torch.utils.data.TensorDataset(ctx.x[: 6 * ctx.processes], ctx.y[: 6 * ctx.processes])
-    loader = local.shard_dataloader(torch.utils.data.DataLoader(dataset, batch_size=2), accelerator, True)
+    loader = reference_loader(torch.utils.data.DataLoader(dataset, batch_size=2), accelerator)
     flags = []
     for batch in loader:
         with accelerator.accumulate(model):
@@ -317,7 +327,7 @@ def collectives(ctx: Context) -> str:
     _expect("gather of a nested structure", nested["a"], in_order)
     _expect("gather of a nested structure", nested["b"][0], in_order * 2)
 
-    from drivetrain import operations
+    from drivetrain import utils as operations
 
     _expect("gather_object", operations.gather_object([f"rank{r}"]), [f"rank{rank}" for rank in range(n)])
     _expect(
@@ -362,11 +372,9 @@ def collectives(ctx: Context) -> str:
     _expect("check_trigger once it was seen", accelerator.check_trigger(), False)
 
     # gather_for_metrics drops exactly the samples added to even out the last batch.
-    from drivetrain.backends import local
-
     count = 2 * n * PER_RANK + 3
-    loader = local.shard_dataloader(
-        torch.utils.data.DataLoader(torch.arange(count), batch_size=PER_RANK), accelerator, True
+    loader = reference_loader(
+        torch.utils.data.DataLoader(torch.arange(count), batch_size=PER_RANK), accelerator
     )
     gathered = torch.cat([accelerator.gather_for_metrics(batch) for batch in loader])
     _expect(f"gather_for_metrics over a {count}-sample loader", gathered, torch.arange(count))
@@ -397,7 +405,7 @@ class _Numbers(torch.utils.data.IterableDataset):
 def _global_batches(ctx: Context, batches: list[list[int]]) -> list[list[int]]:
     """Every rank's batches as global batches (batch ``s`` of every rank, ranks in order), gathered as
     rank-tagged objects so that the result does not depend on the gather's order."""
-    from drivetrain import operations
+    from drivetrain import utils as operations
 
     per_rank = [rank_batches for _, rank_batches in sorted(operations.gather_object([(ctx.rank, batches)]))]
     steps = max(len(rank_batches) for rank_batches in per_rank)

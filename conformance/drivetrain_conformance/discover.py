@@ -8,8 +8,7 @@ from pathlib import Path
 
 import tomllib
 
-from drivetrain.errors import PluginError
-from drivetrain.plugins import check_requirements, get_plugin_manager
+from drivetrain.plugin_api import PluginError, check_requirements, get_plugin_manager
 
 
 def repository_backends(

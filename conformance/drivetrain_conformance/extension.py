@@ -6,7 +6,7 @@ import argparse
 import json
 
 from drivetrain import hookimpl
-from drivetrain.plugins import PluginInfo
+from drivetrain.plugin_api import PluginInfo
 
 PLUGIN_INFO = PluginInfo(kind="extension", description="the conformance suite: `drivetrain conformance NAME`")
 HELP = "Check that a backend keeps the plugin contract: one verdict per property."
@@ -33,18 +33,21 @@ def register_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from drivetrain.commands.main import UsageError
+    from drivetrain.plugin_api import UsageError
     from drivetrain_conformance.runner import run_suite
 
     if args.processes < 1:
         raise UsageError(f"conformance: --processes must be 1 or more, got {args.processes}")
-    from drivetrain.plugins import get_plugin_manager, unknown_plugin_message
+    from drivetrain.plugin_api import PluginError, get_plugin_manager
     from drivetrain_conformance.targets import is_file_target
 
     manager = get_plugin_manager()
     for name in args.backends:
         if not is_file_target(name) and name not in manager.discovered():
-            raise UsageError(f"conformance: {unknown_plugin_message(name, manager.discovered())}")
+            try:
+                manager.load(name)
+            except PluginError as exc:
+                raise UsageError(f"conformance: {exc}") from None
     reports = run_suite(list(args.backends), processes=args.processes, timeout=args.timeout)
     if args.json:
         print(json.dumps([report.to_json() for report in reports.values()], indent=2))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from drivetrain.plugins import PluginInfo
+from drivetrain.plugin_api import PluginInfo
 
 #: Mixed-precision modes the reference backend ``local`` runs, hence the ones the suite has an oracle for.
 REFERENCE_PRECISIONS = ("no", "bf16", "fp16")

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drivetrain.enums import PrecisionType
-from drivetrain.errors import PluginError
-from drivetrain.hookspecs import PROJECT_NAME
-from drivetrain.plugins import HOOK_SPECS, PluginInfo
+from drivetrain.plugin_api import HOOK_SPECS, PluginError, PluginInfo, PrecisionType, hook_implementations
 from drivetrain_conformance.targets import load_target
 
 
@@ -35,9 +32,10 @@ def check_spec(spec: str) -> tuple[str | None, PluginInfo | None]:
         )
     if not info.capabilities.devices:
         problems.append("capabilities.devices is empty")
+    marked = hook_implementations(module)
     for hook in HOOK_SPECS:
         function: Any = getattr(module, hook, None)
-        if callable(function) and not hasattr(function, f"{PROJECT_NAME}_impl"):
+        if callable(function) and hook not in marked:
             problems.append(
                 f"function {hook!r} is named like a hook but lacks @hookimpl, so drivetrain never calls it"
             )

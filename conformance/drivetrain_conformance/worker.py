@@ -23,7 +23,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from drivetrain.state import PartialState, reset_state
+    from drivetrain.plugin_api import PartialState, reset_state
     from drivetrain_conformance import checks
     from drivetrain_conformance.properties import WORKER_PROPERTIES, not_applicable
     from drivetrain_conformance.targets import load_target
@@ -46,7 +46,7 @@ def main() -> None:
         reset_state()
         try:
             name, module = load_target(spec)
-            from drivetrain.plugins import PluginInfo
+            from drivetrain.plugin_api import PluginInfo
 
             info = getattr(module, "PLUGIN_INFO", None) or PluginInfo(kind="backend")
             ctx = checks.Context(name, info, args.out)

@@ -132,12 +132,14 @@ def test_rendered_template_is_a_ready_package(rendered_template, one_process):
 def test_contract_version_mismatch_is_a_clear_failure(tmp_path):
     plugin = tmp_path / "future_backend.py"
     plugin.write_text(
-        "from drivetrain.plugins import PluginInfo\nPLUGIN_INFO = PluginInfo(kind='backend', "
+        "from drivetrain.contract.manager import PluginInfo\nPLUGIN_INFO = PluginInfo(kind='backend', "
         "contract='2.0')\n"
     )
     problem, info = check_spec(str(plugin))
     assert info is None
-    assert "implements contract 2.0, but this drivetrain implements contract 1.0" in problem
+    from drivetrain.plugin_api import CONTRACT_VERSION
+
+    assert f"implements contract 2.0, but this drivetrain implements contract {CONTRACT_VERSION}" in problem
 
 
 def test_cli_prints_one_verdict_per_property_and_fails_on_a_dirty_exit(tmp_path):

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from drivetrain.hookspecs import CONTRACT_VERSION, hookimpl, hookspec
+from drivetrain.compat import moved as _moved
+from drivetrain.contract.hookspecs import CONTRACT_VERSION, hookimpl, hookspec
 
 __version__ = "0.1.0"
+
+_moved.install()  # contract 1.0's module paths still import, with a warning naming the new one
 
 _EXPORTS = {
     "Accelerator": "drivetrain.accelerator",
@@ -17,19 +20,19 @@ _EXPORTS = {
     "AcceleratorState": "drivetrain.state",
     "GradientState": "drivetrain.state",
     "reset_state": "drivetrain.state",
-    "DistributedType": "drivetrain.enums",
-    "PrecisionType": "drivetrain.enums",
-    "DataLoaderConfiguration": "drivetrain.configuration",
-    "ProjectConfiguration": "drivetrain.configuration",
-    "GradientAccumulationPlugin": "drivetrain.configuration",
-    "TorchDynamoPlugin": "drivetrain.configuration",
-    "AutocastKwargs": "drivetrain.kwargs_handlers",
-    "GradScalerKwargs": "drivetrain.kwargs_handlers",
-    "InitProcessGroupKwargs": "drivetrain.kwargs_handlers",
-    "ProfileKwargs": "drivetrain.kwargs_handlers",
-    "find_executable_batch_size": "drivetrain.memory",
-    "synchronize_rng_states": "drivetrain.random",
-    "skip_first_batches": "drivetrain.data_loader",
+    "DistributedType": "drivetrain.config.enums",
+    "PrecisionType": "drivetrain.config.enums",
+    "DataLoaderConfiguration": "drivetrain.config.dataclasses",
+    "ProjectConfiguration": "drivetrain.config.dataclasses",
+    "GradientAccumulationPlugin": "drivetrain.config.dataclasses",
+    "TorchDynamoPlugin": "drivetrain.config.dataclasses",
+    "AutocastKwargs": "drivetrain.config.kwargs_handlers",
+    "GradScalerKwargs": "drivetrain.config.kwargs_handlers",
+    "InitProcessGroupKwargs": "drivetrain.config.kwargs_handlers",
+    "ProfileKwargs": "drivetrain.config.kwargs_handlers",
+    "find_executable_batch_size": "drivetrain.operations.memory",
+    "synchronize_rng_states": "drivetrain.operations.random",
+    "skip_first_batches": "drivetrain.data",
     "notebook_launcher": "drivetrain.launchers",
     "debug_launcher": "drivetrain.launchers",
     "init_empty_weights": "drivetrain.big_modeling",
@@ -45,7 +48,7 @@ __all__ = ["CONTRACT_VERSION", "hookimpl", "hookspec", *_EXPORTS]
 
 
 def __getattr__(name: str) -> Any:
-    from drivetrain._lazy import lazy_getattr
+    from drivetrain.contract.exports import lazy_getattr
 
     value = lazy_getattr(__name__, {key: f"{module}:{key}" for key, module in _EXPORTS.items()}, name)
     globals()[name] = value

@@ -1,46 +1,56 @@
 """The Accelerator: the facade a training script talks to.
 
-It resolves settings, owns the active plugin stack, and turns each call into hook calls. Areas with their own
-files contribute their methods as mixins: checkpoints (``checkpointing.CheckpointingMixin``), experiment
-tracking (``tracking.TrackingMixin``) and profiling (``profiling.ProfilingMixin``).
+It resolves settings, owns the active plugin stack, and turns each call into hook calls. Checkpoints are an
+object of their own (:class:`~drivetrain.checkpoint.checkpointer.Checkpointer`, ``accelerator.checkpointer``);
+experiment tracking (``tracking.TrackingMixin``) and profiling (``training.profiling.ProfilingMixin``) add
+their methods as mixins.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import gc
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
-from drivetrain import operations, settings
-from drivetrain.checkpoint.finishing import FinishingSave
-from drivetrain.checkpointing import CheckpointingMixin
-from drivetrain.compat import BACKEND_CONFIG_KWARGS
-from drivetrain.configuration import (
+from drivetrain import operations
+from drivetrain.compat.names import BACKEND_CONFIG_KWARGS
+from drivetrain.config import sources
+from drivetrain.config.dataclasses import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
-from drivetrain.enums import DistributedType, RNGType
+from drivetrain.config.enums import DistributedType, RNGType
+from drivetrain.config.kwargs_handlers import (
+    AutocastKwargs,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+)
+from drivetrain.contract.arguments import PreparedObjects, ShardingOptions
 from drivetrain.errors import ConfigurationError
-from drivetrain.kwargs_handlers import AutocastKwargs, GradScalerKwargs, InitProcessGroupKwargs, KwargsHandler
-from drivetrain.memory import empty_device_cache
-from drivetrain.modeling import (
+from drivetrain.operations.memory import empty_device_cache
+from drivetrain.state import AcceleratorState, GradientState
+from drivetrain.tracking import TrackingMixin, validate_log_with
+
+if TYPE_CHECKING:
+    from drivetrain.checkpoint.checkpointer import Checkpointer
+from drivetrain.training.modeling import (
     ORIGINAL_FORWARD_ATTRIBUTE,
     extract_model_from_parallel,
     patch_forward_with_autocast,
     remember_original,
 )
-from drivetrain.optimizer import AcceleratedOptimizer
-from drivetrain.profiling import ProfilingMixin
-from drivetrain.scheduler import AcceleratedScheduler
-from drivetrain.state import AcceleratorState, GradientState
-from drivetrain.tracking import TrackingMixin, validate_log_with
+from drivetrain.training.optimizer import AcceleratedOptimizer
+from drivetrain.training.profiling import ProfilingMixin
+from drivetrain.training.scheduler import AcceleratedScheduler, rebind_scheduler
 
 
 def _backend_config_from(backend_config: Any, named: dict[str, Any], deepspeed_plugins: Any) -> Any:
@@ -77,7 +87,7 @@ class _ConfigGroup(dict):
         self.backend_name = backend_name
 
 
-class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
+class Accelerator(TrackingMixin, ProfilingMixin):
     """Run one training script unchanged on one CPU, many GPUs or any backend plugin.
 
     The constructor takes Accelerate's arguments plus ``backend`` (a plugin name), ``backend_config`` (a
@@ -122,7 +132,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
         if dynamo_plugin is not None and dynamo_backend is not None:
             raise ConfigurationError("pass either dynamo_backend or dynamo_plugin, not both")
         if dynamo_plugin is None:
-            dynamo_setting = settings.resolve("dynamo_backend", dynamo_backend, default="no")
+            dynamo_setting = sources.resolve("dynamo_backend", dynamo_backend, default="no")
             dynamo_plugin = TorchDynamoPlugin(backend=dynamo_setting.value)
         init_handler = self._handler(InitProcessGroupKwargs)
         self.state = AcceleratorState(
@@ -134,6 +144,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
             dynamo_plugin=dynamo_plugin,
             _from_accelerator=True,
             init_kwargs=init_handler.to_kwargs() if init_handler else {},
+            parallelism_config=parallelism_config,
         )
         self._plugins = self.state.plugins
 
@@ -144,11 +155,11 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
                     "GradientAccumulationPlugin, not both"
                 )
         else:
-            steps = settings.resolve(
+            steps = sources.resolve(
                 "gradient_accumulation_steps",
                 gradient_accumulation_steps if gradient_accumulation_steps != 1 else None,
                 default=1,
-                convert=settings.to_int,
+                convert=sources.to_int,
             ).value
             if steps < 1:
                 raise ConfigurationError(f"gradient_accumulation_steps must be >= 1, got {steps}")
@@ -177,19 +188,11 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
         self.rng_types = self._check_rng_types(rng_types)
         self.scaler = self._make_grad_scaler()
 
-        # -- what prepare() has seen, in order (checkpointing walks these) ---------------------------------
-        self._models: list[torch.nn.Module] = []
-        self._optimizers: list[AcceleratedOptimizer] = []
-        self._schedulers: list[AcceleratedScheduler] = []
-        self._dataloaders: list[Any] = []
-        self._custom_objects: list[Any] = []
-        self._save_state_pre_hooks: dict[int, Callable] = collections.OrderedDict()
-        self._finishing_save: FinishingSave | None = None
-        self._load_state_pre_hooks: dict[int, Callable] = collections.OrderedDict()
-        #: optimizers and data loaders of the prepare() call in progress: models are wrapped first, and a
-        #: backend may need them then (DeepSpeed builds its engine with the optimizer and reads the batch size)
-        self.pending_optimizers: list[torch.optim.Optimizer] = []
-        self.pending_dataloaders: list[Any] = []
+        #: what prepare() has seen, in order (plugins and checkpoints read it)
+        self.prepared = PreparedObjects()
+        #: the user's optimizers that a plugin replaced by another object -> the replacement
+        self._replaced_optimizers: dict[int, Any] = {}
+        self._checkpointer: Checkpointer | None = None
         self.flag_tensor: torch.Tensor | None = None
         self.step = 0
 
@@ -197,7 +200,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
         self._log_with = log_with
         self.trackers: list[Any] = []
 
-        self._backward_hook = self._plugins.first_callable("backward")
+        self._backward_hook = self._plugins.caller("backward")
         self._autocast_kwargs = (self._handler(AutocastKwargs) or AutocastKwargs()).to_kwargs()
 
     # ---------------------------------------------------------------------------------------------------------
@@ -238,30 +241,32 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
         return checked
 
     def _make_grad_scaler(self) -> Any:
-        if self.state.mixed_precision != "fp16" or self._plugins_info(self.backend).manages_precision:
+        if self.state.mixed_precision != "fp16" or self.state.backend_info.manages_precision:
             # A backend that manages precision (DeepSpeed's engine) scales the loss itself.
             return None
         handler = self._handler(GradScalerKwargs)
         kwargs = handler.to_kwargs() if handler else {}
         return torch.amp.GradScaler(self.device.type, **kwargs)
 
-    def _dataloader_options(self, device_placement: bool) -> dict[str, Any]:
-        """Keyword arguments of ``drivetrain.data_loader.prepare_data_loader`` for this Accelerator."""
+    def sharding_options(self, device_placement: bool) -> ShardingOptions:
+        """How this process's share of a data loader is cut (the ``options`` of ``shard_dataloader``): the
+        environment's data-parallel size and rank, and the ``dataloader_config`` settings."""
         config = self.dataloader_config
-        return {
-            "device": self.device,
-            "num_processes": self.num_processes,
-            "process_index": self.process_index,
-            "split_batches": config.split_batches,
-            "put_on_device": device_placement,
-            "rng_types": list(self.rng_types),
-            "dispatch_batches": config.dispatch_batches,
-            "even_batches": config.even_batches,
-            "use_seedable_sampler": config.use_seedable_sampler,
-            "data_seed": config.data_seed,
-            "non_blocking": config.non_blocking,
-            "use_stateful_dataloader": config.use_stateful_dataloader,
-        }
+        shares, share = self.state.environment.data_shards
+        return ShardingOptions(
+            device=self.device,
+            num_processes=shares,
+            process_index=share,
+            split_batches=config.split_batches,
+            put_on_device=device_placement,
+            rng_types=tuple(self.rng_types),
+            dispatch_batches=config.dispatch_batches,
+            even_batches=config.even_batches,
+            use_seedable_sampler=config.use_seedable_sampler,
+            data_seed=config.data_seed,
+            non_blocking=config.non_blocking,
+            use_stateful_dataloader=config.use_stateful_dataloader,
+        )
 
     if not TYPE_CHECKING:  # type checkers keep flagging misspelt attributes; plugin names are dynamic
 
@@ -272,7 +277,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
                 return object.__getattribute__(self, name)  # a property failed: raise its own error
             if name.startswith("_") or "state" not in self.__dict__:
                 raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-            from drivetrain.plugins import registered_attribute
+            from drivetrain.contract.exports import registered_attribute
 
             return registered_attribute(name, self.state, type(self).__name__, on_accelerator=True)
 
@@ -362,7 +367,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
-        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
+        return any(optimizer.step_was_skipped for optimizer in self.prepared.optimizers)
 
     def __repr__(self) -> str:
         return f"Accelerator(backend={self.backend!r}, device={self.device}, processes={self.num_processes})"
@@ -383,16 +388,17 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
                 f"device_placement has {len(device_placement)} entries but prepare() got {len(args)} objects"
             )
         results = list(args)
-        self.pending_optimizers = [obj for obj in args if _kind_of(obj) == "optimizer"]
-        self.pending_dataloaders = [obj for obj in args if _kind_of(obj) == "dataloader"]
+        prepared = self.prepared
+        prepared.pending_optimizers = [obj for obj in args if _kind_of(obj) == "optimizer"]
+        prepared.pending_dataloaders = [obj for obj in args if _kind_of(obj) == "dataloader"]
         try:
             for kind in ("model", "optimizer", "scheduler", "dataloader"):
                 for index, (obj, placement) in enumerate(zip(args, device_placement)):
                     if _kind_of(obj) == kind:
                         results[index] = self._prepare_one(kind, obj, placement)
         finally:
-            self.pending_optimizers = []
-            self.pending_dataloaders = []
+            prepared.pending_optimizers = []
+            prepared.pending_dataloaders = []
         return results[0] if len(results) == 1 else tuple(results)
 
     def _prepare_one(self, kind: str, obj: Any, device_placement: bool | None) -> Any:
@@ -411,20 +417,20 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
         if device_placement is None:
             device_placement = self.device_placement
         original = model
-        backend_info = self._plugins_info(self.backend)
+        backend_info = self.state.backend_info
         spans_devices = len(set(getattr(model, "hf_device_map", {}).values())) > 1
         if device_placement and not backend_info.places_model and not spans_devices:
             model = model.to(self.device)
         if self.mixed_precision in ("fp16", "bf16") and ORIGINAL_FORWARD_ATTRIBUTE not in model.__dict__:
             patch_forward_with_autocast(model, self.autocast)
-        model = self._plugins.chain(
-            "wrap_model", "model", model, accelerator=self, evaluation_mode=evaluation_mode
+        model = self._plugins.call(
+            "wrap_model", model=model, accelerator=self, evaluation_mode=evaluation_mode
         )
         remember_original(model, original)
         dynamo = self.state.dynamo_plugin
         if dynamo is not None and dynamo.enabled:
             model = torch.compile(model, **dynamo.to_compile_kwargs())  # type: ignore[assignment]
-        self._models.append(model)
+        self.prepared.models.append(model)
         return model
 
     def prepare_optimizer(
@@ -433,32 +439,41 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
         """Let the active plugins rebind ``optimizer``, then wrap it in :class:`AcceleratedOptimizer`."""
         if isinstance(optimizer, AcceleratedOptimizer):
             return optimizer
-        optimizer = self._plugins.chain("wrap_optimizer", "optimizer", optimizer, accelerator=self)
+        given = optimizer
+        optimizer = self._plugins.call("wrap_optimizer", optimizer=optimizer, accelerator=self)
         prepared = (
             optimizer
             if isinstance(optimizer, AcceleratedOptimizer)
             else AcceleratedOptimizer(optimizer, scaler=self.scaler)
         )
-        self._optimizers.append(prepared)
+        if prepared.optimizer is not given:
+            self._replaced_optimizers[id(given)] = prepared
+        self.prepared.optimizers.append(prepared)
         return prepared
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         """Wrap ``scheduler`` so it steps with the optimizer steps that really happened."""
         if isinstance(scheduler, AcceleratedScheduler):
             return scheduler
-        wrapped_optimizer = getattr(scheduler, "optimizer", None)
+        bound = getattr(scheduler, "optimizer", None)
+        replacement = self._replaced_optimizers.get(id(bound))
+        if replacement is not None:
+            # A plugin replaced the user's optimizer (DeepSpeed's engine optimizer, a ZeRO wrapper): the
+            # scheduler must change the learning rate of the optimizer that steps.
+            rebind_scheduler(scheduler, replacement.optimizer)
+            bound = replacement.optimizer
         optimizers = [
             optimizer
-            for optimizer in self._optimizers
-            if wrapped_optimizer is optimizer or wrapped_optimizer is optimizer.optimizer
-        ] or list(self._optimizers)
+            for optimizer in self.prepared.optimizers
+            if bound is optimizer or bound is optimizer.optimizer
+        ] or list(self.prepared.optimizers)
         prepared = AcceleratedScheduler(
             scheduler,
             optimizers,
             step_with_optimizer=self.step_scheduler_with_optimizer,
             split_batches=self.split_batches,
         )
-        self._schedulers.append(prepared)
+        self.prepared.schedulers.append(prepared)
         return prepared
 
     def prepare_data_loader(
@@ -467,16 +482,53 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
         """Shard ``data_loader`` across processes and move its batches to the device."""
         if device_placement is None:
             device_placement = self.device_placement
-        prepared = self._plugins.first(
-            "shard_dataloader", dataloader=data_loader, accelerator=self, device_placement=device_placement
+        prepared = self._plugins.call(
+            "shard_dataloader",
+            dataloader=data_loader,
+            accelerator=self,
+            device_placement=device_placement,
+            options=self.sharding_options(device_placement),
         )
-        self._dataloaders.append(prepared)
+        self.prepared.dataloaders.append(prepared)
         return prepared
 
-    def _plugins_info(self, name: str) -> Any:
-        from drivetrain.plugins import get_plugin_manager
+    # Accelerate's private names of the prepared objects, which scripts written for it read; plugins use
+    # ``accelerator.prepared``.
+    @property
+    def _models(self) -> list[torch.nn.Module]:
+        return self.prepared.models
 
-        return get_plugin_manager().info(name)
+    @property
+    def _optimizers(self) -> list[Any]:
+        return self.prepared.optimizers
+
+    @property
+    def _schedulers(self) -> list[Any]:
+        return self.prepared.schedulers
+
+    @property
+    def _dataloaders(self) -> list[Any]:
+        return self.prepared.dataloaders
+
+    @property
+    def _custom_objects(self) -> list[Any]:
+        return self.prepared.custom_objects
+
+    @property
+    def pending_optimizers(self) -> list[Any]:
+        """Contract 1.0's name of ``prepared.pending_optimizers`` (kept for plugins written for it)."""
+        return self.prepared.pending_optimizers
+
+    @property
+    def pending_dataloaders(self) -> list[Any]:
+        """Contract 1.0's name of ``prepared.pending_dataloaders`` (kept for plugins written for it)."""
+        return self.prepared.pending_dataloaders
+
+    @property
+    def torch_device_mesh(self) -> Any:
+        """The run's ``DeviceMesh`` with named dimensions when the backend built one (N-D parallelism),
+        else None."""
+        return self.state.environment.device_mesh
 
     # ---------------------------------------------------------------------------------------------------------
     # The training step
@@ -536,7 +588,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
 
         previous: dict[int, tuple[Any, bool]] = {}
         if even_batches is not None:
-            for loader in self._dataloaders:
+            for loader in self.prepared.dataloaders:
                 sampler: Any = getattr(loader, "batch_sampler", None)
                 if hasattr(sampler, "even_batches"):
                     previous[id(sampler)] = (sampler, sampler.even_batches)
@@ -551,7 +603,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Any:
         """Context manager: run the block in the Accelerator's mixed precision."""
         kwargs = autocast_handler.to_kwargs() if autocast_handler is not None else self._autocast_kwargs
-        return self._plugins.first("autocast", accelerator=self, autocast_kwargs=kwargs)
+        return self._plugins.call("autocast", accelerator=self, autocast_kwargs=kwargs)
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """Divide gradients by the fp16 loss scale (before clipping or inspecting them)."""
@@ -560,7 +612,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
         optimizers = (
             [optimizer]
             if optimizer is not None and not isinstance(optimizer, list)
-            else (optimizer or self._optimizers)
+            else (optimizer or self.prepared.optimizers)
         )
         for each in optimizers:
             self.scaler.unscale_(each.optimizer if isinstance(each, AcceleratedOptimizer) else each)
@@ -572,7 +624,7 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
         parameters = list(parameters)
         if self.sync_gradients:
             self.unscale_gradients()
-        return self._plugins.first(
+        return self._plugins.call(
             "clip_grad_norm", parameters=parameters, max_norm=max_norm, norm_type=norm_type, accelerator=self
         )
 
@@ -587,6 +639,77 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
     ) -> torch.nn.Module:
         """The user's own module inside whatever the plugins (and torch.compile) wrapped it in."""
         return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Checkpoints (the work is in checkpoint/checkpointer.py; see docs/checkpointing.md)
+    # ---------------------------------------------------------------------------------------------------------
+    def save_state(
+        self,
+        output_dir: str | os.PathLike | None = None,
+        safe_serialization: bool = True,
+        blocking: bool | None = None,
+        **save_model_func_kwargs: Any,
+    ) -> str:
+        """Save models, optimizers, schedulers, GradScaler, RNG states, data loader positions and registered
+        objects into one folder, atomically; returns the folder. See :meth:`Checkpointer.save_state`."""
+        return self.checkpointer.save_state(
+            output_dir, safe_serialization, blocking, **save_model_func_kwargs
+        )
+
+    def load_state(
+        self,
+        input_dir: str | os.PathLike | None = None,
+        load_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> str:
+        """Restore everything :meth:`save_state` wrote, after checking every file against the manifest;
+        returns the folder loaded. See :meth:`Checkpointer.load_state`."""
+        return self.checkpointer.load_state(input_dir, load_kwargs, **kwargs)
+
+    @property
+    def checkpointer(self) -> Checkpointer:
+        """This Accelerator's :class:`~drivetrain.checkpoint.checkpointer.Checkpointer` (built on first use,
+        so that a script that never saves loads no checkpoint code)."""
+        if self._checkpointer is None:
+            from drivetrain.checkpoint.checkpointer import Checkpointer
+
+            self._checkpointer = Checkpointer(self, self._plugins, self.prepared, self.project_configuration)
+        return self._checkpointer
+
+    def wait_for_checkpoint(self) -> None:
+        """Wait until the last :meth:`save_state` is complete on disk (collective)."""
+        if self._checkpointer is not None:
+            self._checkpointer.wait_for_checkpoint()
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and load ``objects`` with every checkpoint (each needs ``state_dict`` and ``load_state_dict``)."""
+        self.checkpointer.register_for_checkpointing(*objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` in :meth:`save_state` before anything is written."""
+        return self.checkpointer.register_save_state_pre_hook(hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` in :meth:`load_state` before anything is read."""
+        return self.checkpointer.register_load_state_pre_hook(hook)
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The full state dict of a prepared model (gathered from the shards of a sharded backend)."""
+        return self.checkpointer.get_state_dict(model, unwrap=unwrap)
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write ``model``'s weights into ``save_directory`` (one file, or shards with an index)."""
+        self.checkpointer.save_model(model, save_directory, max_shard_size, safe_serialization)
+
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """``torch.save`` (or safetensors) once per machine set, atomically."""
+        self.checkpointer.save(obj, f, safe_serialization=safe_serialization)
 
     # ---------------------------------------------------------------------------------------------------------
     # Collectives and process control (thin: the work is in operations.py and state.py)
@@ -667,16 +790,14 @@ class Accelerator(CheckpointingMixin, TrackingMixin, ProfilingMixin):
     # ---------------------------------------------------------------------------------------------------------
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """A data loader that starts ``num_batches`` batches into ``dataloader`` (resume mid-epoch)."""
-        from drivetrain.data_loader import skip_first_batches
+        from drivetrain.data import skip_first_batches
 
         return skip_first_batches(dataloader, num_batches=num_batches)
 
     def free_memory(self, *objects: Any) -> list[Any]:
         """Forget every prepared object (and ``objects``), then free cached device memory."""
-        self._models.clear()
-        self._optimizers.clear()
-        self._schedulers.clear()
-        self._dataloaders.clear()
+        self.prepared.clear()
+        self._replaced_optimizers.clear()
         self.step = 0
         released = [None for _ in objects]
         gc.collect()

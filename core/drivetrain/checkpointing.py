@@ -1,12 +1,18 @@
 """Checkpointing: ``Accelerator.save_state`` / ``load_state`` / ``save_model`` and the functions behind them.
 
-The code lives in :mod:`drivetrain.checkpoint`; this module is the stable import path (the Accelerator
-inherits :class:`CheckpointingMixin`, the reference backend calls the two ``*_training_objects`` functions).
-See docs/checkpointing.md.
+The code lives in :mod:`drivetrain.checkpoint` (the Accelerator's checkpoints are a
+:class:`~drivetrain.checkpoint.checkpointer.Checkpointer`); this module is Accelerate's import path for the
+names scripts use. See docs/checkpointing.md.
 """
 
 from __future__ import annotations
 
+from drivetrain.checkpoint.checkpointer import (
+    CHECKPOINTS_FOLDER,
+    Checkpointer,
+    clean_state_dict_for_safetensors,
+    save,
+)
 from drivetrain.checkpoint.files import atomic_write, sha256_of_file
 from drivetrain.checkpoint.manifest import (
     MANIFEST_NAME,
@@ -15,18 +21,11 @@ from drivetrain.checkpoint.manifest import (
     read_manifest,
     verify,
 )
-from drivetrain.checkpoint.mixin import (
-    CHECKPOINTS_FOLDER,
-    CheckpointingMixin,
-    clean_state_dict_for_safetensors,
-    save,
-)
 from drivetrain.checkpoint.model_files import write_model_files
 from drivetrain.checkpoint.serialization import (
     UNSAFE_OPT_OUT,
     deduplicate_shared,
     load_safetensors_into_module,
-    parse_size,
     safe_load,
     save_safetensors,
 )
@@ -43,14 +42,13 @@ __all__ = [
     "CHECKPOINTS_FOLDER",
     "MANIFEST_NAME",
     "UNSAFE_OPT_OUT",
-    "CheckpointingMixin",
+    "Checkpointer",
     "atomic_write",
     "clean_state_dict_for_safetensors",
     "complete_checkpoints",
     "deduplicate_shared",
     "is_complete",
     "load_safetensors_into_module",
-    "parse_size",
     "read_manifest",
     "read_training_objects",
     "safe_load",

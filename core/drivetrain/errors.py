@@ -15,3 +15,7 @@ class ConfigurationError(DrivetrainError, ValueError):
 
 class CheckpointError(DrivetrainError):
     """A checkpoint is missing, partial, or does not match its manifest."""
+
+
+class UsageError(DrivetrainError):
+    """A bad flag or value on the command line: ``drivetrain`` prints it as one line and exits with code 2."""

@@ -1,7 +1,7 @@
 """``drivetrain.hooks``: Accelerate's ``accelerate.hooks`` names, for scripts that import them from there.
 
 These are **module hooks** (functions run around a module's forward, used for offloading), not plugin hooks
-(see ``drivetrain.hookspecs``). They live in the offload plugin; importing one without ``drivetrain-offload``
+(see ``drivetrain.contract.hookspecs``). They live in the offload plugin; importing one without ``drivetrain-offload``
 installed raises an ImportError naming it.
 """
 
@@ -9,23 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-_MODULE_HOOK_NAMES = (
-    "ModelHook",
-    "SequentialHook",
-    "AlignDevicesHook",
-    "UserCpuOffloadHook",
-    "add_hook_to_module",
-    "remove_hook_from_module",
-    "remove_hook_from_submodules",
-    "attach_align_device_hook",
-    "attach_align_device_hook_on_blocks",
-    "attach_execution_device_hook",
-)
+from drivetrain.compat.names import MODULE_HOOK_NAMES as _MODULE_HOOK_NAMES
+
 __all__ = list(_MODULE_HOOK_NAMES)  # resolved lazily below
 
 
 def __getattr__(name: str) -> Any:
-    from drivetrain._lazy import lazy_getattr
+    from drivetrain.contract.exports import lazy_getattr
 
     if name not in _MODULE_HOOK_NAMES:
         raise AttributeError(f"module 'drivetrain.hooks' has no attribute {name!r}")

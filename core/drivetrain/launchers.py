@@ -7,6 +7,7 @@ the notebook's globals. CUDA cannot survive a fork: if it was initialised before
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ from drivetrain.errors import DrivetrainError
 def _run_in_child(function: Callable, args: tuple) -> Any:
     # The parent's shared state (a PartialState built in a notebook cell) describes one process; the child
     # must build its own from the launcher's environment.
-    from drivetrain.plugins import reset_plugin_manager
+    from drivetrain.contract.manager import reset_plugin_manager
     from drivetrain.state import reset_state
 
     reset_state()
@@ -103,7 +104,7 @@ def notebook_launcher(
     """
     import torch
 
-    from drivetrain.config_file import PRECISIONS
+    from drivetrain.config.file import PRECISIONS
 
     if str(mixed_precision).lower() not in PRECISIONS:
         raise ValueError(
@@ -142,11 +143,16 @@ def notebook_launcher(
     )
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on now (for a launcher's rendezvous on this machine)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host if host in ("127.0.0.1", "localhost", "0.0.0.0") else "", 0))
+        return sock.getsockname()[1]
+
+
 def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2) -> dict[int, Any]:
     """Run ``function(*args)`` in ``num_processes`` CPU processes (gloo on loopback) to debug distributed
     code without GPUs. Returns ``{rank: result}``."""
-    from drivetrain.commands.launch import free_port
-
     return _fork_launch(
         function,
         args,

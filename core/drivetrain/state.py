@@ -15,82 +15,29 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import attrs
 import torch
 
-from drivetrain import settings
-from drivetrain.collectives import Collectives
-from drivetrain.enums import DistributedType, PrecisionType
+from drivetrain.config import sources
+from drivetrain.config.enums import DistributedType, PrecisionType
+from drivetrain.contract.calling import PluginStack
+from drivetrain.contract.environment import Collectives, DistributedEnvironment, environment_world_size
+from drivetrain.contract.info import PluginInfo
+from drivetrain.contract.manager import get_plugin_manager
+from drivetrain.contract.selection import backend_of_config, precision_plugin, select_backend
 from drivetrain.errors import ConfigurationError, PluginError
-from drivetrain.plugins import REFERENCE_BACKEND, PluginStack, get_plugin_manager
 
-
-@attrs.define
-class DistributedEnvironment:
-    """What ``setup_process_group`` returns: where this process stands among the others."""
-
-    num_processes: int = 1
-    process_index: int = 0
-    local_process_index: int = 0
-    #: processes on this machine
-    local_num_processes: int = 1
-    distributed_type: DistributedType = DistributedType.NO
-    #: torch.distributed backend string ("gloo", "nccl", ...), None for one process
-    torch_backend: str | None = None
-    collectives: Collectives = attrs.Factory(Collectives)
-    #: a callable that tears the process group down at exit (None: nothing to do)
-    shutdown: Callable[[], None] | None = None
-
-
-def environment_world_size() -> int:
-    """How many processes the launcher started (torchrun's WORLD_SIZE; 1 when not launched)."""
-    for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
-        if os.environ.get(name):
-            return int(os.environ[name])
-    return 1
-
-
-def backend_of_config(config: Any) -> str:
-    """The plugin name a backend-config object belongs to (its class attribute ``backend_name``)."""
-    name = getattr(config, "backend_name", None)
-    if not isinstance(name, str):
-        raise ConfigurationError(
-            f"{type(config).__name__} is not a backend configuration: it has no 'backend_name' attribute "
-            "(backend configuration classes are provided by backend plugins, e.g. FullyShardedDataParallelPlugin)"
-        )
-    return name
-
-
-def select_backend(backend: str | None, backend_config: Any) -> settings.Setting:
-    """Decide the distribution backend. See settings.py for the sources and their precedence."""
-    script_value, script_source = backend, f"Accelerator(backend={backend!r})" if backend else None
-    if backend_config is not None:
-        implied = backend_of_config(backend_config)
-        if backend is not None and backend != implied:
-            raise ConfigurationError(
-                f"conflicting 'backend': Accelerator(backend={backend!r}) but the configuration object "
-                f"{type(backend_config).__name__} belongs to backend {implied!r}"
-            )
-        script_value, script_source = implied, f"{type(backend_config).__name__} passed to the Accelerator"
-    chosen = settings.resolve("backend", script_value, script_source=script_source, default=None)
-    if chosen.value is not None:
-        return chosen
-    world_size = environment_world_size()
-    if world_size <= 1:
-        return settings.Setting(REFERENCE_BACKEND, "default (one process)")
-    manager = get_plugin_manager()
-    backend = manager.multiprocess_backend()
-    if backend is None:
-        raise PluginError(
-            f"this script runs in {world_size} processes (WORLD_SIZE={world_size}) but no installed backend "
-            f"handles several processes (installed: {', '.join(manager.names())}); "
-            "install one with: pip install drivetrain-ddp"
-        )
-    return settings.Setting(backend, f"automatic ({world_size} processes)")
+__all__ = [
+    "AcceleratorState",
+    "DistributedEnvironment",
+    "GradientState",
+    "PartialState",
+    "environment_world_size",
+    "reset_state",
+]
 
 
 def _cuda_forbidden_is_set() -> bool:
-    return settings.to_bool(os.environ.get("DRIVETRAIN_CPU", "0"))
+    return sources.to_bool(os.environ.get("DRIVETRAIN_CPU", "0"))
 
 
 class PartialState:
@@ -109,39 +56,38 @@ class PartialState:
     ):
         self.__dict__ = self._shared_state
         init_kwargs = kwargs.pop("init_kwargs", None) or {}
+        parallelism = kwargs.pop("parallelism_config", None)
         if kwargs:
             raise TypeError(f"PartialState got unexpected arguments: {', '.join(sorted(kwargs))}")
         if self.initialized:
             self._check_compatible(backend, backend_config, cpu)
             return
         manager = get_plugin_manager()
-        selection = select_backend(backend, backend_config)
-        manager.load(selection.value)
-        if manager.info(selection.value).kind != "backend":
-            raise PluginError(
-                f"plugin {selection.value!r} (from {selection.source}) is a {manager.info(selection.value).kind} "
-                f"plugin, not a distribution backend; backends installed: "
-                f"{', '.join(manager.plugins_of_kind('backend'))}"
-            )
-        cpu_setting = settings.resolve(
-            "cpu", True if cpu else None, script_source="cpu=True", default=False, convert=settings.to_bool
+        selection = select_backend(manager, backend, backend_config)
+        cpu_setting = sources.resolve(
+            "cpu", True if cpu else None, script_source="cpu=True", default=False, convert=sources.to_bool
         )
-        device_plugins = manager.plugins_of_kind("device")
+        device_plugins = manager.device_plugins()
         process_stack = manager.stack([*device_plugins, selection.value])
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        device = process_stack.first("detect_device", local_process_index=local_rank, cpu=cpu_setting.value)
-        environment = process_stack.first("setup_process_group", device=device, init_kwargs=dict(init_kwargs))
+        device = process_stack.call("detect_device", local_process_index=local_rank, cpu=cpu_setting.value)
+        environment = process_stack.call(
+            "setup_process_group", device=device, init_kwargs=dict(init_kwargs), parallelism=parallelism
+        )
         if environment is None:
             raise PluginError(f"backend {selection.value!r} returned nothing from setup_process_group")
         self.backend_name: str = selection.value
+        #: the backend's PluginInfo (what it declares: places_model, manages_precision, ...)
+        self.backend_info: PluginInfo = manager.info(selection.value)
         self.backend_source: str = selection.source
         self.backend_config: Any = backend_config
+        self.parallelism_config: Any = parallelism
         self.device_plugins: list[str] = device_plugins
         self.cpu: bool = cpu_setting.value
         self.device: torch.device = torch.device(device)
         self.environment: DistributedEnvironment = environment
-        self.debug: bool = settings.to_bool(os.environ.get("DRIVETRAIN_DEBUG_MODE", "0"))
-        self.fork_launched: bool = settings.to_bool(os.environ.get("FORK_LAUNCHED", "0"))
+        self.debug: bool = sources.to_bool(os.environ.get("DRIVETRAIN_DEBUG_MODE", "0"))
+        self.fork_launched: bool = sources.to_bool(os.environ.get("FORK_LAUNCHED", "0"))
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     @property
@@ -358,7 +304,7 @@ class AcceleratorState:
         if self.initialized and not _from_accelerator:
             return
         self.partial_state = PartialState(cpu=cpu, backend=backend, backend_config=backend_config, **kwargs)
-        precision = settings.resolve(
+        precision = sources.resolve(
             "mixed_precision", mixed_precision, default="no", convert=_check_precision
         )
         self.mixed_precision: str = precision.value
@@ -367,19 +313,9 @@ class AcceleratorState:
         )
         self.dynamo_plugin = dynamo_plugin
         manager = get_plugin_manager()
-        names = [*self.partial_state.device_plugins, *feature_plugins]
-        if self.mixed_precision not in ("no", "fp16", "bf16"):
-            names += [
-                name
-                for name in manager.plugins_of_kind("precision")
-                if self.mixed_precision in manager.info(name).precisions
-            ][:1]
-            if len(names) == len(self.partial_state.device_plugins) + len(feature_plugins):
-                raise PluginError(
-                    f"mixed_precision={self.mixed_precision!r} needs a precision plugin; none is installed "
-                    "(pip install drivetrain-fp8)"
-                )
-        self.plugins: PluginStack = manager.stack([*dict.fromkeys([*names, self.partial_state.backend_name])])
+        provider = precision_plugin(manager, self.mixed_precision)
+        names = [*self.partial_state.device_plugins, *feature_plugins, *([provider] if provider else [])]
+        self.plugins: PluginStack = manager.stack([*names, self.partial_state.backend_name])
 
     @property
     def initialized(self) -> bool:
@@ -405,7 +341,7 @@ class AcceleratorState:
         except AttributeError:
             if hasattr(type(self._shared_state["partial_state"]), name):
                 raise  # a property of PartialState failed: keep its own error
-        from drivetrain.plugins import registered_attribute
+        from drivetrain.contract.exports import registered_attribute
 
         return registered_attribute(name, self, type(self).__name__)
 
@@ -439,7 +375,6 @@ class GradientState:
             self.active_dataloader: Any = None
             self.dataloader_references: list[Any] = [None]
             self.plugin_kwargs: dict[str, Any] = {}
-            self._is_xla_gradients_synced = False
         if gradient_accumulation_plugin is not None:
             self.plugin_kwargs = {
                 "num_steps": gradient_accumulation_plugin.num_steps,

@@ -52,3 +52,29 @@ def assert_checks_passed(result: subprocess.CompletedProcess, expected: Sequence
     missing = sorted(set(expected) - checks_reported_ok(result.stdout))
     assert not missing, f"checks that did not report ok: {missing}\n{result.stdout[-3000:]}"
     assert "terminate called" not in result.stderr
+
+
+def install_plugin_for_test(
+    site: str | os.PathLike,
+    name: str,
+    module_source: str,
+    distribution: str | None = None,
+    groups: Sequence[str] = ("drivetrain.plugins",),
+) -> dict[str, str]:
+    """Install a plugin the way pip would, into ``site`` (a folder): its module ``<name>_plugin.py`` and a
+    ``.dist-info`` folder whose entry points name it in ``groups``. Returns the environment variables
+    (``PYTHONPATH``) under which a subprocess discovers it; ``sys.path.insert(0, site)`` does the same here."""
+    folder = os.fspath(site)
+    module = f"{name.replace('-', '_')}_plugin"
+    distribution = distribution or f"drivetrain-test-{name}"
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"{module}.py"), "w", encoding="utf-8") as handle:
+        handle.write(module_source)
+    dist_info = os.path.join(folder, f"{distribution.replace('-', '_')}-0.1.dist-info")
+    os.makedirs(dist_info, exist_ok=True)
+    with open(os.path.join(dist_info, "METADATA"), "w", encoding="utf-8") as handle:
+        handle.write(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.1\n")
+    with open(os.path.join(dist_info, "entry_points.txt"), "w", encoding="utf-8") as handle:
+        handle.write("".join(f"[{group}]\n{name} = {module}\n\n" for group in groups))
+    path = os.pathsep.join(part for part in (folder, os.environ.get("PYTHONPATH", "")) if part)
+    return {"PYTHONPATH": path}

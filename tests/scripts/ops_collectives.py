@@ -1,4 +1,4 @@
-"""Checks every collective of drivetrain.operations / drivetrain.random in N real processes (gloo).
+"""Checks every collective of drivetrain.operations / drivetrain.operations.random in N real processes (gloo).
 
 Launched by tests/test_operations_multiprocess.py; with DRIVETRAIN_DEBUG_MODE=1 it also checks that
 mismatched inputs raise DistributedOperationException on every rank instead of hanging. Prints
@@ -24,7 +24,7 @@ from drivetrain.operations import (
     pad_across_processes,
     reduce,
 )
-from drivetrain.random import set_seed, synchronize_rng_states
+from drivetrain.operations.random import set_seed, synchronize_rng_states
 from drivetrain.state import GradientState, PartialState
 
 Pair = collections.namedtuple("Pair", "first second")

@@ -3,7 +3,7 @@
 import torch
 
 from drivetrain import hookimpl
-from drivetrain.plugins import Capabilities, PluginInfo
+from drivetrain.contract.info import Capabilities, PluginInfo
 
 PLUGIN_INFO = PluginInfo(kind="backend", capabilities=Capabilities(precisions=("no", "bf16")))
 

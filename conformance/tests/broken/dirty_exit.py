@@ -5,8 +5,8 @@ import os
 
 from drivetrain import hookimpl
 from drivetrain.backends.local import PLUGIN_INFO  # noqa: F401
-from drivetrain.enums import DistributedType
-from drivetrain.state import DistributedEnvironment
+from drivetrain.config.enums import DistributedType
+from drivetrain.contract.environment import DistributedEnvironment
 
 
 @hookimpl

@@ -1,7 +1,7 @@
 """Breaks collectives: all_gather returns the ranks' tensors in reverse order."""
 
 from drivetrain import hookimpl
-from drivetrain.collectives import TorchCollectives
+from drivetrain.operations.torch_collectives import TorchCollectives
 from drivetrain_ddp.plugin import PLUGIN_INFO, wrap_model  # noqa: F401
 from drivetrain_ddp.process_group import join_process_group
 

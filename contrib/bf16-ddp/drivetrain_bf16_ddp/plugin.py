@@ -16,14 +16,17 @@ import torch
 import torch.distributed as dist
 
 from drivetrain import hookimpl
-from drivetrain.collectives import TorchCollectives
-from drivetrain.enums import DistributedType
-from drivetrain.plugins import Capabilities, PluginInfo
-from drivetrain.state import DistributedEnvironment
+from drivetrain.plugin_api import (
+    Capabilities,
+    DistributedEnvironment,
+    DistributedType,
+    PluginInfo,
+    TorchCollectives,
+)
 
 PLUGIN_INFO = PluginInfo(
     kind="backend",
-    contract="1.0",
+    contract="1.1",
     description="data parallel; all-reduces bf16-compressed gradients under mixed_precision='bf16'",
     capabilities=Capabilities(multi_process=True, precisions=("no", "bf16"), devices=("cpu", "cuda")),
 )

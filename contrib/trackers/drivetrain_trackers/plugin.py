@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from drivetrain import hookimpl
-from drivetrain.plugins import ExtensionRegistry, PluginInfo
+from drivetrain.plugin_api import ExtensionRegistry, PluginInfo
 from drivetrain_trackers.aim_tracker import AimTracker
 from drivetrain_trackers.clearml_tracker import ClearMLTracker
 from drivetrain_trackers.comet_tracker import CometMLTracker

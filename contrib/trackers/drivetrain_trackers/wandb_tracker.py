@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drivetrain.tracking import GeneralTracker, on_main_process
+from drivetrain.plugin_api import GeneralTracker, on_main_process
 
 
 class WandBTracker(GeneralTracker):

@@ -2,7 +2,7 @@
 
 It defines what "correct" means for the conformance suite and is the fallback for every first-result hook
 another backend does not implement. Registered through the ``drivetrain.plugins`` entry point like any
-third-party plugin.
+third-party plugin, and like one it imports from the kernel only ``drivetrain.plugin_api``.
 """
 
 from __future__ import annotations
@@ -13,10 +13,18 @@ from typing import Any
 
 import torch
 
-from drivetrain.enums import DistributedType
-from drivetrain.hookspecs import hookimpl
-from drivetrain.plugins import Capabilities, PluginInfo
-from drivetrain.state import DistributedEnvironment, environment_world_size
+from drivetrain.plugin_api import (
+    Capabilities,
+    DistributedEnvironment,
+    DistributedType,
+    PluginInfo,
+    ShardingOptions,
+    environment_world_size,
+    hookimpl,
+    prepare_data_loader,
+    read_training_objects,
+    write_training_objects,
+)
 
 PLUGIN_INFO = PluginInfo(
     kind="backend",
@@ -40,8 +48,8 @@ def setup_process_group(device: torch.device) -> DistributedEnvironment:
     if world_size > 1:
         raise RuntimeError(
             f"backend 'local' runs one process, but this script was started as {world_size} processes "
-            f"(WORLD_SIZE={os.environ.get('WORLD_SIZE')}); pick a multi-process backend with "
-            "`--backend ddp` (pip install drivetrain-ddp) or start a single process"
+            f"(WORLD_SIZE={os.environ.get('WORLD_SIZE')}); pick a multi-process backend with `--backend NAME` "
+            "(`drivetrain plugins` lists the installed ones) or start a single process"
         )
     return DistributedEnvironment(distributed_type=DistributedType.NO)
 
@@ -53,10 +61,8 @@ def wrap_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @hookimpl
-def shard_dataloader(dataloader: Any, accelerator: Any, device_placement: bool) -> Any:
-    from drivetrain.data_loader import prepare_data_loader
-
-    return prepare_data_loader(dataloader, **accelerator._dataloader_options(device_placement))
+def shard_dataloader(dataloader: Any, options: ShardingOptions) -> Any:
+    return prepare_data_loader(dataloader, **options.to_kwargs())
 
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -87,25 +93,30 @@ def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float, norm_t
 @hookimpl
 def save_state(
     output_dir: str,
-    models: list,
+    accelerator: Any,
+    weights: list,
     optimizers: list,
     schedulers: list,
     safe_serialization: bool,
-    accelerator: Any,
 ) -> bool:
-    from drivetrain.checkpointing import write_training_objects
-
-    write_training_objects(output_dir, models, optimizers, schedulers, safe_serialization, accelerator)
+    write_training_objects(output_dir, accelerator, weights, optimizers, schedulers, safe_serialization)
     return True
 
 
 @hookimpl
 def load_state(
-    input_dir: str, models: list, optimizers: list, schedulers: list, map_location: Any, accelerator: Any
+    input_dir: str,
+    accelerator: Any,
+    models: list,
+    optimizers: list,
+    schedulers: list,
+    map_location: Any,
+    load_kwargs: dict[str, Any],
+    verified: Any,
 ) -> bool:
-    from drivetrain.checkpointing import read_training_objects
-
-    read_training_objects(input_dir, models, optimizers, schedulers, map_location, accelerator)
+    read_training_objects(
+        input_dir, accelerator, models, optimizers, schedulers, map_location, load_kwargs, verified
+    )
     return True
 
 

@@ -25,25 +25,10 @@ from drivetrain.big_modeling.sizes import (
     get_max_memory,
     parse_size,
 )
+from drivetrain.compat.names import MODULE_HOOK_NAMES, OFFLOAD_FUNCTION_NAMES
 
-# Provided by the offload plugin (drivetrain-offload), resolved on first use.
-PLUGIN_NAMES = (
-    "cpu_offload",
-    "cpu_offload_with_hook",
-    "disk_offload",
-    "UserCpuOffloadHook",
-    "ModelHook",
-    "SequentialHook",
-    "AlignDevicesHook",
-    "add_hook_to_module",
-    "remove_hook_from_module",
-    "remove_hook_from_submodules",
-    "attach_align_device_hook",
-    "attach_align_device_hook_on_blocks",
-    "attach_execution_device_hook",
-    "has_offloaded_params",
-    "align_module_device",
-)
+# Provided by the offload plugin, resolved on first use.
+PLUGIN_NAMES = (*MODULE_HOOK_NAMES, *OFFLOAD_FUNCTION_NAMES)
 
 __all__ = [
     "LoadResult",
@@ -66,7 +51,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in PLUGIN_NAMES:
-        from drivetrain.plugins import resolve_export
+        from drivetrain.contract.exports import resolve_export
 
         value = resolve_export(name)
         globals()[name] = value

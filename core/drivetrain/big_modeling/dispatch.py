@@ -20,8 +20,9 @@ from drivetrain.big_modeling.device_map import (
     resolve_device_map,
 )
 from drivetrain.big_modeling.loading import load_checkpoint_in_model
+from drivetrain.compat.names import OFFLOAD_DISTRIBUTION
+from drivetrain.contract.manager import get_plugin_manager
 from drivetrain.errors import PluginError
-from drivetrain.plugins import get_plugin_manager
 
 
 def needs_offload_plugin(device_map: dict[str, Any], main_device: Any) -> bool:
@@ -41,7 +42,7 @@ def offload_plugin_stack() -> Any:
     if not dispatchers:
         raise PluginError(
             "this device map offloads weights or spans several devices, which needs the offload plugin; "
-            "install it with: pip install drivetrain-offload"
+            f"install it with: pip install {OFFLOAD_DISTRIBUTION}"
         )
     return manager.stack(dispatchers)
 
@@ -81,7 +82,7 @@ def dispatch_model(
         raise ValueError("the device_map puts modules on 'disk'; pass offload_dir='path/to/folder'")
     use_plugin = force_hooks or needs_offload_plugin(device_map, main_device)
     stack = offload_plugin_stack() if use_plugin else get_plugin_manager().stack([])
-    dispatched = stack.first(
+    dispatched = stack.call(
         "dispatch_module",
         model=model,
         device_map=device_map,
@@ -100,7 +101,7 @@ def dispatch_model(
     if dispatched is None:
         raise PluginError(
             f"no plugin could dispatch device map {device_map}; install the offload plugin with: "
-            "pip install drivetrain-offload"
+            f"pip install {OFFLOAD_DISTRIBUTION}"
         )
     dispatched.hf_device_map = dict(device_map)
     return dispatched

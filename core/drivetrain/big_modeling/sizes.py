@@ -85,8 +85,17 @@ def _available_cpu_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def _is_device_type(name: str) -> bool:
+    """Whether torch knows ``name`` as a device type here (``"mps"``, ``"xpu"``, one a device plugin added)."""
+    try:
+        return torch.device(name).index is None
+    except (RuntimeError, ValueError):
+        return False
+
+
 def _device_key(key: Any) -> int | str:
-    """``"0"`` and ``0`` both mean CUDA device 0; ``"cuda:1"`` means 1; ``"cpu"``/``"disk"``/``"mps"`` stay."""
+    """``"0"`` and ``0`` both mean CUDA device 0; ``"cuda:1"`` means 1; ``"cpu"``, ``"disk"`` and other device
+    types torch knows (an accelerator with one device) stay."""
     if isinstance(key, torch.device):
         key = key.index if key.type == "cuda" else key.type
     if isinstance(key, str):
@@ -94,10 +103,11 @@ def _device_key(key: Any) -> int | str:
             return int(key)
         if key.startswith("cuda:") and key[5:].isdigit():
             return int(key[5:])
-        if key in ("cpu", "disk", "mps", "xpu", "npu", "mlu", "musa"):
+        if key == "disk" or (key != "cuda" and _is_device_type(key)):
             return key
         raise ValueError(
-            f"unknown device {key!r} in max_memory; use GPU indices (0, 1, ...), 'cpu', 'mps' or 'disk'"
+            f"unknown device {key!r} in max_memory; use GPU indices (0, 1, ...), 'cpu', 'disk' or a device "
+            "type torch knows here"
         )
     if isinstance(key, int) and not isinstance(key, bool) and key >= 0:
         return key
@@ -122,8 +132,12 @@ def get_max_memory(max_memory: dict[Any, int | str] | None = None) -> dict[int |
         if torch.cuda.is_available():
             for index in range(torch.cuda.device_count()):
                 found[index] = torch.cuda.mem_get_info(index)[0]
-        elif torch.backends.mps.is_available():
-            found["mps"] = _available_cpu_memory()
+        else:
+            accelerator = getattr(torch, "accelerator", None)
+            current = accelerator.current_accelerator() if accelerator is not None else None
+            if current is not None:
+                # One other accelerator (Apple's shares the RAM): as much as the RAM has free.
+                found[current.type] = _available_cpu_memory()
         found["cpu"] = _available_cpu_memory()
         return found
     parsed = {_device_key(key): parse_size(value) for key, value in max_memory.items()}

@@ -6,5 +6,5 @@ manifest.py         manifests, sealing by rename, picking and pruning checkpoint
 finishing.py        finishing a save (durable, manifest, rename) in the background
 training_objects.py which object goes in which file, and the reference backend's save/load
 model_files.py      save_model's single-file / sharded layout
-mixin.py            the Accelerator methods
+checkpointer.py     the Checkpointer: save_state / load_state of one Accelerator
 """

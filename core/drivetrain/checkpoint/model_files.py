@@ -12,14 +12,10 @@ from typing import Any
 import torch
 
 from drivetrain.checkpoint.files import atomic_write
-from drivetrain.checkpoint.serialization import (
-    deduplicate_shared,
-    parse_size,
-    plan_shards,
-    save_safetensors_atomically,
-)
+from drivetrain.checkpoint.serialization import deduplicate_shared, plan_shards, save_safetensors_atomically
 from drivetrain.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 from drivetrain.progress import track
+from drivetrain.units import parse_size
 
 
 def _shard_name(base: str, index: int, count: int) -> str:
@@ -42,7 +38,7 @@ def write_model_files(
 ) -> list[str]:
     """Write ``state_dict`` into ``directory`` as one file or as shards with an index; returns the weight
     files written. Each file is replaced atomically; the index is written after its shards."""
-    limit = parse_size(max_shard_size)
+    limit = parse_size(max_shard_size, what="max_shard_size", allow_zero=False)
     if os.path.isfile(directory):
         raise ValueError(f"save_directory {directory} is a file; save_model needs a directory")
     os.makedirs(directory, exist_ok=True)

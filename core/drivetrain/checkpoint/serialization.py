@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from drivetrain import units
 from drivetrain.big_modeling.reader import SAFETENSORS_DTYPES, TensorReader, read_header
 from drivetrain.checkpoint.files import checkpoint_writer
 from drivetrain.errors import CheckpointError
@@ -203,11 +202,6 @@ def safe_load(path: str, map_location: Any = None, weights_only: bool = True, **
             f"run. If you trust where this file came from, load it with {UNSAFE_OPT_OUT} "
             "(load_state) or weights_only=False"
         ) from exc
-
-
-def parse_size(size: Any) -> int:
-    """Bytes in a ``max_shard_size``: a positive int, or digits and a unit ("5MB" = 5·10⁶, "2GiB" = 2·2³⁰)."""
-    return units.parse_size(size, what="max_shard_size", allow_zero=False)
 
 
 def plan_shards(tensors: Mapping[str, torch.Tensor], max_shard_size: int) -> list[list[str]]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,6 +33,9 @@ from drivetrain.constants import (
 )
 from drivetrain.errors import CheckpointError
 from drivetrain.progress import track
+
+if TYPE_CHECKING:
+    from drivetrain.contract.arguments import PreparedObjects
 
 DATALOADER_STATE_NAME = "dl_state_dict"
 CUSTOM_OBJECT_NAME = "custom_checkpoint"
@@ -97,21 +101,6 @@ def torch_save_into_checkpoint(obj: Any, path: str) -> None:
         torch.save(obj, out)
 
 
-def _load_kwargs(accelerator: Any) -> dict[str, Any]:
-    """The ``load_kwargs`` of the ``load_state`` call in progress (``weights_only=False`` is the opt-out)."""
-    return dict(getattr(accelerator, "_checkpoint_load_kwargs", None) or {})
-
-
-def _state_dict_to_save(model: torch.nn.Module, accelerator: Any) -> dict[str, torch.Tensor]:
-    # save_state pre-hooks may have edited the state dicts; save_state leaves them here for us.
-    pending = getattr(accelerator, "_checkpoint_weights", None) or {}
-    if id(model) in pending:
-        return pending[id(model)]
-    if hasattr(accelerator, "get_state_dict"):
-        return accelerator.get_state_dict(model, unwrap=True)
-    return model.state_dict()
-
-
 def write_model_weights(state_dict: dict[str, torch.Tensor], path: str, safe_serialization: bool) -> None:
     """One model's weights in one file: safetensors (tied weights stored once) or a pickle."""
     if safe_serialization:
@@ -123,19 +112,20 @@ def write_model_weights(state_dict: dict[str, torch.Tensor], path: str, safe_ser
 
 def write_training_objects(
     output_dir: str,
-    models: list,
+    accelerator: Any,
+    weights: list[dict[str, torch.Tensor]],
     optimizers: list,
     schedulers: list,
     safe_serialization: bool,
-    accelerator: Any,
 ) -> None:
-    """The reference backend's ``save_state``: every model, optimizer and scheduler, written by the process
-    that writes shared files (all processes hold the same replicated state)."""
+    """The reference backend's ``save_state``: every model's weights (the state dicts the save_state
+    pre-hooks left), optimizer and scheduler, written by the process that writes shared files (all processes
+    hold the same replicated state). Takes the ``save_state`` hook's arguments of the same names."""
     if not writes_shared_files(accelerator):
         return
-    for index, model in track(list(enumerate(models)), "checkpoint models", unit="model"):
+    for index, state_dict in track(list(enumerate(weights)), "checkpoint models", unit="model"):
         path = os.path.join(output_dir, model_file_name(index, safe_serialization))
-        write_model_weights(_state_dict_to_save(model, accelerator), path, safe_serialization)
+        write_model_weights(state_dict, path, safe_serialization)
     for index, optimizer in enumerate(optimizers):
         torch_save_into_checkpoint(
             optimizer.state_dict(), os.path.join(output_dir, optimizer_file_name(index))
@@ -153,17 +143,6 @@ def _require(path: str, what: str) -> str:
             "number of prepared objects?)"
         )
     return path
-
-
-def checkpoint_verified(accelerator: Any, error: Exception | None = None) -> None:
-    """Call between reading a checkpoint and applying it, on every process: returns once the files' hashes
-    matched and every process read its part (``error``: this process failed reading, and says so to the
-    others). Raises :class:`CheckpointError` otherwise. Outside a ``load_state`` it only re-raises ``error``."""
-    gate = getattr(accelerator, "_checkpoint_gate", None)
-    if gate is not None:
-        gate.wait(error)
-    elif error is not None:
-        raise error
 
 
 def _read_model_source(input_dir: str, index: int, map_location: Any, load_kwargs: dict[str, Any]) -> Any:
@@ -240,14 +219,21 @@ def apply_optimizer_state(optimizer: Any, state: dict[str, Any]) -> None:
 
 
 def read_training_objects(
-    input_dir: str, models: list, optimizers: list, schedulers: list, map_location: Any, accelerator: Any
+    input_dir: str,
+    accelerator: Any,
+    models: list,
+    optimizers: list,
+    schedulers: list,
+    map_location: Any,
+    load_kwargs: dict[str, Any],
+    verified: Callable[..., None],
 ) -> None:
-    """The reference backend's ``load_state``: every model, optimizer and scheduler, on every process.
+    """The reference backend's ``load_state``: every model, optimizer and scheduler, on every process. Takes
+    the ``load_state`` hook's arguments of the same names.
 
     Everything is read first (pickles into memory; safetensors weights are copied straight into the model
-    later), while ``load_state`` checks the files' hashes; nothing is applied before :func:`checkpoint_verified`
-    says every file matched, so a damaged checkpoint leaves the training objects untouched."""
-    load_kwargs = _load_kwargs(accelerator)
+    later), while ``load_state`` checks the files' hashes; nothing is applied before ``verified()`` says
+    every file matched on every process, so a damaged checkpoint leaves the training objects untouched."""
     try:
         model_sources = [
             _read_model_source(input_dir, index, map_location, load_kwargs) for index in range(len(models))
@@ -269,22 +255,21 @@ def read_training_objects(
             for index in range(len(schedulers))
         ]
     except Exception as exc:
-        checkpoint_verified(accelerator, exc)
+        verified(exc)
         raise
-    checkpoint_verified(accelerator)
+    verified()
     for model, source in track(list(zip(models, model_sources)), "checkpoint models", unit="model"):
-        unwrapped = accelerator.unwrap_model(model) if hasattr(accelerator, "unwrap_model") else model
-        _apply_model_source(unwrapped, source)
+        _apply_model_source(accelerator.unwrap_model(model), source)
     for optimizer, state in zip(optimizers, optimizer_states):
         apply_optimizer_state(optimizer, state)
     for scheduler, state in zip(schedulers, scheduler_states):
         scheduler.load_state_dict(state)
 
 
-def write_kernel_objects(output_dir: str, accelerator: Any) -> None:
+def write_kernel_objects(output_dir: str, accelerator: Any, prepared: PreparedObjects) -> None:
     """What the kernel saves beside the backend's files: every process's RNG states, and (once) the
     GradScaler, each prepared data loader's position and each registered object."""
-    from drivetrain.random import capture_rng_state
+    from drivetrain.operations.random import capture_rng_state
 
     torch_save_into_checkpoint(
         capture_rng_state(), os.path.join(output_dir, rng_file_name(accelerator.process_index))
@@ -293,29 +278,34 @@ def write_kernel_objects(output_dir: str, accelerator: Any) -> None:
         return
     if accelerator.scaler is not None:
         torch_save_into_checkpoint(accelerator.scaler.state_dict(), os.path.join(output_dir, SCALER_NAME))
-    for index, loader in enumerate(accelerator._dataloaders):
+    for index, loader in enumerate(prepared.dataloaders):
         if callable(getattr(loader, "state_dict", None)):
             torch_save_into_checkpoint(
                 loader.state_dict(), os.path.join(output_dir, dataloader_file_name(index))
             )
-    for index, obj in enumerate(accelerator._custom_objects):
+    for index, obj in enumerate(prepared.custom_objects):
         torch_save_into_checkpoint(obj.state_dict(), os.path.join(output_dir, custom_object_file_name(index)))
 
 
-def read_kernel_objects(input_dir: str, accelerator: Any, map_location: Any) -> None:
+def read_kernel_objects(
+    input_dir: str,
+    accelerator: Any,
+    prepared: PreparedObjects,
+    map_location: Any,
+    load_kwargs: dict[str, Any],
+) -> None:
     """Restore what :func:`write_kernel_objects` saved. A data loader whose state is absent (the checkpoint
     predates it) starts from its beginning, as in Accelerate; every other missing file is an error."""
-    from drivetrain.random import restore_rng_state
+    from drivetrain.operations.random import restore_rng_state
 
-    load_kwargs = _load_kwargs(accelerator)
     if accelerator.scaler is not None:
         path = _require(os.path.join(input_dir, SCALER_NAME), "GradScaler state")
         accelerator.scaler.load_state_dict(safe_load(path, map_location=map_location, **load_kwargs))
-    for index, loader in enumerate(accelerator._dataloaders):
+    for index, loader in enumerate(prepared.dataloaders):
         path = os.path.join(input_dir, dataloader_file_name(index))
         if os.path.isfile(path) and callable(getattr(loader, "load_state_dict", None)):
             loader.load_state_dict(safe_load(path, map_location="cpu", **load_kwargs))
-    for index, obj in enumerate(accelerator._custom_objects):
+    for index, obj in enumerate(prepared.custom_objects):
         path = _require(os.path.join(input_dir, custom_object_file_name(index)), f"registered object {index}")
         obj.load_state_dict(safe_load(path, map_location=map_location, **load_kwargs))
     rng_path = os.path.join(input_dir, rng_file_name(accelerator.process_index))

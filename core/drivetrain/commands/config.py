@@ -8,8 +8,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from drivetrain.commands.main import UsageError, add_option
-from drivetrain.config_file import (
+from drivetrain.commands.parsing import UsageError, add_option
+from drivetrain.config.file import (
     KEYS,
     PRECISIONS,
     RDZV_BACKENDS,
@@ -18,6 +18,7 @@ from drivetrain.config_file import (
     load_config,
     save_config,
 )
+from drivetrain.contract.manager import get_plugin_manager
 
 HELP = "Create the config file `drivetrain launch` reads (questions; or `default`, `update`)."
 
@@ -75,7 +76,7 @@ def _key(name: str) -> Callable[[str], Any]:
 def questionnaire(questions: Questions) -> dict[str, Any]:
     import torch
 
-    from drivetrain.plugins import get_plugin_manager
+    from drivetrain.contract.manager import get_plugin_manager
 
     manager = get_plugin_manager()
     backends = []
@@ -149,8 +150,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"drivetrain config saved at {path}")
         return 0
     if command == "update":
-        config = load_config(args.config_file, required=True)
-        path = save_config(config.values, config.path)
+        declarations = get_plugin_manager().config_declarations()
+        config = load_config(args.config_file, required=True, plugins=declarations)
+        path = save_config(config.values, config.path, declarations)
         note = " (converted from Accelerate's format)" if config.format == "accelerate" else ""
         print(f"drivetrain config updated at {path}{note}")
         return 0

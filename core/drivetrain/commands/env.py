@@ -9,7 +9,8 @@ import platform
 import sys
 from typing import Any
 
-from drivetrain.commands.main import add_option
+from drivetrain.commands.parsing import add_option
+from drivetrain.contract.manager import get_plugin_manager
 
 HELP = "Show versions, plugins, the config file in effect and the hardware (paste it in bug reports)."
 
@@ -32,9 +33,9 @@ def collect(config_file: str | None) -> dict[str, Any]:
 
     from drivetrain import __version__
     from drivetrain.commands.plugins import plugin_records
-    from drivetrain.config_file import default_config_path, load_config
+    from drivetrain.config.file import default_config_path, load_config
 
-    config = load_config(config_file)
+    config = load_config(config_file, plugins=get_plugin_manager().config_declarations)
     cuda = torch.cuda.is_available()
     report: dict[str, Any] = {
         "drivetrain": __version__,

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from drivetrain.commands.main import UsageError, add_option
+from drivetrain.commands.parsing import UsageError, add_option
 
 HELP = "Estimate the memory a model needs for inference and for Adam training, per dtype."
 #: bytes per parameter

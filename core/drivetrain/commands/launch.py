@@ -12,33 +12,28 @@ import argparse
 import json
 import os
 import re
-import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-from drivetrain.commands.main import (
+from drivetrain.commands.parsing import (
     ArgumentParser,
     UsageError,
     add_option,
     error_line,
     exit_code_of,
 )
-from drivetrain.config_file import KEYS, PRECISIONS, RDZV_BACKENDS, ConfigFile, load_config
+from drivetrain.compat.names import ACCELERATE_BACKEND_FLAGS, MULTIPROCESS_BACKEND_DISTRIBUTION
+from drivetrain.config.file import KEYS, PRECISIONS, RDZV_BACKENDS, ConfigFile, load_config
+from drivetrain.config.sources import BACKEND_CONFIG_ENV, PLUGIN_OPTIONS_ENV
 from drivetrain.errors import ConfigurationError, PluginError
+from drivetrain.launchers import free_port
 
 HELP = "Launch a script in several processes and machines (torch's elastic launcher)."
 DEFAULT_MULTI_NODE_PORT = 29500
 
-#: Accelerate's backend switches: each is ``--backend <name>``.
-ACCELERATE_BACKEND_FLAGS = {
-    "use_deepspeed": "deepspeed",
-    "use_fsdp": "fsdp",
-    "use_megatron_lm": "megatron",
-    "tpu": "xla",
-}
 #: launch setting -> the environment variable the kernel reads.
 EXPORTED = {
     "backend": "DRIVETRAIN_BACKEND",
@@ -108,9 +103,12 @@ def register_parser(parser: argparse.ArgumentParser, plugin_options: bool = True
         hardware, "--cpu", action="store_true", default=None, help="compute on the CPU even if a GPU is there"
     )
     add_option(hardware, "--multi_gpu", action="store_true", help="Accelerate's flag; processes use the GPUs")
-    for flag, backend in ACCELERATE_BACKEND_FLAGS.items():
+    for flag in ACCELERATE_BACKEND_FLAGS:
         add_option(
-            hardware, f"--{flag}", action="store_true", help=f"Accelerate's flag: same as --backend {backend}"
+            hardware,
+            f"--{flag}",
+            action="store_true",
+            help="Accelerate's flag: selects the backend plugin that declares it",
         )
     add_option(hardware, "--gpu_ids", metavar="IDS", help="comma-separated GPU ids to use on this machine")
 
@@ -253,7 +251,7 @@ def _choice_option(flag: str, choices: Sequence[str]):
 def _add_plugin_options(parser: argparse.ArgumentParser) -> None:
     """Options plugins add through ``registry.add_launch_options``; each plugin gets its own help section.
     The destinations each plugin added are remembered, so their values can be handed to that plugin."""
-    from drivetrain.plugins import get_plugin_manager
+    from drivetrain.contract.manager import get_plugin_manager
 
     manager = get_plugin_manager()
     for name in manager.names():
@@ -336,12 +334,6 @@ def slurm_settings(environ: dict[str, str]) -> dict[str, Any]:
     return found
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host if host in ("127.0.0.1", "localhost", "0.0.0.0") else "", 0))
-        return sock.getsockname()[1]
-
-
 def _parse_env(pairs: Sequence[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
@@ -353,7 +345,7 @@ def _parse_env(pairs: Sequence[str]) -> dict[str, str]:
 
 
 def _check_backend(name: str, source: str) -> None:
-    from drivetrain.plugins import get_plugin_manager, unknown_plugin_message
+    from drivetrain.contract.manager import get_plugin_manager, unknown_plugin_message
 
     manager = get_plugin_manager()
     if name not in manager.discovered():
@@ -368,7 +360,8 @@ def _check_backend(name: str, source: str) -> None:
 
 def _automatic_backend(world_size: int) -> str:
     """What the kernel will select when nothing names a backend (the rule of state.select_backend)."""
-    from drivetrain.plugins import REFERENCE_BACKEND, get_plugin_manager
+    from drivetrain.contract.info import REFERENCE_BACKEND
+    from drivetrain.contract.manager import get_plugin_manager
 
     if world_size <= 1:
         return REFERENCE_BACKEND
@@ -376,7 +369,20 @@ def _automatic_backend(world_size: int) -> str:
     if backend is None:
         raise UsageError(
             f"{world_size} processes need a multi-process backend, and none is installed "
-            "(pip install drivetrain-ddp)"
+            f"(pip install {MULTIPROCESS_BACKEND_DISTRIBUTION})"
+        )
+    return backend
+
+
+def _backend_of_flag(flag: str) -> str:
+    """The installed backend that declares Accelerate's flag ``--flag``; a UsageError naming the distribution
+    to install when none does."""
+    from drivetrain.contract.manager import get_plugin_manager
+
+    backend = get_plugin_manager().backend_for_flag(flag)
+    if backend is None:
+        raise UsageError(
+            f"--{flag} selects a backend plugin that is not installed: pip install {ACCELERATE_BACKEND_FLAGS[flag]}"
         )
     return backend
 
@@ -384,11 +390,14 @@ def _automatic_backend(world_size: int) -> str:
 def resolve_plan(args: argparse.Namespace, environ: dict[str, str] | None = None) -> LaunchPlan:
     """Merge flags, SLURM, the config file and defaults into a :class:`LaunchPlan`; raise on bad values."""
     environ = dict(os.environ if environ is None else environ)
-    config: ConfigFile = load_config(args.config_file)
+    from drivetrain.contract.manager import get_plugin_manager
+
+    manager = get_plugin_manager()
+    config: ConfigFile = load_config(args.config_file, plugins=manager.config_declarations)
     slurm = slurm_settings(environ)
 
     flag_backends = [
-        backend for flag, backend in ACCELERATE_BACKEND_FLAGS.items() if getattr(args, flag, False)
+        _backend_of_flag(flag) for flag in ACCELERATE_BACKEND_FLAGS if getattr(args, flag, False)
     ]
     if args.backend is not None:
         flag_backends.insert(0, args.backend)
@@ -489,7 +498,7 @@ def resolve_plan(args: argparse.Namespace, environ: dict[str, str] | None = None
         env.setdefault("CUDA_VISIBLE_DEVICES", str(gpu_ids))
 
     backend = chosen.get("backend")
-    plugin_options = _plugin_option_values(args)
+    plugin_options = _merged(config.get("plugin_options") or {}, _plugin_option_values(args))
     if backend is not None:
         backend_label = backend
     elif num_processes > 1 and args.quiet and not plugin_options:
@@ -551,8 +560,18 @@ def _plugin_option_values(args: argparse.Namespace) -> dict[str, dict[str, Any]]
     return found
 
 
+def _merged(
+    from_file: dict[str, dict[str, Any]], from_flags: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Each plugin's options from the config file, overridden by the flags the user set."""
+    merged = {plugin: dict(values) for plugin, values in from_file.items()}
+    for plugin, values in from_flags.items():
+        merged.setdefault(plugin, {}).update(values)
+    return merged
+
+
 def _check_plugin_options(plugin: str, values: dict[str, Any], backend: str) -> None:
-    from drivetrain.plugins import get_plugin_manager
+    from drivetrain.contract.manager import get_plugin_manager
 
     if get_plugin_manager().info(plugin).kind == "backend" and plugin != backend:
         names = ", ".join("--" + dest for dest in values)
@@ -571,9 +590,9 @@ def environment_for(plan: LaunchPlan) -> dict[str, str]:
             value = plan.chosen[key]
             env[variable] = ("1" if value else "0") if isinstance(value, bool) else str(value)
     if "backend_config" in plan.chosen:
-        env["DRIVETRAIN_BACKEND_CONFIG"] = json.dumps(plan.chosen["backend_config"], sort_keys=True)
+        env[BACKEND_CONFIG_ENV] = json.dumps(plan.chosen["backend_config"], sort_keys=True)
     if plan.plugin_options:
-        env["DRIVETRAIN_PLUGIN_OPTIONS"] = json.dumps(plan.plugin_options, sort_keys=True, default=str)
+        env[PLUGIN_OPTIONS_ENV] = json.dumps(plan.plugin_options, sort_keys=True, default=str)
     env.update(plan.env)
     return env
 
@@ -627,7 +646,7 @@ def launch(plan: LaunchPlan, args: argparse.Namespace | None = None) -> int:
     """Start the processes and wait for them; return the exit code."""
     backend = plan.chosen.get("backend")
     if backend is not None:
-        from drivetrain.plugins import get_plugin_manager
+        from drivetrain.contract.manager import get_plugin_manager
 
         # _check_backend loaded the backend's plugin, so the launcher it registers is known
         launcher = get_plugin_manager().extensions.launchers.get(backend)

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from drivetrain.commands.main import UsageError, add_option
+from drivetrain.commands.parsing import UsageError, add_option
 
 HELP = "List installed plugins: distribution, kind, hooks, and whether their libraries import."
 
@@ -24,8 +24,13 @@ def register_parser(parser: argparse.ArgumentParser) -> None:
 
 def plugin_records(hook: str | None = None, detailed: bool = False) -> list[dict[str, Any]]:
     """One record per discovered plugin; a plugin that fails to load is listed with the reason."""
+    from drivetrain.contract.manager import (
+        HOOK_SPECS,
+        check_requirements,
+        get_plugin_manager,
+        missing_library,
+    )
     from drivetrain.errors import PluginError
-    from drivetrain.plugins import HOOK_SPECS, check_requirements, get_plugin_manager
 
     if hook is not None and hook not in HOOK_SPECS:
         raise UsageError(f"--hook: unknown hook {hook!r}; hooks: {', '.join(sorted(HOOK_SPECS))}")
@@ -52,6 +57,10 @@ def plugin_records(hook: str | None = None, detailed: bool = False) -> list[dict
             kind=info.kind,
             hooks=manager.hooks_of(name),
             requires=list(info.requires),
+            optional_requires={
+                library: {"enables": enables, "problem": missing_library(library)}
+                for library, enables in info.optional_requires.items()
+            },
             available=problem is None,
             problem=problem,
         )
@@ -87,6 +96,9 @@ def format_table(records: list[dict[str, Any]], detailed: bool) -> str:
         lines.append(f"    hooks: {', '.join(entry['hooks']) or '-'}")
         if entry.get("requires"):
             lines.append(f"    requires: {', '.join(entry['requires'])}")
+        for library, optional in entry.get("optional_requires", {}).items():
+            status = optional["problem"] or "installed"
+            lines.append(f"    optional: {library} ({optional['enables']}): {status}")
         if detailed and entry["kind"] is not None:
             if entry["description"]:
                 lines.append(f"    {entry['description']}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from drivetrain.commands.main import add_option
+from drivetrain.commands.parsing import add_option
 
 HELP = "Check that drivetrain works here: run a self-check script with your config, print a verdict."
 
@@ -20,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
     argv = ["--config_file", args.config_file] if args.config_file else []
     # As a module: a script path inside the package would put the package folder first on sys.path, where
     # drivetrain/logging.py would shadow the standard library's logging.
-    code = launch.main([*argv, "--module", "drivetrain.self_check"])
+    code = launch.main([*argv, "--module", "drivetrain.commands.self_check"])
     if code == 0:
         print("Test is a success! drivetrain is ready for your distributed training.")
     else:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.operations import _rebuild_mapping, honor_type
+from drivetrain.operations.nested import honor_type, rebuild_mapping
 
 
 def _is_values(data: Any) -> bool:
@@ -29,7 +29,7 @@ def _map(function: Callable[[Any], Any], data: Any) -> Any:
     if isinstance(data, (list, tuple)):
         return honor_type(data, [_map(function, item) for item in data])
     if isinstance(data, Mapping):
-        return _rebuild_mapping(data, {key: _map(function, value) for key, value in data.items()})
+        return rebuild_mapping(data, {key: _map(function, value) for key, value in data.items()})
     return data
 
 
@@ -68,7 +68,7 @@ def concatenate_batches(batches: list[Any]) -> Any:
             first, [concatenate_batches([batch[i] for batch in batches]) for i in range(len(first))]
         )
     if isinstance(first, Mapping):
-        return _rebuild_mapping(
+        return rebuild_mapping(
             first, {key: concatenate_batches([batch[key] for batch in batches]) for key in first}
         )
     return first
@@ -103,7 +103,7 @@ def _tensors_and_layout(data: Any, tensors: list[torch.Tensor]) -> Any:
     if isinstance(data, (list, tuple)):
         return honor_type(data, [_tensors_and_layout(item, tensors) for item in data])
     if isinstance(data, Mapping):
-        return _rebuild_mapping(
+        return rebuild_mapping(
             data, {key: _tensors_and_layout(value, tensors) for key, value in data.items()}
         )
     return data
@@ -115,7 +115,7 @@ def _fill(layout: Any, tensors: list[torch.Tensor]) -> Any:
     if isinstance(layout, (list, tuple)):
         return honor_type(layout, [_fill(item, tensors) for item in layout])
     if isinstance(layout, Mapping):
-        return _rebuild_mapping(layout, {key: _fill(value, tensors) for key, value in layout.items()})
+        return rebuild_mapping(layout, {key: _fill(value, tensors) for key, value in layout.items()})
     return layout
 
 

@@ -197,7 +197,7 @@ class _PreparedDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         if self.rng_types:
-            from drivetrain.random import synchronize_rng_states
+            from drivetrain.operations.random import synchronize_rng_states
 
             synchronize_rng_states(self.rng_types, generator=self.synchronized_generator)
         self.set_epoch(self.iteration)

@@ -10,23 +10,23 @@ from typing import Any
 
 _EXPORTS = {
     # configuration objects and kwargs handlers
-    "ProjectConfiguration": "drivetrain.configuration",
-    "DataLoaderConfiguration": "drivetrain.configuration",
-    "GradientAccumulationPlugin": "drivetrain.configuration",
-    "TorchDynamoPlugin": "drivetrain.configuration",
-    "KwargsHandler": "drivetrain.kwargs_handlers",
-    "AutocastKwargs": "drivetrain.kwargs_handlers",
-    "GradScalerKwargs": "drivetrain.kwargs_handlers",
-    "InitProcessGroupKwargs": "drivetrain.kwargs_handlers",
-    "ProfileKwargs": "drivetrain.profiling",
+    "ProjectConfiguration": "drivetrain.config.dataclasses",
+    "DataLoaderConfiguration": "drivetrain.config.dataclasses",
+    "GradientAccumulationPlugin": "drivetrain.config.dataclasses",
+    "TorchDynamoPlugin": "drivetrain.config.dataclasses",
+    "KwargsHandler": "drivetrain.config.kwargs_handlers",
+    "AutocastKwargs": "drivetrain.config.kwargs_handlers",
+    "GradScalerKwargs": "drivetrain.config.kwargs_handlers",
+    "InitProcessGroupKwargs": "drivetrain.config.kwargs_handlers",
+    "ProfileKwargs": "drivetrain.config.kwargs_handlers",
     # enums
-    "DistributedType": "drivetrain.enums",
-    "PrecisionType": "drivetrain.enums",
-    "RNGType": "drivetrain.enums",
-    "LoggerType": "drivetrain.enums",
-    "DynamoBackend": "drivetrain.enums",
-    "ComputeEnvironment": "drivetrain.enums",
-    "SageMakerDistributedType": "drivetrain.enums",
+    "DistributedType": "drivetrain.config.enums",
+    "PrecisionType": "drivetrain.config.enums",
+    "RNGType": "drivetrain.config.enums",
+    "LoggerType": "drivetrain.config.enums",
+    "DynamoBackend": "drivetrain.config.enums",
+    "ComputeEnvironment": "drivetrain.config.enums",
+    "SageMakerDistributedType": "drivetrain.config.enums",
     # operations
     "gather": "drivetrain.operations",
     "gather_object": "drivetrain.operations",
@@ -51,24 +51,24 @@ _EXPORTS = {
     "DistributedOperationException": "drivetrain.operations",
     "TensorInformation": "drivetrain.operations",
     # randomness
-    "set_seed": "drivetrain.random",
-    "synchronize_rng_state": "drivetrain.random",
-    "synchronize_rng_states": "drivetrain.random",
+    "set_seed": "drivetrain.operations.random",
+    "synchronize_rng_state": "drivetrain.operations.random",
+    "synchronize_rng_states": "drivetrain.operations.random",
     # processes, memory, environment
     "wait_for_everyone": "drivetrain.utils._process",
-    "release_memory": "drivetrain.memory",
-    "find_executable_batch_size": "drivetrain.memory",
-    "should_reduce_batch_size": "drivetrain.memory",
+    "release_memory": "drivetrain.operations.memory",
+    "find_executable_batch_size": "drivetrain.operations.memory",
+    "should_reduce_batch_size": "drivetrain.operations.memory",
     "patch_environment": "drivetrain.environment",
     "clear_environment": "drivetrain.environment",
-    "extract_model_from_parallel": "drivetrain.modeling",
+    "extract_model_from_parallel": "drivetrain.training.modeling",
     "save": "drivetrain.checkpointing",
     "clean_state_dict_for_safetensors": "drivetrain.checkpointing",
     # logging and progress
     "get_logger": "drivetrain.logging",
     "tqdm": "drivetrain.progress",
     "GeneralTracker": "drivetrain.tracking",
-    "write_basic_config": "drivetrain.config_file",
+    "write_basic_config": "drivetrain.config.file",
     "notebook_launcher": "drivetrain.launchers",
     "debug_launcher": "drivetrain.launchers",
     "on_main_process": "drivetrain.tracking",
@@ -100,7 +100,7 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    from drivetrain._lazy import lazy_getattr
+    from drivetrain.contract.exports import lazy_getattr
 
     value = lazy_getattr(__name__, {key: f"{module}:{key}" for key, module in _EXPORTS.items()}, name)
     globals()[name] = value

@@ -12,8 +12,7 @@ from typing import Any
 
 import attrs
 
-from drivetrain.errors import ConfigurationError
-from drivetrain.kwargs_handlers import KwargsHandler
+from drivetrain.plugin_api import ConfigurationError, KwargsHandler
 
 
 class DDPCommunicationHookType(str, enum.Enum):

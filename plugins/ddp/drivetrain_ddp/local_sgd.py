@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.enums import DistributedType
+from drivetrain.plugin_api import DistributedType
 
 #: Where a model is a plain replica per process whose parameters can be averaged with an all-reduce.
 SUPPORTED_TYPES = (

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from drivetrain import hookimpl
-from drivetrain.plugins import Capabilities, PluginInfo
+from drivetrain.plugin_api import Capabilities, PluginInfo
 from drivetrain_ddp.process_group import join_process_group, track_wrapped_model
 from drivetrain_ddp.wrapper import DrivetrainDDP
 

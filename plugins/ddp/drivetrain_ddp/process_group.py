@@ -12,9 +12,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.collectives import TorchCollectives
-from drivetrain.enums import DistributedType
-from drivetrain.state import DistributedEnvironment
+from drivetrain.plugin_api import DistributedEnvironment, DistributedType, TorchCollectives
 
 #: torch.distributed backend for each device type (gloo where nothing faster exists).
 TORCH_BACKEND_FOR_DEVICE = {"cuda": "nccl", "xpu": "xccl", "cpu": "gloo"}

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from drivetrain.errors import ConfigurationError
-from drivetrain_deepspeed.config import get_path, set_path
+from drivetrain.plugin_api import ConfigurationError
 from drivetrain_deepspeed.dummies import DummyOptim, DummyScheduler
+from drivetrain_deepspeed.paths import get_path, set_path
 
 #: ZeRO settings that fall back to DeepSpeed's defaults when "auto" and the model has no ``config.hidden_size``.
 _HIDDEN_SIZE_KEYS = {
@@ -37,13 +37,13 @@ NO_CLIPPING = 0.0
 
 def micro_batch_size(accelerator: Any) -> int | None:
     """Per-process batch size of the data loaders of this ``prepare`` call, or of those prepared before."""
-    for loader in accelerator.pending_dataloaders:
+    for loader in accelerator.prepared.pending_dataloaders:
         size = getattr(loader, "batch_size", None)
         if size is None:
             size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
         if isinstance(size, int):
             return size // accelerator.num_processes if accelerator.split_batches else size
-    for loader in list(getattr(accelerator, "_dataloaders", [])):
+    for loader in accelerator.prepared.dataloaders:
         size = getattr(loader, "batch_size", None)
         if size is None:
             size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)

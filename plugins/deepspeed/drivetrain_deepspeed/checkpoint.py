@@ -12,14 +12,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from drivetrain.checkpoint.serialization import safe_load
-from drivetrain.checkpoint.training_objects import (
-    _load_kwargs,
+from drivetrain.plugin_api import (
+    CheckpointError,
+    safe_load,
     scheduler_file_name,
     torch_save_into_checkpoint,
     writes_shared_files,
 )
-from drivetrain.errors import CheckpointError
 from drivetrain_deepspeed.dummies import DummyScheduler
 from drivetrain_deepspeed.engine import record_of_engine
 
@@ -74,7 +73,12 @@ def save_state(
 
 
 def load_state(
-    input_dir: str, accelerator: Any, models: list[Any], schedulers: list[Any], map_location: Any
+    input_dir: str,
+    accelerator: Any,
+    models: list[Any],
+    schedulers: list[Any],
+    map_location: Any,
+    load_kwargs: dict[str, Any],
 ) -> None:
     for index, engine in _training_engines(models):
         tag = engine_tag(index)
@@ -88,7 +92,6 @@ def load_state(
             raise CheckpointError(
                 f"DeepSpeed could not load engine {index} from {os.path.join(input_dir, tag)}"
             )
-    load_kwargs = _load_kwargs(accelerator)
     for index, scheduler in _user_schedulers(schedulers):
         path = os.path.join(input_dir, scheduler_file_name(index))
         if not os.path.isfile(path):

@@ -16,7 +16,8 @@ from typing import Any, ClassVar
 
 import attrs
 
-from drivetrain.errors import ConfigurationError
+from drivetrain.plugin_api import ConfigurationError
+from drivetrain_deepspeed.paths import get_path, set_path
 
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 #: ZeRO stage used when neither the plugin nor the config file names one (Accelerate's default too).
@@ -309,9 +310,9 @@ class DeepSpeedPlugin:
 
     def zero3_init_context_manager(self, enable: bool = False) -> Any:
         """``deepspeed.zero.Init`` for this configuration when ``enable`` (Accelerate's method name)."""
-        from drivetrain_deepspeed.engine import zero3_init
+        from drivetrain_deepspeed.zero_init import partitioned_init
 
-        return zero3_init(self, enabled=enable)
+        return partitioned_init(self, "no", enabled=enable)
 
     def select(self) -> None:
         self.selected = True
@@ -362,23 +363,6 @@ LAUNCHER_KEYS = (
 
 
 # -- dotted-key helpers ------------------------------------------------------------------------------------------
-def get_path(config: dict[str, Any], key: str, default: Any = None) -> Any:
-    node: Any = config
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
-def set_path(config: dict[str, Any], key: str, value: Any) -> None:
-    node = config
-    *parents, last = key.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[last] = value
-
-
 def set_config_value(config: dict[str, Any], key: str, value: Any, source: str) -> None:
     """Put ``value`` at ``key`` unless the config holds a different explicit value (then raise)."""
     current = get_path(config, key)

@@ -9,7 +9,6 @@ scheduler objects the script holds step nothing themselves (:class:`EngineOptimi
 from __future__ import annotations
 
 import contextlib
-import os
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -17,22 +16,13 @@ from typing import Any
 import attrs
 import torch
 
-from drivetrain.errors import ConfigurationError
-from drivetrain.optimizer import AcceleratedOptimizer
+from drivetrain.plugin_api import AcceleratedOptimizer, ConfigurationError
 from drivetrain_deepspeed.autofill import fill_config, resolve_precision
 from drivetrain_deepspeed.config import DeepSpeedPlugin
 from drivetrain_deepspeed.dummies import DummyOptim
+from drivetrain_deepspeed.library import check_precision_supported, import_deepspeed
 from drivetrain_deepspeed.selection import get_active_deepspeed_plugin
-
-
-def import_deepspeed(device_type: str = "cpu") -> Any:
-    """Import deepspeed, telling it to run on the CPU when this process computes there (it would otherwise
-    pick CUDA whenever it sees a GPU, or fail to find an accelerator)."""
-    if device_type == "cpu":
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import deepspeed
-
-    return deepspeed
+from drivetrain_deepspeed.zero_init import partitioned_init
 
 
 @attrs.define(eq=False)
@@ -99,7 +89,9 @@ def build_engine(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool
     for a DummyOptim, its DummyScheduler."""
     deepspeed = import_deepspeed(accelerator.device.type)
     plugin = get_active_deepspeed_plugin(accelerator.state)
-    optimizer = None if evaluation_mode else _optimizer_for(model, list(accelerator.pending_optimizers))
+    optimizer = (
+        None if evaluation_mode else _optimizer_for(model, list(accelerator.prepared.pending_optimizers))
+    )
     training = optimizer is not None
     config = fill_config(plugin.deepspeed_config, accelerator, model, optimizer, training)
     check_precision_supported(
@@ -157,30 +149,6 @@ def get_nested(node: dict[str, Any], *keys: str) -> Any:
     for key in keys:
         node = node.get(key) if isinstance(node, dict) else None
     return node
-
-
-def check_precision_supported(precision: str, mixed_precision: str) -> None:
-    """Refuse, naming the precision and what would be valid, a 16-bit type DeepSpeed's accelerator does not
-    support here (DeepSpeed's own check is a bare "Type fp16 is not supported on your device."). On CPU,
-    fp16 needs oneDNN fp16 kernels (CPUs with AVX512-FP16/AMX-FP16); bf16 is always available."""
-    if precision not in ("fp16", "bf16"):
-        return
-    from deepspeed.accelerator import get_accelerator
-
-    device = get_accelerator()
-    supported = {"bf16": bool(device.is_bf16_supported()), "fp16": bool(device.is_fp16_supported())}
-    if supported[precision]:
-        return
-    source = (
-        f"mixed_precision={precision!r}"
-        if mixed_precision == precision
-        else f'the DeepSpeed config\'s "{precision}": {{"enabled": true}}'
-    )
-    valid = ", ".join(repr(name) for name in ("no", "bf16", "fp16") if name == "no" or supported[name])
-    raise ConfigurationError(
-        f"{source} with the deepspeed backend: DeepSpeed does not support {precision} on this "
-        f"{device.device_name()} device; valid mixed_precision here: {valid}"
-    )
 
 
 def set_moe_leaf_modules(model: torch.nn.Module, plugin: DeepSpeedPlugin) -> list[torch.nn.Module]:
@@ -367,33 +335,10 @@ def zero3_init(plugin_or_accelerator: Any = None, enabled: bool = True) -> Itera
         plugin = plugin_or_accelerator
         mixed_precision = "no"
     else:
-        from drivetrain.state import AcceleratorState
+        from drivetrain.plugin_api import AcceleratorState
 
         state = plugin_or_accelerator.state if plugin_or_accelerator is not None else AcceleratorState()
         plugin = get_active_deepspeed_plugin(state)
         mixed_precision = state.mixed_precision
-    if not enabled or plugin.stage != 3:
-        yield
-        return
-    import copy
-
-    config = copy.deepcopy(plugin.deepspeed_config)
-    precision = resolve_precision(config, mixed_precision)
-    device_type = "cpu" if os.environ.get("DS_ACCELERATOR") == "cpu" else None
-    deepspeed = import_deepspeed(device_type or "cuda")
-    check_precision_supported(precision, mixed_precision)
-    # zero.Init reads the ZeRO section and the precision (its dtype= argument is ignored on devices without
-    # fp16 support, so the dtype goes through the config); the batch sizes must merely be consistent numbers.
-    init_config = {
-        "zero_optimization": {k: v for k, v in config["zero_optimization"].items() if v != "auto"},
-        "bf16": {"enabled": precision == "bf16"},
-        "fp16": {"enabled": precision == "fp16"},
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
-    }
-    for part in ("offload_optimizer", "offload_param"):
-        section = init_config["zero_optimization"].get(part)
-        if isinstance(section, dict) and section.get("device") == "auto":
-            section["device"] = "none"
-    with deepspeed.zero.Init(config_dict_or_path=init_config):
+    with partitioned_init(plugin, mixed_precision, enabled):
         yield

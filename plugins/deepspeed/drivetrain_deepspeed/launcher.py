@@ -10,13 +10,14 @@ settings reach remote processes through DeepSpeed's environment file (``DS_ENV_F
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 from typing import Any
+
+from drivetrain.plugin_api import backend_settings
 
 #: Variables the processes need besides DRIVETRAIN_* (DeepSpeed exports PYTHON* itself).
 _FORWARDED = ("OMP_NUM_THREADS", "DS_ACCELERATOR", "TORCH_EXTENSIONS_DIR", "CUDA_VISIBLE_DEVICES")
@@ -75,8 +76,7 @@ def _setting(args: Any, name: str) -> Any:
     value = getattr(args, name, None)
     if value is not None:
         return value
-    config = json.loads(os.environ.get("DRIVETRAIN_BACKEND_CONFIG") or "{}")
-    return config.get(name)
+    return backend_settings("deepspeed")[1].get(name)
 
 
 def _free_port() -> int:

@@ -13,8 +13,7 @@ from typing import Any
 import torch
 
 from drivetrain import hookimpl
-from drivetrain.plugins import Capabilities, PluginInfo
-from drivetrain_deepspeed.config import DeepSpeedPlugin
+from drivetrain.plugin_api import Capabilities, PluginInfo
 
 PLUGIN_INFO = PluginInfo(
     kind="backend",
@@ -32,7 +31,8 @@ PLUGIN_INFO = PluginInfo(
         low_precision_weights=True,
     ),
     distributed_type="DEEPSPEED",
-    config_class=DeepSpeedPlugin,
+    config_section="deepspeed_config",
+    launch_flag="use_deepspeed",
     places_model=True,
     manages_precision=True,
 )
@@ -69,7 +69,7 @@ def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) 
     if accelerator.mixed_precision == "no" and engine_precision(accelerator) != "no":
         # The DeepSpeed config alone asked for 16-bit: the module's weights are 16-bit now, so its forward
         # must run under autocast (the kernel patches forward only when mixed_precision is set).
-        from drivetrain.modeling import patch_forward_with_autocast
+        from drivetrain.plugin_api import patch_forward_with_autocast
 
         patch_forward_with_autocast(model, accelerator.autocast)
     return engine
@@ -112,22 +112,25 @@ def autocast(accelerator: Any, autocast_kwargs: dict[str, Any]) -> Any:
 
 
 @hookimpl
-def save_state(output_dir: str, accelerator: Any, models: list, schedulers: list) -> bool:
+def save_state(
+    output_dir: str, accelerator: Any, models: list, schedulers: list, save_kwargs: dict[str, Any]
+) -> bool:
     from drivetrain_deepspeed.checkpoint import save_state as save
 
-    save(
-        output_dir,
-        accelerator,
-        models,
-        schedulers,
-        dict(getattr(accelerator, "_save_model_func_kwargs", {}) or {}),
-    )
+    save(output_dir, accelerator, models, schedulers, save_kwargs)
     return True
 
 
 @hookimpl
-def load_state(input_dir: str, accelerator: Any, models: list, schedulers: list, map_location: Any) -> bool:
+def load_state(
+    input_dir: str,
+    accelerator: Any,
+    models: list,
+    schedulers: list,
+    map_location: Any,
+    load_kwargs: dict[str, Any],
+) -> bool:
     from drivetrain_deepspeed.checkpoint import load_state as load
 
-    load(input_dir, accelerator, models, schedulers, map_location)
+    load(input_dir, accelerator, models, schedulers, map_location, load_kwargs)
     return True

@@ -14,10 +14,8 @@ from typing import Any
 
 import torch
 
-from drivetrain.collectives import TorchCollectives
-from drivetrain.enums import DistributedType
-from drivetrain.state import DistributedEnvironment
-from drivetrain_deepspeed.engine import import_deepspeed
+from drivetrain.plugin_api import DistributedEnvironment, DistributedType, TorchCollectives
+from drivetrain_deepspeed.library import import_deepspeed
 
 TORCH_BACKEND_FOR_DEVICE = {"cuda": "nccl", "xpu": "xccl", "cpu": "gloo"}
 

@@ -10,34 +10,25 @@ config file's ``deepspeed_config`` section) build one, else DeepSpeed's defaults
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
-from drivetrain.errors import ConfigurationError
+from drivetrain.plugin_api import ConfigurationError, backend_settings
 from drivetrain_deepspeed.config import DeepSpeedPlugin
 
-BACKEND_CONFIG_VARIABLE = "DRIVETRAIN_BACKEND_CONFIG"
-
-#: Plugin built from the launcher's settings, per process (the environment does not change in a run).
+#: Plugin built from the launcher's settings or the config file, by their JSON text (one per process: they
+#: do not change during a run).
 _from_environment: dict[str, DeepSpeedPlugin] = {}
 
 
 def plugin_from_environment() -> DeepSpeedPlugin | None:
-    text = os.environ.get(BACKEND_CONFIG_VARIABLE)
-    if not text:
+    origin, values = backend_settings("deepspeed")
+    if origin is None:
         return None
-    if text not in _from_environment:
-        try:
-            values = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigurationError(f"{BACKEND_CONFIG_VARIABLE} is not valid JSON ({exc})") from None
-        if not isinstance(values, dict):
-            raise ConfigurationError(
-                f"{BACKEND_CONFIG_VARIABLE} must hold a JSON object of deepspeed settings"
-            )
+    key = json.dumps(values, sort_keys=True, default=str)
+    if key not in _from_environment:
         _from_environment.clear()
-        _from_environment[text] = DeepSpeedPlugin.from_mapping(values, BACKEND_CONFIG_VARIABLE)
-    return _from_environment[text]
+        _from_environment[key] = DeepSpeedPlugin.from_mapping(values, origin)
+    return _from_environment[key]
 
 
 def _state_of(state_or_accelerator: Any) -> Any:

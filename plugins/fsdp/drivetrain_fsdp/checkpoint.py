@@ -16,16 +16,16 @@ from typing import Any
 
 import torch
 
-from drivetrain.checkpoint.serialization import safe_load
-from drivetrain.checkpoint.training_objects import (
+from drivetrain.plugin_api import (
+    CheckpointError,
     model_file_name,
     optimizer_file_name,
+    safe_load,
     scheduler_file_name,
     torch_save_into_checkpoint,
     write_model_weights,
     writes_shared_files,
 )
-from drivetrain.errors import CheckpointError
 from drivetrain_fsdp.config import FullyShardedDataParallelPlugin, StateDictType
 from drivetrain_fsdp.wrapping import CONFIG_ATTRIBUTE
 
@@ -102,7 +102,7 @@ def save(
                     os.path.join(output_dir, model_file_name(index, safe_serialization)),
                     safe_serialization,
                 )
-    all_modules = [_module(model, accelerator) for model in accelerator._models]
+    all_modules = [_module(model, accelerator) for model in accelerator.prepared.models]
     for index, optimizer in enumerate(optimizers):
         inner = _inner(optimizer)
         module = owner_of(inner, all_modules)
@@ -129,7 +129,13 @@ def _full_model_file(input_dir: str, index: int) -> str | None:
 
 
 def load(
-    input_dir: str, accelerator: Any, models: list, optimizers: list, schedulers: list, map_location: Any
+    input_dir: str,
+    accelerator: Any,
+    models: list,
+    optimizers: list,
+    schedulers: list,
+    map_location: Any,
+    load_kwargs: dict[str, Any],
 ) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -140,7 +146,6 @@ def load(
         set_optimizer_state_dict,
     )
 
-    load_kwargs = dict(getattr(accelerator, "_checkpoint_load_kwargs", None) or {})
     is_rank0 = dist.get_rank() == 0
     modules = [_module(model, accelerator) for model in models]
     for index, module in enumerate(modules):
@@ -166,7 +171,7 @@ def load(
                 full = safe_load(path, map_location="cpu", **load_kwargs)
         set_model_state_dict(module, full, options=_options(True, broadcast_from_rank0=True))
 
-    all_modules = [_module(model, accelerator) for model in accelerator._models]
+    all_modules = [_module(model, accelerator) for model in accelerator.prepared.models]
     for index, optimizer in enumerate(optimizers):
         inner = _inner(optimizer)
         module = owner_of(inner, all_modules)

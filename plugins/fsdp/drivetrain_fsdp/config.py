@@ -12,7 +12,6 @@ set both in code and in the environment must agree, or construction fails naming
 from __future__ import annotations
 
 import enum
-import json
 import os
 import re
 import warnings
@@ -22,11 +21,8 @@ from typing import Any
 import attrs
 import torch
 
-from drivetrain import settings
-from drivetrain.errors import ConfigurationError
+from drivetrain.plugin_api import ConfigurationError, backend_settings, to_bool
 
-#: The environment variable ``drivetrain launch`` fills with the backend's settings (JSON object).
-BACKEND_CONFIG_ENV = "DRIVETRAIN_BACKEND_CONFIG"
 #: Accelerate's switch for RAM-efficient loading (set by ``enable_fsdp_ram_efficient_loading``).
 RAM_EFFICIENT_LOADING_ENV = "FSDP_CPU_RAM_EFFICIENT_LOADING"
 
@@ -91,7 +87,7 @@ def _optional(converter: Callable[[Any], Any]) -> Callable[[Any], Any]:
 def _to_bool(field_name: str) -> Callable[[Any], bool]:
     def convert(value: Any) -> bool:
         try:
-            return settings.to_bool(value)
+            return to_bool(value)
         except ConfigurationError:
             raise ConfigurationError(
                 f"FullyShardedDataParallelPlugin.{field_name} must be true or false, got {value!r}"
@@ -198,7 +194,7 @@ def _mixed_precision_policy(value: Any) -> Any:
             )
         kwargs = {key: _dtype(item, key) for key, item in value.items() if key != "cast_forward_inputs"}
         if "cast_forward_inputs" in value:
-            kwargs["cast_forward_inputs"] = settings.to_bool(value["cast_forward_inputs"])
+            kwargs["cast_forward_inputs"] = to_bool(value["cast_forward_inputs"])
         return MixedPrecisionPolicy(**kwargs)
     raise ConfigurationError(
         "FullyShardedDataParallelPlugin.mixed_precision_policy must be a torch.distributed.fsdp."
@@ -249,7 +245,7 @@ def _fsdp_version(value: Any) -> int:
 
 
 def _env_ram_efficient_loading() -> bool:
-    return settings.to_bool(os.environ.get(RAM_EFFICIENT_LOADING_ENV, "false"))
+    return to_bool(os.environ.get(RAM_EFFICIENT_LOADING_ENV, "false"))
 
 
 @attrs.define
@@ -394,30 +390,11 @@ def _field_name(key: str, origin: str) -> str:
 
 
 def environment_settings() -> tuple[str | None, dict[str, Any]]:
-    """(where they come from, fsdp settings by field name) from DRIVETRAIN_BACKEND_CONFIG, else the config
-    file's ``fsdp_config`` (Accelerate format) or ``backend_config`` (drivetrain format) section."""
-    raw = os.environ.get(BACKEND_CONFIG_ENV)
-    if raw:
-        origin = f"environment {BACKEND_CONFIG_ENV}"
-        try:
-            values = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ConfigurationError(f"{origin} is not valid JSON: {exc}") from None
-        if not isinstance(values, dict):
-            raise ConfigurationError(f"{origin} must hold a JSON object of fsdp settings")
-    else:
-        path, data = settings.config_file_values()
-        if path is None:
-            return None, {}
-        origin = f"config file {path}"
-        if "fsdp_config" in data:
-            values = data.get("fsdp_config") or {}
-        elif str(data.get("backend", "")).lower() == "fsdp":
-            values = data.get("backend_config") or {}
-        else:
-            return None, {}
-        if not isinstance(values, dict):
-            raise ConfigurationError(f"{origin}: the fsdp section must be a mapping of settings")
+    """(where they come from, fsdp settings by field name) from the launcher's flags or the config file's
+    ``fsdp_config`` (Accelerate format) / ``backend_config`` (drivetrain format) section."""
+    origin, values = backend_settings("fsdp")
+    if origin is None:
+        return None, {}
     return origin, {_field_name(str(key), origin): value for key, value in values.items()}
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.errors import CheckpointError
+from drivetrain.plugin_api import CheckpointError
 
 METADATA_FILE = ".metadata"
 
@@ -72,7 +72,7 @@ def merge_fsdp_weights(
         ``pytorch_model_fsdp_0``.
     :param remove_checkpoint_dir: delete ``checkpoint_dir`` once the merged model is written.
     """
-    from drivetrain.checkpoint.model_files import write_model_files
+    from drivetrain.plugin_api import write_model_files
 
     checkpoint_dir, output_path = os.fspath(checkpoint_dir), os.fspath(output_path)
     state = load_sharded_model_state(checkpoint_dir)

@@ -14,8 +14,7 @@ from typing import Any
 import torch
 
 from drivetrain import hookimpl
-from drivetrain.errors import ConfigurationError
-from drivetrain.plugins import Capabilities, PluginInfo
+from drivetrain.plugin_api import Capabilities, ConfigurationError, PluginInfo
 from drivetrain_fsdp.config import FullyShardedDataParallelPlugin, from_environment, merged_with_environment
 
 PLUGIN_INFO = PluginInfo(
@@ -31,7 +30,8 @@ PLUGIN_INFO = PluginInfo(
         local_gradients=False,
     ),
     distributed_type="FSDP",
-    config_class=FullyShardedDataParallelPlugin,
+    config_section="fsdp_config",
+    launch_flag="use_fsdp",
     # The backend places parameters itself: each rank materialises only its shard (and with
     # cpu_ram_efficient_loading only rank 0 ever holds the full weights).
     places_model=True,
@@ -145,9 +145,15 @@ def save_state(
 
 @hookimpl
 def load_state(
-    input_dir: str, accelerator: Any, models: list, optimizers: list, schedulers: list, map_location: Any
+    input_dir: str,
+    accelerator: Any,
+    models: list,
+    optimizers: list,
+    schedulers: list,
+    map_location: Any,
+    load_kwargs: dict[str, Any],
 ) -> bool:
     from drivetrain_fsdp import checkpoint
 
-    checkpoint.load(input_dir, accelerator, models, optimizers, schedulers, map_location)
+    checkpoint.load(input_dir, accelerator, models, optimizers, schedulers, map_location, load_kwargs)
     return True

@@ -9,9 +9,7 @@ from typing import Any
 import attrs
 import torch
 
-from drivetrain.enums import DistributedType
-from drivetrain.errors import ConfigurationError
-from drivetrain.state import DistributedEnvironment
+from drivetrain.plugin_api import ConfigurationError, DistributedEnvironment, DistributedType
 from drivetrain_ddp.process_group import TORCH_BACKEND_FOR_DEVICE, join_process_group, shutdown_process_group
 from drivetrain_fsdp.config import FullyShardedDataParallelPlugin, ShardingStrategy
 

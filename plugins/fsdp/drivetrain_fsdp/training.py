@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.errors import ConfigurationError
+from drivetrain.plugin_api import ConfigurationError
 from drivetrain_fsdp.wrapping import replaced_parameters
 
 

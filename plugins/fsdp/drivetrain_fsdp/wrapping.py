@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from drivetrain.errors import ConfigurationError
+from drivetrain.plugin_api import ConfigurationError
 from drivetrain_fsdp.config import AutoWrapPolicy, BackwardPrefetch, FullyShardedDataParallelPlugin
 from drivetrain_fsdp.process_group import device_mesh
 

@@ -168,7 +168,7 @@ def test_enable_ram_efficient_loading(monkeypatch):
 
 def test_exports_and_cli_command():
     import drivetrain
-    from drivetrain.plugins import get_plugin_manager
+    from drivetrain.contract.manager import get_plugin_manager
 
     assert drivetrain.FullyShardedDataParallelPlugin is FullyShardedDataParallelPlugin
     assert drivetrain.merge_fsdp_weights is merge_fsdp_weights

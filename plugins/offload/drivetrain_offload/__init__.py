@@ -24,8 +24,8 @@ _WHERE = {
     "cpu_offload_with_hook": "offload",
     "disk_offload": "offload",
     "OffloadedWeights": "weights",
-    "align_module_device": "weights",
-    "has_offloaded_params": "weights",
+    "align_module_device": "inspection",
+    "has_offloaded_params": "inspection",
 }
 __all__ = sorted(_WHERE)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.big_modeling.device_map import device_for, find_tied_parameters, normalize_device
+from drivetrain.plugin_api import device_for, find_tied_parameters, normalize_device
 from drivetrain_offload.attach import attach_align_device_hook_on_blocks
 from drivetrain_offload.module_hooks import AlignDevicesHook, add_hook_to_module
 from drivetrain_offload.offload import as_device, write_model_to_folder

@@ -1,5 +1,5 @@
 """Module hooks: code that runs around a ``torch.nn.Module``'s forward (not to be confused with the
-*plugin* hooks of ``drivetrain.hookspecs``).
+*plugin* hooks of ``drivetrain.contract.hookspecs``).
 
 ``add_hook_to_module`` replaces ``module.forward`` by a wrapper calling ``hook.pre_forward`` (which may
 change the arguments), the original forward, then ``hook.post_forward`` (which may change the output).
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.operations import find_device, send_to_device
+from drivetrain.plugin_api import find_device, send_to_device
 from drivetrain_offload.weights import (
     OffloadedWeights,
     get_tensor,

@@ -7,8 +7,12 @@ from typing import Any
 
 import torch
 
-from drivetrain.big_modeling.device_map import find_tied_parameters
-from drivetrain.big_modeling.offload_index import INDEX_FILE, save_offload_index, write_offloaded_weights
+from drivetrain.plugin_api import (
+    INDEX_FILE,
+    find_tied_parameters,
+    save_offload_index,
+    write_offloaded_weights,
+)
 from drivetrain_offload.attach import attach_align_device_hook
 from drivetrain_offload.module_hooks import (
     AlignDevicesHook,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from drivetrain import hookimpl
-from drivetrain.plugins import PluginInfo
+from drivetrain.plugin_api import PluginInfo
 
 PLUGIN_INFO = PluginInfo(
     kind="feature",

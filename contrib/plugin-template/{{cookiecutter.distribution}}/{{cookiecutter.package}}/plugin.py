@@ -2,8 +2,9 @@
 
 Every hook below is stubbed to return ``None``, which means "not mine": drivetrain then asks the next plugin
 and finally the reference backend ``local``. Replace a stub where your backend differs; delete the ones you
-never need. The full contract, with each hook's arguments and calling rule, is drivetrain's
-``hookspecs.py`` (docs/hooks.md). An implementation may take any subset of a hook's arguments.
+never need. The full contract, with each hook's arguments and calling rule, is docs/hooks.md; everything
+else a plugin may import from drivetrain is ``drivetrain.plugin_api`` (docs/plugins/api.md). An
+implementation may take any subset of a hook's arguments.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from typing import Any
 import torch
 
 from drivetrain import hookimpl
-from drivetrain.plugins import Capabilities, PluginInfo
+from drivetrain.plugin_api import Capabilities, PluginInfo
 
 PLUGIN_INFO = PluginInfo(
     kind="backend",
     # The contract version this plugin implements; drivetrain refuses a different major version.
-    contract="1.0",
+    contract="1.1",
     description="{{ cookiecutter.description }}",
     # What the conformance suite holds you to; properties outside these are reported "n/a".
     # Set multi_process=True once setup_process_group and wrap_model handle several processes.
@@ -32,8 +33,8 @@ PLUGIN_INFO = PluginInfo(
 
 
 @hookimpl
-def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> Any:
-    """Join the process group; return a drivetrain.state.DistributedEnvironment (ranks, world size,
+def setup_process_group(device: torch.device, init_kwargs: dict[str, Any], parallelism: Any) -> Any:
+    """Join the process group; return a ``plugin_api.DistributedEnvironment`` (ranks, world size,
     distributed type, collectives, shutdown). ``None``: one process, like ``local``."""
     return None
 
@@ -52,9 +53,9 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.
 
 
 @hookimpl
-def shard_dataloader(dataloader: Any, accelerator: Any, device_placement: bool) -> Any:
-    """Return a loader yielding this process's share of every batch. ``None``: drivetrain's reference
-    sharding (all data loader modes)."""
+def shard_dataloader(dataloader: Any, accelerator: Any, device_placement: bool, options: Any) -> Any:
+    """Return a loader yielding this process's share of every batch (``options`` is a
+    ``plugin_api.ShardingOptions``). ``None``: drivetrain's reference sharding (all data loader modes)."""
     return None
 
 
@@ -83,9 +84,11 @@ def save_state(
     output_dir: str,
     accelerator: Any,
     models: list,
+    weights: list,
     optimizers: list,
     schedulers: list,
     safe_serialization: bool,
+    save_kwargs: dict[str, Any],
 ) -> bool | None:
     """Write models, optimizers, schedulers into ``output_dir`` and return True. ``None``: drivetrain's files."""
     return None
@@ -93,7 +96,14 @@ def save_state(
 
 @hookimpl
 def load_state(
-    input_dir: str, accelerator: Any, models: list, optimizers: list, schedulers: list, map_location: Any
+    input_dir: str,
+    accelerator: Any,
+    models: list,
+    optimizers: list,
+    schedulers: list,
+    map_location: Any,
+    load_kwargs: dict[str, Any],
+    verified: Any,
 ) -> bool | None:
     """Restore what save_state wrote and return True. ``None``: drivetrain's files."""
     return None

@@ -26,7 +26,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from drivetrain import Accelerator, FullyShardedDataParallelPlugin, merge_fsdp_weights
-from drivetrain.enums import DistributedType
+from drivetrain.config.enums import DistributedType
 from drivetrain.errors import ConfigurationError
 from drivetrain.state import GradientState
 

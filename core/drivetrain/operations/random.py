@@ -16,15 +16,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from drivetrain.enums import RNGType
+from drivetrain.config.enums import RNGType
 
 #: rng types that a device plugin registered: name -> (get_state, set_state, seed)
 _REGISTERED: dict[
     str, tuple[Callable[[], torch.Tensor], Callable[[torch.Tensor], None], Callable[[int], None] | None]
 ] = {}
 
-#: torch device modules whose generator state set_seed / capture_rng_state cover when available
-_DEVICE_MODULES = ("cuda", "xpu", "npu", "mlu", "hpu")
+
+def _accelerator_types() -> list[str]:
+    """The device type of this machine's accelerator when torch sees one ("cuda", "xpu", ...): set_seed and
+    capture_rng_state cover its generators besides the CPU's."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "current_accelerator"):
+        current = accelerator.current_accelerator()
+        return [current.type] if current is not None else []
+    return ["cuda"] if torch.cuda.is_available() else []
 
 
 def register_rng_type(
@@ -68,7 +75,7 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     random.seed(seed)
     np.random.seed(seed % 2**32)  # numpy takes 32-bit seeds only
     torch.manual_seed(seed)
-    for name in _DEVICE_MODULES:
+    for name in _accelerator_types():
         module = _device_module(name)
         if module is not None and hasattr(module, "manual_seed_all"):
             module.manual_seed_all(seed)
@@ -97,10 +104,10 @@ def _rng_accessors(rng_type: str, generator: torch.Generator | None) -> tuple[Ca
         return generator.get_state, generator.set_state
     module = _device_module(rng_type)
     if module is None:
-        hint = (
-            " (install the device plugin that registers it, e.g. drivetrain-xla)" if rng_type == "xla" else ""
+        raise ValueError(
+            f"rng type {rng_type!r} is not available in this process (no such device here, and no device "
+            "plugin registered it)"
         )
-        raise ValueError(f"rng type {rng_type!r} is not available in this process{hint}")
     return module.get_rng_state, module.set_rng_state
 
 
@@ -166,7 +173,7 @@ def capture_rng_state() -> dict[str, Any]:
         "numpy": _numpy_state(),
         "torch": torch.get_rng_state(),
     }
-    for name in _DEVICE_MODULES:
+    for name in _accelerator_types():
         module = _device_module(name)
         if module is not None and hasattr(module, "get_rng_state_all"):
             captured[name] = list(module.get_rng_state_all())
@@ -192,7 +199,7 @@ def restore_rng_state(saved: dict[str, Any]) -> None:
             torch.set_rng_state(value)
         elif key in _REGISTERED:
             _REGISTERED[key][1](value)
-        elif key in _DEVICE_MODULES:
+        elif isinstance(value, list):  # one state per device of a device runtime ("cuda", ...)
             module = _device_module(key)
             if module is None:
                 warnings.warn(

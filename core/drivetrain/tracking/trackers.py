@@ -16,13 +16,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from drivetrain.compat.names import TRACKERS_DISTRIBUTION
 from drivetrain.errors import ConfigurationError, PluginError
 from drivetrain.logging import process_rank
 
 logger = logging.getLogger(__name__)
 
-#: Distribution that provides Accelerate's built-in trackers (used to word "not installed" errors).
-TRACKERS_DISTRIBUTION = "drivetrain-trackers"
 ALL = "all"
 
 
@@ -129,7 +128,7 @@ def registered_trackers() -> dict[str, tuple[str, type]]:
     Loads every plugin module (never their third-party libraries). A plugin that fails to load is reported
     as a warning and skipped, so one broken plugin does not take tracking down with it.
     """
-    from drivetrain.plugins import get_plugin_manager
+    from drivetrain.contract.manager import get_plugin_manager
 
     manager = get_plugin_manager()
     for name in manager.names():
@@ -166,7 +165,7 @@ def _entry_name(entry: Any) -> str:
 
 
 def _unknown_tracker_message(name: str, registered: dict[str, tuple[str, type]]) -> str:
-    from drivetrain.enums import LoggerType
+    from drivetrain.config.enums import LoggerType
 
     available = ", ".join(sorted(registered)) or "none"
     message = f'unknown tracker {name!r} in log_with; trackers installed: {available} (or "all").'

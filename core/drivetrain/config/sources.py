@@ -16,6 +16,7 @@ A source only counts when it sets the value. When two sources set different valu
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -127,3 +128,37 @@ def to_int(value: Any) -> int:
         return int(value)
     except (TypeError, ValueError):
         raise ConfigurationError(f"expected an integer, got {value!r}") from None
+
+
+#: What ``drivetrain launch`` hands to the processes besides plain settings: the backend's configuration
+#: (its config-file section and backend flags) and each plugin's launch options and config keys, as JSON.
+BACKEND_CONFIG_ENV = "DRIVETRAIN_BACKEND_CONFIG"
+PLUGIN_OPTIONS_ENV = "DRIVETRAIN_PLUGIN_OPTIONS"
+
+
+def _json_environment(variable: str) -> dict[str, Any]:
+    raw = os.environ.get(variable)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigurationError(
+            f"{variable} is not valid JSON ({exc}); it is written by `drivetrain launch`"
+        ) from None
+    if not isinstance(value, dict):
+        raise ConfigurationError(f"{variable} must hold a JSON object, got {type(value).__name__}")
+    return value
+
+
+def launched_backend_config() -> dict[str, Any]:
+    """The backend configuration ``drivetrain launch`` handed to this process (config-file section and the
+    backend's flags), or ``{}``."""
+    return _json_environment(BACKEND_CONFIG_ENV)
+
+
+def plugin_options(plugin: str) -> dict[str, Any]:
+    """The values of plugin ``plugin``'s launch options and config-file keys that ``drivetrain launch`` handed
+    to this process, by option name, or ``{}``."""
+    options = _json_environment(PLUGIN_OPTIONS_ENV).get(plugin, {})
+    return dict(options) if isinstance(options, dict) else {}

@@ -17,11 +17,13 @@ from typing import Any
 
 import attrs
 
+from drivetrain.compat.names import ACCELERATE_PLUGIN_KEYS, ACCELERATE_SECTIONS
+from drivetrain.config.enums import DistributedType, PrecisionType
 from drivetrain.errors import ConfigurationError
 
 CONFIG_DIR_ENV = "DRIVETRAIN_CONFIG_DIR"
 DEFAULT_CONFIG_NAME = "default_config.yaml"
-PRECISIONS = ("no", "fp16", "bf16", "fp8")
+PRECISIONS = tuple(PrecisionType.list())
 RDZV_BACKENDS = ("static", "c10d")
 
 
@@ -105,7 +107,7 @@ def _mapping(value: Any) -> dict:
 
 
 def _dynamo(value: Any) -> str:
-    from drivetrain.enums import DynamoBackend
+    from drivetrain.config.enums import DynamoBackend
 
     return _choice(*DynamoBackend.list(), lower=False)(value)
 
@@ -135,24 +137,11 @@ KEYS: dict[str, Callable[[Any], Any]] = {
 }
 
 # -- Accelerate's default_config.yaml ------------------------------------------------------------------------
-#: Accelerate's ``distributed_type`` -> the drivetrain plugin that provides it and the section holding its
-#: settings. ``MULTI_*`` needs no name: several processes select the multi-process backend automatically.
-ACCELERATE_DISTRIBUTED_TYPES: dict[str, tuple[str | None, str | None]] = {
-    "NO": (None, None),
-    "MULTI_CPU": (None, None),
-    "MULTI_GPU": (None, None),
-    "MULTI_XPU": (None, None),
-    "MULTI_NPU": (None, None),
-    "MULTI_MLU": (None, None),
-    "MULTI_HPU": (None, None),
-    "MULTI_SDAA": (None, None),
-    "MULTI_MUSA": (None, None),
-    "DEEPSPEED": ("deepspeed", "deepspeed_config"),
-    "FSDP": ("fsdp", "fsdp_config"),
-    "MEGATRON_LM": ("megatron", "megatron_lm_config"),
-    "XLA": ("xla", None),
-    "TPU": ("xla", None),
-}
+#: Accelerate's ``distributed_type`` values that name no backend: several processes select the multi-process
+#: backend automatically. The others are answered by the backend whose ``PluginInfo.distributed_type`` they are.
+ACCELERATE_AUTOMATIC_TYPES = tuple(
+    member.value for member in DistributedType if member.value == "NO" or member.value.startswith("MULTI_")
+)
 #: Accelerate keys read as they are (same meaning in drivetrain).
 ACCELERATE_SHARED_KEYS = (
     "num_processes",
@@ -168,28 +157,12 @@ ACCELERATE_SHARED_KEYS = (
     "debug",
     "gradient_accumulation_steps",
 )
-#: Accelerate keys that have no effect in drivetrain (TPU pods, SageMaker, affinity, ...): accepted, ignored.
+#: Accelerate keys that have no effect in drivetrain (SageMaker, affinity, ...) or belong to a plugin that is
+#: not installed (compat.names.ACCELERATE_PLUGIN_KEYS): accepted, ignored. A plugin that owns a key reads it.
 ACCELERATE_IGNORED_KEYS = (
     "compute_environment",
-    "main_training_function",
-    "downcast_bf16",
     "enable_cpu_affinity",
-    "tpu_env",
-    "tpu_use_cluster",
-    "tpu_use_sudo",
-    "tpu_name",
-    "tpu_zone",
-    "commands",
-    "command_file",
-    "ipex_config",
-    "mpirun_config",
-    "fp8_config",
-    "parallelism_config",
-    "use_xpu",
-    "deepspeed_config",
-    "fsdp_config",
-    "megatron_lm_config",
-    "dynamo_config",
+    *ACCELERATE_PLUGIN_KEYS,
     "distributed_type",
     "ec2_instance_type",
     "iam_role_name",
@@ -207,6 +180,19 @@ ACCELERATE_IGNORED_KEYS = (
 #: Values Accelerate always writes; they state no choice, so a script's own argument must not conflict
 #: with them (Accelerate lets the script win; drivetrain would raise).
 _ACCELERATE_NO_CHOICE = {"mixed_precision": "no", "use_cpu": False, "debug": False}
+
+
+@attrs.define
+class PluginDeclarations:
+    """What the installed plugins declare about the config file (built by
+    ``drivetrain.contract.manager.PluginManager.config_declarations``)."""
+
+    #: Accelerate's ``distributed_type`` -> (backend plugin, the section holding its settings or None)
+    distributed_types: dict[str, tuple[str, str | None]] = attrs.Factory(dict)
+    #: top-level keys plugins own -> (plugin, check(value) -> normalised value)
+    keys: dict[str, tuple[str, Callable[[Any], Any]]] = attrs.Factory(dict)
+    #: for the error when no installed plugin answers: Accelerate's ``distributed_type`` -> distribution
+    install_hints: dict[str, str] = attrs.Factory(dict)
 
 
 @attrs.define
@@ -242,21 +228,53 @@ def _unknown_key(key: str, known: tuple[str, ...] | list[str], origin: str) -> C
     )
 
 
-def normalise(data: dict, origin: str) -> tuple[dict[str, Any], str]:
-    """Check a loaded mapping and return (drivetrain values, format). ``origin`` names it in errors."""
+def normalise(
+    data: dict, origin: str, plugins: PluginDeclarations | None = None
+) -> tuple[dict[str, Any], str]:
+    """Check a loaded mapping and return (drivetrain values, format). ``origin`` names it in errors. Keys
+    that plugins own (``plugins.keys``) are checked by them and collected under ``plugin_options``."""
+    plugins = plugins or PluginDeclarations()
+    plugin_options = _plugin_keys(data, origin, plugins)
     if not is_accelerate_format(data):
         values = {}
         for key, value in data.items():
+            if key in plugins.keys:
+                continue
             if key not in KEYS:
-                raise _unknown_key(str(key), list(KEYS), origin)
+                raise _unknown_key(str(key), [*KEYS, *plugins.keys], origin)
             if value is not None:
                 values[key] = _checked(key, value, origin)
-        return values, "drivetrain"
-    return _from_accelerate(data, origin), "accelerate"
+        format_name = "drivetrain"
+    else:
+        values, format_name = _from_accelerate(data, origin, plugins), "accelerate"
+    if plugin_options:
+        values["plugin_options"] = plugin_options
+    return values, format_name
 
 
-def _from_accelerate(data: dict, origin: str) -> dict[str, Any]:
-    known = (*ACCELERATE_SHARED_KEYS, *ACCELERATE_IGNORED_KEYS)
+def _plugin_keys(data: dict, origin: str, plugins: PluginDeclarations) -> dict[str, dict[str, Any]]:
+    """The values of keys plugins own, checked by them, by plugin."""
+    found: dict[str, dict[str, Any]] = {}
+    for key, value in data.items():
+        if key not in plugins.keys or value is None:
+            continue
+        plugin, check = plugins.keys[key]
+        try:
+            found.setdefault(plugin, {})[key] = check(value)
+        except ValueError as exc:
+            raise ConfigurationError(f"{origin}: {key}: {value!r} is not valid ({exc})") from None
+    return found
+
+
+def _from_accelerate(data: dict, origin: str, plugins: PluginDeclarations) -> dict[str, Any]:
+    sections = {section for _, section in plugins.distributed_types.values() if section}
+    known = (
+        *ACCELERATE_SHARED_KEYS,
+        *ACCELERATE_IGNORED_KEYS,
+        *ACCELERATE_SECTIONS,
+        *sections,
+        *plugins.keys,
+    )
     for key in data:
         if key not in known:
             raise _unknown_key(str(key), known, f"{origin} (Accelerate format)")
@@ -270,27 +288,40 @@ def _from_accelerate(data: dict, origin: str) -> dict[str, Any]:
             continue
         values[key] = checked
     distributed_type = str(data.get("distributed_type") or "NO").upper()
-    if distributed_type not in ACCELERATE_DISTRIBUTED_TYPES:
-        raise ConfigurationError(
-            f"{origin}: distributed_type: {distributed_type!r} is not valid (expected one of: "
-            f"{', '.join(ACCELERATE_DISTRIBUTED_TYPES)})"
-        )
-    backend, section = ACCELERATE_DISTRIBUTED_TYPES[distributed_type]
-    if backend is not None:
+    if distributed_type not in ACCELERATE_AUTOMATIC_TYPES:
+        if distributed_type not in plugins.distributed_types:
+            hint = plugins.install_hints.get(distributed_type)
+            if hint is not None:
+                raise ConfigurationError(
+                    f"{origin}: distributed_type {distributed_type} needs a plugin that is not installed: "
+                    f"pip install {hint}"
+                )
+            valid = [*ACCELERATE_AUTOMATIC_TYPES, *plugins.distributed_types]
+            raise ConfigurationError(
+                f"{origin}: distributed_type: {distributed_type!r} is not valid (expected one of: "
+                f"{', '.join(valid)})"
+            )
+        backend, section = plugins.distributed_types[distributed_type]
         values["backend"] = backend
-    if section and data.get(section):
-        values["backend_config"] = _checked("backend_config", data[section], origin)
+        if section and data.get(section):
+            values["backend_config"] = _checked("backend_config", data[section], origin)
     dynamo = (data.get("dynamo_config") or {}).get("dynamo_backend")
     if dynamo and str(dynamo).upper() != "NO":
         values["dynamo_backend"] = _checked("dynamo_backend", dynamo, origin)
     return values
 
 
-def load_config(path: str | os.PathLike | None = None, *, required: bool = False) -> ConfigFile:
+def load_config(
+    path: str | os.PathLike | None = None,
+    *,
+    required: bool = False,
+    plugins: PluginDeclarations | Callable[[], PluginDeclarations] | None = None,
+) -> ConfigFile:
     """Read ``path`` (default: the user's default config file). A missing default file is an empty config;
-    a missing named file is an error."""
+    a missing named file is an error. ``plugins`` (or a function returning them, called only when there is
+    a file to read) says what installed plugins declare."""
     explicit = path is not None
-    file = Path(path).expanduser() if explicit else default_config_path()
+    file = Path(path).expanduser() if path is not None else default_config_path()
     if not file.exists():
         if explicit or required:
             raise ConfigurationError(
@@ -308,17 +339,27 @@ def load_config(path: str | os.PathLike | None = None, *, required: bool = False
         raise ConfigurationError(
             f"config file {file} must hold a mapping of settings, not {type(data).__name__}"
         )
-    values, format_name = normalise(data, f"config file {file}")
+    declarations = plugins() if callable(plugins) else plugins
+    values, format_name = normalise(data, f"config file {file}", declarations)
     return ConfigFile(path=file, values=values, format=format_name)
 
 
-def save_config(values: dict[str, Any], path: str | os.PathLike | None = None) -> Path:
-    """Check ``values`` and write them as drivetrain's format (keys in a stable order); return the path."""
+def save_config(
+    values: dict[str, Any], path: str | os.PathLike | None = None, plugins: PluginDeclarations | None = None
+) -> Path:
+    """Check ``values`` and write them as drivetrain's format (keys in a stable order, then the keys plugins
+    own); return the path. ``values`` may hold a ``plugin_options`` mapping (as :func:`load_config` returns)."""
     import yaml
 
     file = Path(path).expanduser() if path is not None else default_config_path()
-    checked, _ = normalise(values, "config")
+    values = dict(values)
+    owned = {
+        key: value for options in values.pop("plugin_options", {}).values() for key, value in options.items()
+    }
+    checked, _ = normalise({**values, **owned}, "config", plugins)
     ordered = {key: checked[key] for key in KEYS if key in checked}
+    for options in checked.get("plugin_options", {}).values():
+        ordered.update(options)
     file.parent.mkdir(parents=True, exist_ok=True)
     temporary = file.with_name(file.name + ".tmp")
     temporary.write_text(yaml.safe_dump(ordered, sort_keys=False), encoding="utf-8")

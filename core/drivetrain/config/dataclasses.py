@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from drivetrain.enums import DynamoBackend
+from drivetrain.config.enums import DynamoBackend
 from drivetrain.errors import ConfigurationError
 
 
@@ -133,7 +133,7 @@ _COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autot
 class TorchDynamoPlugin:
     """Compile prepared models with ``torch.compile``.
 
-    :param backend: a :class:`~drivetrain.enums.DynamoBackend` (``"inductor"``, ``"eager"``, ...); ``"no"``
+    :param backend: a :class:`~drivetrain.config.enums.DynamoBackend` (``"inductor"``, ``"eager"``, ...); ``"no"``
         disables compilation.
     :param mode: torch.compile mode.
     :param fullgraph: fail instead of falling back on graph breaks.

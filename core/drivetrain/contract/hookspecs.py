@@ -5,13 +5,18 @@ functions decorated with :data:`hookimpl` whose names and argument names match t
 implements only the hooks where it differs from the reference backend ``local``; the kernel falls back to
 ``local`` for the rest.
 
-How the kernel calls a hook depends on its kind, which each docstring states:
+How the kernel calls a hook is declared here, by its spec, and nowhere else (``HOOK_STYLES`` reads it):
 
-* **first result** — the active plugins are asked in composition order (feature plugins, then the
-  distribution backend, then ``local``) and the first value that is not ``None`` wins.
-* **chain** — every active plugin that implements the hook is called in composition order; each receives
-  the value returned by the one before (``None`` means "unchanged").
-* **broadcast** — every loaded plugin is called once; results are ignored.
+* **first result** (``@hookspec(firstresult=True)``) — the active plugins are asked in composition order
+  (device, precision and feature plugins, then the distribution backend, then ``local``) and the first value
+  that is not ``None`` wins. Returning ``None`` is the documented way to reuse the reference behaviour.
+* **chain** (``@chain_hookspec("model")``) — every active plugin that implements the hook is called in
+  composition order; each receives, in the named argument, the value returned by the one before (``None``
+  means "unchanged").
+* **broadcast** (plain ``@hookspec``) — every plugin is called; results are ignored.
+
+The calls go through pluggy's hook callers (``drivetrain.contract.calling``), so pluggy's monitoring serves
+``DRIVETRAIN_TRACE_PLUGINS=1``.
 
 Composition order (DESIGN principle 4): device runtime plugins (``kind="device"``: xla, ipex, mps), then
 precision plugins (``kind="precision"``: fp8), then other features (``kind="feature"``: offload), then the
@@ -19,31 +24,50 @@ distribution backend (``kind="backend"``: local, ddp, fsdp, deepspeed, megatron)
 happens before DDP wraps the converted model.
 
 Every hook's argument names are part of the public contract: an implementation may take any subset of them,
-in any order, and is rejected at registration if it names an argument that is not here.
+in any order, and is rejected at registration if it names an argument that is not here. Everything else a
+plugin uses from the kernel comes from :mod:`drivetrain.plugin_api`.
+
+Contract 1.1 (see docs/plugins/versioning.md) added the arguments ``parallelism`` (setup_process_group),
+``options`` (shard_dataloader), ``weights`` and ``save_kwargs`` (save_state), ``load_kwargs`` and ``verified``
+(load_state).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pluggy
+
+from drivetrain.contract.version import CONTRACT_VERSION, PROJECT_NAME
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     import contextlib
 
     import torch
 
-    from drivetrain.accelerator import Accelerator
-    from drivetrain.plugins import ExtensionRegistry
-    from drivetrain.state import DistributedEnvironment
+    from drivetrain.config.parallelism import ParallelismConfig
+    from drivetrain.contract.arguments import PluginAccelerator as Accelerator
+    from drivetrain.contract.arguments import ShardingOptions
+    from drivetrain.contract.environment import DistributedEnvironment
+    from drivetrain.contract.info import ExtensionRegistry
 
-PROJECT_NAME = "drivetrain"
-#: The contract version this kernel implements. A plugin declares the version it was written for
-#: (``PluginInfo.contract``); a different major version is refused with a clear error.
-CONTRACT_VERSION = "1.0"
+__all__ = ["CONTRACT_VERSION", "HOOK_STYLES", "PROJECT_NAME", "chain_hookspec", "hookimpl", "hookspec"]
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+_CHAIN_MARK = f"{PROJECT_NAME}_chain"
+
+
+def chain_hookspec(value_argument: str) -> Callable[[Callable], Callable]:
+    """Declare a **chain** hook: each implementation receives the previous one's result in
+    ``value_argument``."""
+
+    def mark(function: Callable) -> Callable:
+        setattr(function, _CHAIN_MARK, value_argument)
+        return hookspec(function)
+
+    return mark
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -59,7 +83,7 @@ def register_extensions(registry: ExtensionRegistry) -> None:
     Called once for every plugin, right after it is loaded (**broadcast**). Only light, import-free work
     belongs here: register classes or callables, import their heavy libraries inside them.
 
-    :param registry: an :class:`~drivetrain.plugins.ExtensionRegistry`. Call ``registry.add_tracker(name,
+    :param registry: an :class:`~drivetrain.contract.info.ExtensionRegistry`. Call ``registry.add_tracker(name,
         cls)``, ``registry.add_command(name, register_parser, run, help)``,
         ``registry.add_launch_options(add_arguments)`` or ``registry.add_launcher(backend, launcher)``.
     """
@@ -85,7 +109,9 @@ def detect_device(local_process_index: int, cpu: bool) -> torch.device | None:
 
 
 @hookspec(firstresult=True)
-def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> DistributedEnvironment | None:
+def setup_process_group(
+    device: torch.device, init_kwargs: dict[str, Any], parallelism: ParallelismConfig | None
+) -> DistributedEnvironment | None:
     """Join (or create) the process group and describe the distributed environment.
 
     Called once per process, after :func:`detect_device`, by the selected distribution backend
@@ -95,8 +121,13 @@ def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> Di
 
     :param device: the device returned by :func:`detect_device`.
     :param init_kwargs: non-default fields of ``InitProcessGroupKwargs`` (``backend``, ``timeout``, ...).
-    :return: a :class:`~drivetrain.state.DistributedEnvironment` (ranks, world size, distributed type and
-        the :class:`~drivetrain.collectives.Collectives` the kernel uses for gather/broadcast/reduce).
+    :param parallelism: the run's :class:`~drivetrain.config.parallelism.ParallelismConfig` (sizes of the
+        data-parallel, tensor and context dimensions), or ``None``. A backend that supports several
+        dimensions builds the mesh (``plugin_api.build_device_mesh``) and returns it in the environment;
+        one that does not raises a :class:`~drivetrain.errors.ConfigurationError` naming the dimension.
+    :return: a :class:`~drivetrain.contract.environment.DistributedEnvironment` (ranks, world size,
+        distributed type, data-parallel coordinates, device mesh, and the
+        :class:`~drivetrain.contract.environment.Collectives` the kernel uses for gather/broadcast/reduce).
     """
 
 
@@ -105,7 +136,7 @@ def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> Di
 # ---------------------------------------------------------------------------------------------------------
 
 
-@hookspec
+@chain_hookspec("model")
 def wrap_model(
     model: torch.nn.Module, accelerator: Accelerator, evaluation_mode: bool
 ) -> torch.nn.Module | None:
@@ -116,7 +147,7 @@ def wrap_model(
     the backend does not declare ``places_model``). FP8 and IPEX convert layers here; DDP wraps in
     ``DistributedDataParallel``; FSDP applies its wrap policy and ``fully_shard``; DeepSpeed builds its
     engine (with the optimizer given to ``prepare`` in the same call, see
-    ``accelerator.pending_optimizers``).
+    ``accelerator.prepared.pending_optimizers``).
 
     :param model: the model as returned by the previous plugin in the chain.
     :param accelerator: the :class:`~drivetrain.Accelerator` preparing it.
@@ -126,7 +157,7 @@ def wrap_model(
     """
 
 
-@hookspec
+@chain_hookspec("optimizer")
 def wrap_optimizer(
     optimizer: torch.optim.Optimizer, accelerator: Accelerator
 ) -> torch.optim.Optimizer | None:
@@ -134,7 +165,9 @@ def wrap_optimizer(
 
     Called by ``Accelerator.prepare`` for every optimizer, after all models of the same ``prepare`` call
     were wrapped (**chain**). FSDP re-binds the optimizer to the sharded parameters; DeepSpeed returns the
-    engine's optimizer. The kernel then wraps the result in ``AcceleratedOptimizer``.
+    engine's optimizer. The kernel then wraps the result in ``AcceleratedOptimizer``. When the result is
+    another optimizer object than the one given, the kernel rebinds LR schedulers prepared with the user's
+    optimizer to it (``Accelerator.prepare_scheduler``), so a backend need not.
 
     :param optimizer: the optimizer as returned by the previous plugin.
     :param accelerator: the :class:`~drivetrain.Accelerator` preparing it.
@@ -143,17 +176,23 @@ def wrap_optimizer(
 
 
 @hookspec(firstresult=True)
-def shard_dataloader(dataloader: Any, accelerator: Accelerator, device_placement: bool) -> Any | None:
+def shard_dataloader(
+    dataloader: Any, accelerator: Accelerator, device_placement: bool, options: ShardingOptions
+) -> Any | None:
     """Make a data loader yield this process's share of every batch.
 
     Called by ``Accelerator.prepare`` for every ``torch.utils.data.DataLoader`` (**first result**). The
     reference implementation (``local``) covers one and many processes: batch-sampler sharding,
     ``split_batches``, ``even_batches``, ``dispatch_batches``, iterable datasets, seedable samplers and
-    stateful loaders (see ``drivetrain.data_loader.prepare_data_loader``). XLA returns its parallel loader.
+    stateful loaders: ``prepare_data_loader(dataloader, **options.to_kwargs())``. XLA returns its parallel
+    loader; a backend that shards data over a data-parallel group only (tensor parallelism) passes
+    ``attrs.evolve(options, num_processes=dp_size, process_index=dp_rank)``.
 
     :param dataloader: the user's data loader.
-    :param accelerator: the :class:`~drivetrain.Accelerator`; its ``dataloader_config`` holds the options.
-    :param device_placement: move batches to ``accelerator.device``.
+    :param accelerator: the :class:`~drivetrain.Accelerator`.
+    :param device_placement: move batches to ``accelerator.device`` (also ``options.put_on_device``).
+    :param options: a :class:`~drivetrain.contract.info.ShardingOptions`: this process's share (by default
+        the data-parallel size and rank of the environment) and the ``dataloader_config`` settings.
     :return: the prepared data loader.
     """
 
@@ -220,9 +259,11 @@ def save_state(
     output_dir: str,
     accelerator: Accelerator,
     models: list[torch.nn.Module],
+    weights: list[dict[str, torch.Tensor]],
     optimizers: list[Any],
     schedulers: list[Any],
     safe_serialization: bool,
+    save_kwargs: dict[str, Any],
 ) -> bool | None:
     """Write models, optimizers and schedulers of a checkpoint into ``output_dir``.
 
@@ -234,10 +275,14 @@ def save_state(
 
     :param output_dir: the (temporary) checkpoint folder, already created.
     :param accelerator: the :class:`~drivetrain.Accelerator`.
-    :param models: prepared models, in registration order.
+    :param models: prepared models, in registration order (those the save_state pre-hooks kept).
+    :param weights: the state dicts of ``models``' user modules as the save_state pre-hooks left them
+        (a replicated backend writes these; a sharded one saves its shards itself).
     :param optimizers: prepared optimizers (``AcceleratedOptimizer``), in order.
     :param schedulers: prepared schedulers (``AcceleratedScheduler``), in order.
     :param safe_serialization: write weights as safetensors.
+    :param save_kwargs: the extra keyword arguments given to ``Accelerator.save_state`` (DeepSpeed passes
+        them to ``engine.save_checkpoint``).
     :return: ``True`` when written.
     """
 
@@ -250,12 +295,16 @@ def load_state(
     optimizers: list[Any],
     schedulers: list[Any],
     map_location: Any,
+    load_kwargs: dict[str, Any],
+    verified: Callable[[], None],
 ) -> bool | None:
     """Restore models, optimizers and schedulers from a checkpoint folder written by :func:`save_state`.
 
-    Called by ``Accelerator.load_state`` on every process after the kernel verified the folder's manifest
-    (**first result**). (When no plugin answers, the kernel reads the files itself while the check runs and
-    applies nothing until it passed.)
+    Called by ``Accelerator.load_state`` on every process (**first result**). The kernel checks every file
+    of the folder against its manifest. An implementation that takes ``verified`` is called while that
+    check runs: it reads what it needs, calls ``verified()`` (collective: every process calls it once), and
+    applies nothing before it returned. An implementation without ``verified`` is called after the check
+    passed.
 
     :param input_dir: the checkpoint folder.
     :param accelerator: the :class:`~drivetrain.Accelerator`.
@@ -263,6 +312,10 @@ def load_state(
     :param optimizers: prepared optimizers to restore into.
     :param schedulers: prepared schedulers to restore into.
     :param map_location: where tensors are loaded (``"cpu"``, ``"on_device"`` or a ``torch.device``).
+    :param load_kwargs: keyword arguments for ``torch.load`` given to ``Accelerator.load_state``
+        (``{"weights_only": False}`` is the user's explicit opt-out of safe unpickling).
+    :param verified: blocks until the manifest check passed on every process; raises
+        :class:`~drivetrain.errors.CheckpointError` when it failed anywhere.
     :return: ``True`` when restored.
     """
 
@@ -297,3 +350,24 @@ def dispatch_module(
         ``preload_module_classes``, ``offload_index``, ``prefetch``, ``force_hooks``.
     :return: the dispatched model.
     """
+
+
+def _styles() -> dict[str, tuple[str, str | None]]:
+    """Hook name -> ("first" | "chain" | "broadcast", the chained argument or None), read from the specs."""
+    styles: dict[str, tuple[str, str | None]] = {}
+    for name, function in list(globals().items()):
+        options = getattr(function, f"{PROJECT_NAME}_spec", None)
+        if options is None or not callable(function):
+            continue
+        chained = getattr(function, _CHAIN_MARK, None)
+        if chained is not None:
+            styles[name] = ("chain", chained)
+        elif options.get("firstresult"):
+            styles[name] = ("first", None)
+        else:
+            styles[name] = ("broadcast", None)
+    return styles
+
+
+#: How each hook is called, from its spec: ``{"wrap_model": ("chain", "model"), "backward": ("first", None)}``.
+HOOK_STYLES: dict[str, tuple[str, str | None]] = _styles()

@@ -1,9 +1,7 @@
-"""Collective primitives over which the kernel builds gather, broadcast and reduce.
+"""Collectives through ``torch.distributed``: the implementation DDP, FSDP and DeepSpeed share.
 
-A backend returns a :class:`Collectives` in its :class:`~drivetrain.state.DistributedEnvironment`. The base
-class is the single-process identity; :class:`TorchCollectives` is generic over ``torch.distributed`` and
-serves DDP, FSDP and DeepSpeed alike; a device plugin (XLA) subclasses it with its own primitives. The
-user-facing functions in ``drivetrain.operations`` add nesting, padding and checks on top.
+A device plugin with its own communication (XLA) subclasses :class:`~drivetrain.contract.environment.Collectives`
+instead.
 """
 
 from __future__ import annotations
@@ -12,39 +10,7 @@ from typing import Any
 
 import torch
 
-REDUCTIONS = ("sum", "mean", "max", "min", "product")
-
-
-class Collectives:
-    """Primitives for one process: every collective returns its input."""
-
-    world_size: int = 1
-    rank: int = 0
-
-    def barrier(self) -> None:
-        """Wait until every process arrives."""
-
-    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        """Every process's ``tensor`` (all of the same shape), ordered by rank."""
-        return [tensor]
-
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        """Every process's picklable ``obj``, ordered by rank."""
-        return [obj]
-
-    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
-        """``src``'s ``tensor`` on every process (in place where the backend allows)."""
-        return tensor
-
-    def broadcast_object_list(self, objects: list[Any], src: int = 0) -> list[Any]:
-        """``src``'s list of picklable objects, written into ``objects`` in place."""
-        return objects
-
-    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        """Element-wise reduction of every process's ``tensor`` (op in REDUCTIONS)."""
-        if op not in REDUCTIONS:
-            raise ValueError(f"unknown reduction {op!r}; valid: {', '.join(REDUCTIONS)}")
-        return tensor
+from drivetrain.contract.environment import REDUCTIONS, Collectives
 
 
 class TorchCollectives(Collectives):

@@ -1,24 +1,82 @@
-"""``Accelerator.profile()``: torch.profiler around a block, configured by :class:`ProfileKwargs`, with one
-Chrome trace per process when ``output_trace_dir`` is set."""
+"""Kwargs handlers: small attrs classes that customise one torch object the Accelerator builds.
+
+Only the fields a user changed reach torch (``to_kwargs()``), so torch's own defaults stay in charge of
+everything else. Backend-specific handlers (``DistributedDataParallelKwargs``, ``FP8RecipeKwargs``) live in
+their plugins and subclass :class:`KwargsHandler` too.
+"""
 
 from __future__ import annotations
 
-import contextlib
+import datetime
 import inspect
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 import torch
 
 from drivetrain.errors import ConfigurationError
-from drivetrain.kwargs_handlers import KwargsHandler
-
-#: File name of each process's Chrome trace inside ``output_trace_dir``.
-TRACE_FILE_PATTERN = "profile_{process_index}.json"
 
 
+@attrs.define
+class KwargsHandler:
+    """Base class: ``to_kwargs()`` returns the fields whose value differs from the default."""
+
+    def to_kwargs(self) -> dict[str, Any]:
+        changed = {}
+        for field in attrs.fields(type(self)):
+            default = field.default
+            if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+                default = default.factory()  # type: ignore[call-arg]
+            value = getattr(self, field.name)
+            if value != default:
+                changed[field.name] = value
+        return changed
+
+
+def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and value <= 0:
+        raise ConfigurationError(f"{type(instance).__name__}.{attribute.name} must be > 0, got {value!r}")
+
+
+@attrs.define
+class AutocastKwargs(KwargsHandler):
+    """Options for ``torch.autocast`` in ``Accelerator.autocast`` and around prepared models."""
+
+    enabled: bool = True
+    cache_enabled: bool | None = None
+
+
+@attrs.define
+class GradScalerKwargs(KwargsHandler):
+    """Options for the ``torch.amp.GradScaler`` built for fp16 training."""
+
+    init_scale: float = attrs.field(default=65536.0, validator=_positive)
+    growth_factor: float = attrs.field(default=2.0, validator=_positive)
+    backoff_factor: float = attrs.field(default=0.5, validator=_positive)
+    growth_interval: int = attrs.field(default=2000, validator=_positive)
+    enabled: bool = True
+
+
+def _to_timedelta(value: Any) -> datetime.timedelta | None:
+    if value is None or isinstance(value, datetime.timedelta):
+        return value
+    if isinstance(value, (int, float)):
+        return datetime.timedelta(seconds=value)
+    raise ConfigurationError(f"InitProcessGroupKwargs.timeout must be a timedelta or seconds, got {value!r}")
+
+
+@attrs.define
+class InitProcessGroupKwargs(KwargsHandler):
+    """Options for ``torch.distributed.init_process_group`` (used by the distribution backend)."""
+
+    backend: str | None = None
+    init_method: str | None = None
+    timeout: datetime.timedelta | None = attrs.field(default=None, converter=_to_timedelta)
+
+
+# -- the profiler -------------------------------------------------------------------------------------------
 def _activity_names() -> dict[str, Any]:
     """``"cpu"`` -> ``ProfilerActivity.CPU`` ... for the activities this torch build knows."""
     return {name.lower(): member for name, member in torch.profiler.ProfilerActivity.__members__.items()}
@@ -122,28 +180,3 @@ class ProfileKwargs(KwargsHandler):
             with_flops=self.with_flops,
             with_modules=self.with_modules,
         )
-
-
-def trace_path(output_trace_dir: str, process_index: int) -> str:
-    return os.path.join(output_trace_dir, TRACE_FILE_PATTERN.format(process_index=process_index))
-
-
-class ProfilingMixin:
-    """``Accelerator.profile()``. Uses the ``ProfileKwargs`` given in the Accelerator's ``kwargs_handlers``
-    when ``profile()`` gets none."""
-
-    @contextlib.contextmanager
-    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[torch.profiler.profile]:
-        """Profile the block with torch.profiler; yields the profiler (``prof.step()``,
-        ``prof.key_averages()``). With ``output_trace_dir`` set, every process writes its Chrome trace to
-        ``output_trace_dir/profile_<process_index>.json`` and the processes meet before the block ends."""
-        handler = profile_handler or self._handler(ProfileKwargs) or ProfileKwargs()  # type: ignore[attr-defined]
-        if not isinstance(handler, ProfileKwargs):
-            raise TypeError(f"Accelerator.profile expects a ProfileKwargs, got {type(handler).__name__}")
-        with handler.build() as profiler:
-            yield profiler
-        if handler.output_trace_dir is None:
-            return
-        os.makedirs(handler.output_trace_dir, exist_ok=True)
-        profiler.export_chrome_trace(trace_path(handler.output_trace_dir, self.process_index))  # type: ignore[attr-defined]
-        self.wait_for_everyone()  # type: ignore[attr-defined]

@@ -10,25 +10,22 @@ from typing import Any
 
 import torch
 
-# Messages of errors that mean "out of memory" on some device.
+# Messages of errors that mean "out of memory" (every device runtime's OOM message says "out of memory").
 _OOM_MESSAGES = (
-    "CUDA out of memory.",
+    "out of memory",
     "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",
     "DefaultCPUAllocator: can't allocate memory",
-    "XPU out of memory.",
-    "MPS backend out of memory",
-    "out of memory",
 )
 
 
 def empty_device_cache() -> None:
-    """Return cached blocks of every accelerator to the driver."""
-    if torch.cuda.is_available():
+    """Return the accelerator's cached blocks to its driver (whichever accelerator torch sees)."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "empty_cache"):
+        if accelerator.is_available():
+            accelerator.empty_cache()
+    elif torch.cuda.is_available():
         torch.cuda.empty_cache()
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
-        torch.xpu.empty_cache()
-    if torch.backends.mps.is_available():
-        torch.mps.empty_cache()
 
 
 def release_memory(*objects: Any) -> list[None]:

@@ -1,4 +1,4 @@
-"""The Accelerator's checkpoint methods: save_state / load_state and what they call around the backend.
+"""Checkpoints of one Accelerator: save_state / load_state and what they call around the backend.
 
 The order of a save: pre-hooks see the state dicts; the backend's ``save_state`` hook writes models,
 optimizers and schedulers into a temporary folder; the kernel adds RNG states, the GradScaler, data loader
@@ -14,11 +14,12 @@ then all processes agree that the hashes matched and nothing failed, and only th
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import shutil
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -36,17 +37,39 @@ from drivetrain.checkpoint.training_objects import (
 )
 from drivetrain.errors import CheckpointError, ConfigurationError
 
+if TYPE_CHECKING:
+    from drivetrain.contract.arguments import PluginAccelerator as Accelerator
+    from drivetrain.contract.arguments import PreparedObjects
+    from drivetrain.contract.calling import PluginStack
+
 CHECKPOINTS_FOLDER = "checkpoints"
 
 
-class CheckpointingMixin:
-    """Checkpoint methods of :class:`~drivetrain.Accelerator` (see docs/checkpointing.md).
+class Checkpointer:
+    """The checkpoints of one :class:`~drivetrain.Accelerator` (see docs/checkpointing.md); the Accelerator's
+    ``save_state``, ``load_state``, ``save_model`` ... call it.
 
-    Relies on the Accelerator's ``_models``, ``_optimizers``, ``_schedulers``, ``_dataloaders``,
-    ``_custom_objects``, ``_save_state_pre_hooks``, ``_load_state_pre_hooks``, ``scaler``, ``step``,
-    ``project_configuration``, ``_plugins``, ``device``, ``process_index``, ``unwrap_model`` and
-    ``_finishing_save`` (None, or the :class:`FinishingSave` of the last save not yet collected).
+    It depends on what it is given: the plugins to call (``plugins``), what ``prepare`` has seen
+    (``prepared``, plus the objects registered for checkpointing), where checkpoints go
+    (``project_configuration``) and the Accelerator, which it hands to the plugins' hooks and whose public
+    ``scaler``, ``step``, ``unwrap_model`` and process facts it reads (``step`` is restored on load).
     """
+
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        plugins: PluginStack,
+        prepared: PreparedObjects,
+        project_configuration: Any,
+    ) -> None:
+        self.accelerator = accelerator
+        self.plugins = plugins
+        self.prepared = prepared
+        self.project_configuration = project_configuration
+        self._save_state_pre_hooks: dict[int, Callable] = collections.OrderedDict()
+        self._load_state_pre_hooks: dict[int, Callable] = collections.OrderedDict()
+        #: the last save whose background finish was not collected yet
+        self._finishing_save: FinishingSave | None = None
 
     # -- registration ------------------------------------------------------------------------------------
     def register_for_checkpointing(self, *objects: Any) -> None:
@@ -63,7 +86,7 @@ class CheckpointingMixin:
                 "register_for_checkpointing needs objects with both a state_dict() and a load_state_dict() "
                 f"method; these lack one: {', '.join(invalid)}"
             )
-        self._custom_objects.extend(objects)
+        self.prepared.custom_objects.extend(objects)
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, weights, output_dir)`` in :meth:`save_state` before anything is written.
@@ -107,14 +130,14 @@ class CheckpointingMixin:
         return os.fspath(output_dir)
 
     def _gather(self, value: Any) -> list[Any]:
-        return self.state.collectives.all_gather_object(value)
+        return self.accelerator.state.collectives.all_gather_object(value)
 
     # -- agreement between processes -----------------------------------------------------------------------
     def _writer_rank(self) -> int:
         """Global rank of the process that writes (and on load, verifies) this process's shared files: the
         main process, or this machine's local main process with ``save_on_each_node``."""
         if self.project_configuration.save_on_each_node:
-            return self.process_index - self.local_process_index
+            return self.accelerator.process_index - self.accelerator.local_process_index
         return 0
 
     def _agree(
@@ -147,7 +170,7 @@ class CheckpointingMixin:
     ) -> str:
         """Save models, optimizers, schedulers, GradScaler, RNG states, data loader positions and registered
         objects into one folder, atomically; returns the folder. ``save_model_func_kwargs`` are passed on to
-        backends that take them (``accelerator._save_model_func_kwargs``).
+        the backend's ``save_state`` hook (``save_kwargs``).
 
         Returns once the files are written. Unless ``blocking`` (default: not
         ``ProjectConfiguration.async_save``), the checkpoint is then finished in the background — files
@@ -160,7 +183,7 @@ class CheckpointingMixin:
         in the background is raised by :meth:`wait_for_checkpoint` the same way)."""
         self.wait_for_checkpoint()
         location = os.path.abspath(self._save_location(output_dir))
-        writer = writes_shared_files(self)
+        writer = writes_shared_files(self.accelerator)
         temporary = manifests.incomplete_path(location)
         not_written = f"; {location} was not written and earlier checkpoints are untouched"
         error: Exception | None = None
@@ -190,8 +213,8 @@ class CheckpointingMixin:
         if writer:
             # Everything the finishing thread needs is fixed now: the training loop goes on meanwhile.
             metadata = {
-                "step": self.step,
-                "num_processes": self.num_processes,
+                "step": self.accelerator.step,
+                "num_processes": self.accelerator.num_processes,
                 "iteration": config.iteration,
                 "safe_serialization": safe_serialization,
             }
@@ -217,7 +240,7 @@ class CheckpointingMixin:
         what = f"finishing save_state into {pending.location}"
         after = f"; {pending.location} was not written and earlier checkpoints are untouched"
         try:
-            if self.num_processes > 1:
+            if self.accelerator.num_processes > 1:
                 self._agree(what, error, after=after)
             elif error is not None:
                 raise CheckpointError(f"{what} failed: {type(error).__name__}: {error}{after}") from error
@@ -232,10 +255,10 @@ class CheckpointingMixin:
         self, temporary: str, safe_serialization: bool, save_model_func_kwargs: dict[str, Any]
     ) -> None:
         """Pre-hooks, then the backend's files, then the kernel's, into the temporary folder."""
-        models = list(self._models)
+        models = list(self.prepared.models)
         # The user's module's own state dict (not get_state_dict): a sharded backend saves its shards itself
         # and must not gather the whole model on every save just for the pre-hooks.
-        weights = [self.unwrap_model(model).state_dict() for model in models]
+        weights = [self.accelerator.unwrap_model(model).state_dict() for model in models]
         pairs = list(zip(models, weights))
         for hook in list(self._save_state_pre_hooks.values()):
             # Hooks write their extra files (configs, models they save themselves) into the folder being
@@ -243,27 +266,21 @@ class CheckpointingMixin:
             hook(models, weights, temporary)
         # A hook drops a model from the checkpoint by removing its state dict from ``weights``.
         kept = {id(state) for state in weights}
-        pending = {id(model): state for model, state in pairs if id(state) in kept}
-        models_to_save = [model for model in self._models if id(model) in pending]
-
-        self._checkpoint_weights = pending
-        self._save_model_func_kwargs = save_model_func_kwargs
-        try:
-            written = self._plugins.first(
-                "save_state",
-                output_dir=temporary,
-                accelerator=self,
-                models=models_to_save,
-                optimizers=list(self._optimizers),
-                schedulers=list(self._schedulers),
-                safe_serialization=safe_serialization,
-            )
-        finally:
-            self._checkpoint_weights = None
-            self._save_model_func_kwargs = {}
+        saved = [(model, state) for model, state in pairs if id(state) in kept]
+        written = self.plugins.call(
+            "save_state",
+            output_dir=temporary,
+            accelerator=self.accelerator,
+            models=[model for model, _ in saved],
+            weights=[state for _, state in saved],
+            optimizers=list(self.prepared.optimizers),
+            schedulers=list(self.prepared.schedulers),
+            safe_serialization=safe_serialization,
+            save_kwargs=dict(save_model_func_kwargs),
+        )
         if not written:
             raise CheckpointError("no plugin wrote the checkpoint (every save_state hook returned None)")
-        write_kernel_objects(temporary, self)
+        write_kernel_objects(temporary, self.accelerator, self.prepared)
         files.on_stage("objects_written", temporary)
 
     # -- load ----------------------------------------------------------------------------------------------
@@ -288,13 +305,12 @@ class CheckpointingMixin:
         checksum = "fast" if verify_manifest is True else str(verify_manifest)
         return input_dir, manifests.start_verification(input_dir, checksum)
 
-    def _reference_backend_loads(self) -> bool:
-        """Whether only the reference backend implements ``load_state``: it reads everything before
-        applying anything, so the files' hashes can be checked while it reads."""
-        from drivetrain.plugins import REFERENCE_BACKEND
-
-        implementations = self._plugins.implementations("load_state", True)
-        return [name for name, *_ in implementations] == [REFERENCE_BACKEND]
+    def _reads_while_verifying(self) -> bool:
+        """Whether the plugin that answers ``load_state`` takes ``verified``: it reads while the files'
+        hashes are checked and applies nothing before ``verified()`` returned."""
+        implementations = self.plugins.hook.load_state.get_hookimpls()
+        # pluggy calls the last registered first: that implementation answers (they all return True).
+        return bool(implementations) and "verified" in implementations[-1].argnames
 
     def load_state(
         self,
@@ -333,7 +349,7 @@ class CheckpointingMixin:
         resolved: tuple[str | None, dict[str, Any]] = (None, {})
         verification = None
         error: Exception | None = None
-        if writes_shared_files(self):
+        if writes_shared_files(self.accelerator):
             try:
                 folder, verification = self._resolve_checkpoint(input_dir, verify_manifest)
                 resolved = (folder, verification.manifest.get("metadata", {}) if verification else {})
@@ -347,36 +363,33 @@ class CheckpointingMixin:
         gate = _VerificationGate(self, verification, location)
 
         if map_location is None or map_location == "on_device":
-            map_location = self.device if map_location == "on_device" else "cpu"
-        models = list(self._models)
-        # The reference backend reads while the hashes are checked and applies only after gate.wait();
-        # anything else (another backend, a pre-hook reading its own files) starts after the check.
-        deferred = not self._load_state_pre_hooks and self._reference_backend_loads()
+            map_location = self.accelerator.device if map_location == "on_device" else "cpu"
+        models = list(self.prepared.models)
+        # A plugin that takes ``verified`` reads while the hashes are checked and applies only after
+        # verified(); anything else (another backend, a pre-hook reading its own files) starts after the check.
+        deferred = not self._load_state_pre_hooks and self._reads_while_verifying()
         if not deferred:
             gate.wait()
         for hook in list(self._load_state_pre_hooks.values()):
             hook(models, location)
-        self._checkpoint_load_kwargs = dict(load_kwargs or {})
-        self._checkpoint_gate = gate if deferred else None
-        try:
-            loaded = self._plugins.first(
-                "load_state",
-                input_dir=location,
-                accelerator=self,
-                models=models,
-                optimizers=list(self._optimizers),
-                schedulers=list(self._schedulers),
-                map_location=map_location,
-            )
-            gate.wait()
-            if not loaded:
-                raise CheckpointError("no plugin loaded the checkpoint (every load_state hook returned None)")
-            read_kernel_objects(location, self, map_location)
-        finally:
-            self._checkpoint_load_kwargs = None
-            self._checkpoint_gate = None
+        load_kwargs = dict(load_kwargs or {})
+        loaded = self.plugins.call(
+            "load_state",
+            input_dir=location,
+            accelerator=self.accelerator,
+            models=models,
+            optimizers=list(self.prepared.optimizers),
+            schedulers=list(self.prepared.schedulers),
+            map_location=map_location,
+            load_kwargs=load_kwargs,
+            verified=gate.wait,
+        )
+        gate.wait()
+        if not loaded:
+            raise CheckpointError("no plugin loaded the checkpoint (every load_state hook returned None)")
+        read_kernel_objects(location, self.accelerator, self.prepared, map_location, load_kwargs)
         if "step" in metadata:
-            self.step = int(metadata["step"])
+            self.accelerator.step = int(metadata["step"])
         number = manifests.checkpoint_number(location)
         config = self.project_configuration
         if (
@@ -401,7 +414,7 @@ class CheckpointingMixin:
         if callable(gather_full):
             return gather_full()
         if unwrap:
-            model = self.unwrap_model(model)
+            model = self.accelerator.unwrap_model(model)
         return model.state_dict()
 
     def save_model(
@@ -418,7 +431,7 @@ class CheckpointingMixin:
         if os.path.isfile(save_directory):
             raise ValueError(f"save_directory {save_directory} is a file; save_model needs a directory")
         state_dict = self.get_state_dict(model, unwrap=True)
-        if writes_shared_files(self):
+        if writes_shared_files(self.accelerator):
             write_model_files(state_dict, save_directory, max_shard_size, safe_serialization)
 
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
@@ -450,8 +463,10 @@ class _VerificationGate:
     """The point of a load after which what was read may be applied: the checking process's hashes all
     matched, and every process read its part without error (all agree, so none applies alone)."""
 
-    def __init__(self, accelerator: Any, verification: manifests.Verification | None, location: str) -> None:
-        self._accelerator = accelerator
+    def __init__(
+        self, checkpointer: Checkpointer, verification: manifests.Verification | None, location: str
+    ) -> None:
+        self._checkpointer = checkpointer
         self._verification = verification
         self._location = location
         self._done = False
@@ -468,7 +483,7 @@ class _VerificationGate:
                 self._verification.wait()
             except CheckpointError as exc:
                 error = exc
-        self._accelerator._agree(
+        self._checkpointer._agree(
             f"load_state({self._location})", error, after="; nothing was loaded from the checkpoint"
         )
 

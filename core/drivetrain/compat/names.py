@@ -1,0 +1,123 @@
+"""Accelerate's names that belong to backends, for scripts written for HuggingFace Accelerate.
+
+This is the one file in the kernel that names backends (``tests/test_architecture.py`` checks it): which
+distribution to install for a public name, a precision or a multi-process run when the plugin providing it is
+not installed, and which ``Accelerator`` keyword arguments are aliases of the generic ``backend_config``.
+Installed plugins describe themselves (``PluginInfo``, the ``drivetrain.exports`` entry-point group); these
+tables only word the error when one is missing, so adding a backend never requires editing them.
+"""
+
+#: Accelerate's module hooks (``accelerate.hooks``), provided by the offload plugin.
+MODULE_HOOK_NAMES = (
+    "ModelHook",
+    "SequentialHook",
+    "AlignDevicesHook",
+    "UserCpuOffloadHook",
+    "add_hook_to_module",
+    "remove_hook_from_module",
+    "remove_hook_from_submodules",
+    "attach_align_device_hook",
+    "attach_align_device_hook_on_blocks",
+    "attach_execution_device_hook",
+)
+#: Accelerate's offloading functions (``accelerate.big_modeling``), provided by the offload plugin.
+OFFLOAD_FUNCTION_NAMES = (
+    "cpu_offload",
+    "cpu_offload_with_hook",
+    "disk_offload",
+    "has_offloaded_params",
+    "align_module_device",
+)
+
+#: Public name -> distribution that provides it (used only to word the ImportError when it is missing).
+PLUGIN_EXPORTS = {
+    "DistributedDataParallelKwargs": "drivetrain-ddp",
+    "DDPCommunicationHookType": "drivetrain-ddp",
+    "LocalSGD": "drivetrain-ddp",
+    "FullyShardedDataParallelPlugin": "drivetrain-fsdp",
+    "merge_fsdp_weights": "drivetrain-fsdp",
+    "enable_fsdp_ram_efficient_loading": "drivetrain-fsdp",
+    "disable_fsdp_ram_efficient_loading": "drivetrain-fsdp",
+    "DeepSpeedPlugin": "drivetrain-deepspeed",
+    "DummyOptim": "drivetrain-deepspeed",
+    "DummyScheduler": "drivetrain-deepspeed",
+    "HfDeepSpeedConfig": "drivetrain-deepspeed",
+    "get_active_deepspeed_plugin": "drivetrain-deepspeed",
+    "select_deepspeed_plugin": "drivetrain-deepspeed",
+    "zero3_init": "drivetrain-deepspeed",
+    "MegatronLMPlugin": "drivetrain-megatron",
+    "FP8RecipeKwargs": "drivetrain-fp8",
+    "TERecipeKwargs": "drivetrain-fp8",
+    "AORecipeKwargs": "drivetrain-fp8",
+    "MSAMPRecipeKwargs": "drivetrain-fp8",
+    **{name: "drivetrain-offload" for name in (*MODULE_HOOK_NAMES, *OFFLOAD_FUNCTION_NAMES)},
+    "TensorBoardTracker": "drivetrain-trackers",
+    "WandBTracker": "drivetrain-trackers",
+    "MLflowTracker": "drivetrain-trackers",
+    "AimTracker": "drivetrain-trackers",
+    "DVCLiveTracker": "drivetrain-trackers",
+    "CometMLTracker": "drivetrain-trackers",
+    "ClearMLTracker": "drivetrain-trackers",
+}
+
+#: Accelerate's backend-specific Accelerator keyword arguments; each is an alias of ``backend_config=``.
+BACKEND_CONFIG_KWARGS = ("deepspeed_plugin", "fsdp_plugin", "megatron_lm_plugin")
+
+#: ``mixed_precision`` values that need a plugin -> the distribution providing it.
+PRECISION_DISTRIBUTIONS = {"fp8": "drivetrain-fp8"}
+
+#: Installed when a script runs in several processes and no installed backend handles that.
+MULTIPROCESS_BACKEND_DISTRIBUTION = "drivetrain-ddp"
+
+#: Sections of Accelerate's config file (``accelerate config`` writes several even when unused). The section
+#: of the backend a file selects is read by that backend (``PluginInfo.config_section``); the others are
+#: accepted and, without their plugin, left unread.
+ACCELERATE_SECTIONS = {
+    "deepspeed_config": "drivetrain-deepspeed",
+    "fsdp_config": "drivetrain-fsdp",
+    "megatron_lm_config": "drivetrain-megatron",
+    "tp_config": "drivetrain-fsdp",
+    "ipex_config": "drivetrain-ipex",
+    "mpirun_config": "drivetrain-ipex",
+    "fp8_config": "drivetrain-fp8",
+    "parallelism_config": "drivetrain-fsdp",
+    "dynamo_config": "drivetrain",
+}
+
+#: Accelerate's ``distributed_type`` values answered by a backend plugin -> the distribution to install.
+ACCELERATE_DISTRIBUTED_TYPES = {
+    "DEEPSPEED": "drivetrain-deepspeed",
+    "FSDP": "drivetrain-fsdp",
+    "MEGATRON_LM": "drivetrain-megatron",
+    "XLA": "drivetrain-xla",
+    "TPU": "drivetrain-xla",
+}
+
+#: Accelerate's ``launch`` flags that select a backend -> the distribution to install. An installed backend
+#: declares its flag (``PluginInfo.launch_flag``).
+ACCELERATE_BACKEND_FLAGS = {
+    "use_deepspeed": "drivetrain-deepspeed",
+    "use_fsdp": "drivetrain-fsdp",
+    "use_megatron_lm": "drivetrain-megatron",
+    "tpu": "drivetrain-xla",
+}
+
+#: Top-level keys of Accelerate's config file that belong to a plugin (which claims them with
+#: ``registry.add_config_keys``) -> the distribution that provides it.
+ACCELERATE_PLUGIN_KEYS = {
+    "main_training_function": "drivetrain-xla",
+    "downcast_bf16": "drivetrain-xla",
+    "tpu_env": "drivetrain-xla",
+    "tpu_use_cluster": "drivetrain-xla",
+    "tpu_use_sudo": "drivetrain-xla",
+    "tpu_name": "drivetrain-xla",
+    "tpu_zone": "drivetrain-xla",
+    "commands": "drivetrain-xla",
+    "command_file": "drivetrain-xla",
+    "use_xpu": "drivetrain-ipex",
+}
+
+#: The distribution of Accelerate's offloading machinery (the ``dispatch_module`` hook) and of its built-in
+#: experiment trackers, for the error when none is installed.
+OFFLOAD_DISTRIBUTION = "drivetrain-offload"
+TRACKERS_DISTRIBUTION = "drivetrain-trackers"

@@ -1,0 +1,146 @@
+"""Objects the kernel hands to hooks besides the Accelerator: part of the plugin API (contract 1.1)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import attrs
+import torch
+
+
+@attrs.define(frozen=True)
+class ShardingOptions:
+    """How ``shard_dataloader`` should shard a data loader: this process's share of the data and the user's
+    ``DataLoaderConfiguration``. ``prepare_data_loader(dataloader, **options.to_kwargs())`` is the reference
+    behaviour; ``attrs.evolve(options, num_processes=..., process_index=...)`` shards over a group."""
+
+    device: torch.device
+    #: number of shares of the data (the data-parallel size) and this process's share
+    num_processes: int = 1
+    process_index: int = 0
+    split_batches: bool = False
+    put_on_device: bool = True
+    rng_types: tuple[str, ...] = ("generator",)
+    dispatch_batches: bool | None = None
+    even_batches: bool = True
+    use_seedable_sampler: bool = False
+    data_seed: int | None = None
+    non_blocking: bool = False
+    use_stateful_dataloader: bool = False
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``prepare_data_loader``."""
+        kwargs = attrs.asdict(self, recurse=False)
+        kwargs["rng_types"] = list(self.rng_types)
+        return kwargs
+
+
+@attrs.define
+class PreparedObjects:
+    """What ``Accelerator.prepare`` has seen, in order: ``accelerator.prepared``. Plugins read it (FSDP numbers
+    every model of a checkpoint, DeepSpeed reads the batch size of the prepared loaders); only the kernel
+    changes it."""
+
+    models: list[torch.nn.Module] = attrs.Factory(list)
+    #: ``AcceleratedOptimizer`` objects
+    optimizers: list[Any] = attrs.Factory(list)
+    #: ``AcceleratedScheduler`` objects
+    schedulers: list[Any] = attrs.Factory(list)
+    dataloaders: list[Any] = attrs.Factory(list)
+    #: objects given to ``register_for_checkpointing``
+    custom_objects: list[Any] = attrs.Factory(list)
+    #: the optimizers and data loaders of the ``prepare()`` call in progress: models are wrapped first, and a
+    #: backend may need them then (DeepSpeed builds its engine with the optimizer and reads the batch size)
+    pending_optimizers: list[Any] = attrs.Factory(list)
+    pending_dataloaders: list[Any] = attrs.Factory(list)
+
+    def clear(self) -> None:
+        """Forget everything (``Accelerator.free_memory``)."""
+        for objects in (self.models, self.optimizers, self.schedulers, self.dataloaders):
+            objects.clear()
+
+
+class PluginAccelerator(Protocol):
+    """The :class:`~drivetrain.Accelerator` as plugins see it: hooks receive the Accelerator (argument
+    ``accelerator``), and these attributes and methods are the part of it that is plugin API. Anything else,
+    underscore names above all, may change without notice."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def mixed_precision(self) -> str:
+        """``"no"``, ``"fp16"``, ``"bf16"``, ``"fp8"``"""
+
+    @property
+    def num_processes(self) -> int: ...
+
+    @property
+    def process_index(self) -> int: ...
+
+    @property
+    def local_process_index(self) -> int: ...
+
+    @property
+    def is_main_process(self) -> bool: ...
+
+    @property
+    def is_local_main_process(self) -> bool: ...
+
+    @property
+    def state(self) -> Any:
+        """The ``AcceleratorState``: ``backend_config``, ``mixed_precision``, ``environment``"""
+
+    @property
+    def gradient_state(self) -> Any: ...
+
+    @property
+    def sync_gradients(self) -> bool: ...
+
+    @property
+    def gradient_accumulation_steps(self) -> int: ...
+
+    @property
+    def kwargs_handlers(self) -> list[Any]:
+        """The ``KwargsHandler`` objects the user passed (a plugin finds its own by type)"""
+
+    @property
+    def scaler(self) -> Any:
+        """The ``torch.amp.GradScaler`` with fp16, else None"""
+
+    @property
+    def project_configuration(self) -> Any: ...
+
+    @property
+    def dataloader_config(self) -> Any: ...
+
+    @property
+    def device_placement(self) -> bool: ...
+
+    @property
+    def split_batches(self) -> bool: ...
+
+    @property
+    def prepared(self) -> PreparedObjects:
+        """What ``prepare`` has seen"""
+
+    @property
+    def torch_device_mesh(self) -> Any:
+        """The run's ``DeviceMesh`` when the backend built one, else None"""
+
+    #: the step counter that checkpoints save and restore (``load_state`` sets it)
+    step: int
+
+    def autocast(self, autocast_handler: Any = None) -> Any:
+        """The context manager the forward pass runs under (the ``autocast`` hook's answer)."""
+
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> torch.nn.Module:
+        """The user's module inside whatever the plugins wrapped it in."""
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The full state dict of a prepared model."""
+
+    def sharding_options(self, device_placement: bool) -> ShardingOptions:
+        """How this process's share of a data loader is cut (what ``shard_dataloader`` receives)."""

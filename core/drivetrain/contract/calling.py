@@ -1,0 +1,132 @@
+"""Calling the hooks of the plugins active for one Accelerator: the one mechanism, driven by the specs.
+
+A :class:`PluginStack` owns a pluggy ``PluginManager`` holding only the active plugins. pluggy calls the most
+recently registered plugin first, so they are registered in reverse composition order: ``local`` first (it
+answers last), then the backend, then feature, precision and device plugins. First-result and broadcast hooks
+are pluggy's own hook callers (``stack.hook.backward(...)``); a chain hook calls each plugin's hook caller in
+turn, threading the value. ``DRIVETRAIN_TRACE_PLUGINS=1`` logs every call through pluggy's hook-call
+monitoring.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pluggy
+from pluggy import HookImpl
+
+from drivetrain.contract import hookspecs
+from drivetrain.contract.attribution import attribute
+from drivetrain.contract.info import KIND_ORDER
+
+trace_logger = logging.getLogger("drivetrain.plugins.trace")
+
+
+def tracing_enabled() -> bool:
+    return os.environ.get("DRIVETRAIN_TRACE_PLUGINS", "").lower() in ("1", "true", "yes", "on")
+
+
+class PluginStack:
+    """The plugins active for one Accelerator (or one process's set-up), and how their hooks are called.
+
+    ``call(hook, **arguments)`` calls any hook the way its spec says; ``caller(hook)`` returns the same call
+    pre-resolved for hot paths (``backward`` on every step).
+    """
+
+    def __init__(self, plugins: list[tuple[str, str, Any]], fallback: tuple[str, Any]) -> None:
+        ordered = sorted(plugins, key=lambda plugin: KIND_ORDER[plugin[1]])
+        #: the active plugins in composition order (without the fallback unless it is the backend)
+        self.names = [name for name, _, _ in ordered]
+        self._pluggy = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self._pluggy.add_hookspecs(hookspecs)
+        objects = {name: hooks for name, _, hooks in ordered}
+        if fallback[0] not in objects:
+            objects = {**objects, fallback[0]: fallback[1]}
+        self._objects = objects
+        for name in reversed(list(objects)):
+            self._pluggy.register(objects[name], name=name)
+        if tracing_enabled():
+            self._pluggy.add_hookcall_monitoring(_trace_before, _trace_after)
+        self.hook = self._pluggy.hook
+        self._single: dict[tuple[str, str], Any] = {}
+
+    def implementers(self, hook: str) -> list[str]:
+        """Names of the plugins that implement ``hook``, in the order they are called."""
+        return [impl.plugin_name for impl in reversed(getattr(self.hook, hook).get_hookimpls())]
+
+    def implements(self, hook: str) -> bool:
+        """Whether an active plugin other than the fallback implements ``hook``."""
+        return any(name in self.names for name in self.implementers(hook))
+
+    def call(self, hook: str, **arguments: Any) -> Any:
+        """Call ``hook`` as its spec says: the first non-None answer, the chained value, or None. An error
+        keeps its type and gains a note naming the plugin that raised it."""
+        try:
+            style, chained = hookspecs.HOOK_STYLES[hook]
+            if style != "chain":
+                return getattr(self.hook, hook)(**arguments)
+            assert chained is not None  # a chain hook names the argument it threads
+            value = arguments[chained]
+            for name in self.implementers(hook):
+                # pluggy returns the list of non-None results of the (here: one) implementation called
+                results = self._caller_of(hook, name)(**{**arguments, chained: value})
+                if results:
+                    value = results[0]
+            return value
+        except BaseException as exc:
+            attribute(exc, hook, getattr(self.hook, hook).get_hookimpls())
+            raise
+
+    def caller(self, hook: str) -> Callable[..., Any]:
+        """``lambda **arguments: self.call(hook, **arguments)``, resolved once for hot paths (``backward``
+        runs every step): a first-result hook is pluggy's hook caller, called directly."""
+        if hookspecs.HOOK_STYLES[hook][0] == "chain":
+            return lambda **arguments: self.call(hook, **arguments)
+        hook_caller = getattr(self.hook, hook)
+
+        def call(**arguments: Any) -> Any:
+            try:
+                return hook_caller(**arguments)
+            except BaseException as exc:
+                attribute(exc, hook, hook_caller.get_hookimpls())
+                raise
+
+        return call
+
+    def _caller_of(self, hook: str, name: str) -> Any:
+        """pluggy's hook caller restricted to plugin ``name`` (so monitoring sees each link of a chain)."""
+        key = (hook, name)
+        if key not in self._single:
+            others = [obj for other, obj in self._objects.items() if other != name]
+            self._single[key] = self._pluggy.subset_hook_caller(hook, others)
+        return self._single[key]
+
+
+_started: dict[int, float] = {}
+
+
+def _trace_before(hook_name: str, hook_impls: Sequence[HookImpl], kwargs: Mapping[str, Any]) -> None:
+    _started[id(kwargs)] = time.perf_counter()
+
+
+def _trace_after(
+    outcome: Any, hook_name: str, hook_impls: Sequence[HookImpl], kwargs: Mapping[str, Any]
+) -> None:
+    elapsed_ms = (time.perf_counter() - _started.pop(id(kwargs), time.perf_counter())) * 1000
+    plugins = ", ".join(impl.plugin_name for impl in reversed(hook_impls)) or "(none)"
+    _emit_trace(f"hook {hook_name} -> plugin {plugins} ({elapsed_ms:.3f} ms)")
+
+
+def _emit_trace(message: str) -> None:
+    if not trace_logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[drivetrain trace] %(message)s"))
+        trace_logger.addHandler(handler)
+        trace_logger.setLevel(logging.INFO)
+        trace_logger.propagate = False
+    trace_logger.info(message)

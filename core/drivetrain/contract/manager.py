@@ -1,0 +1,387 @@
+"""Plugin discovery, validation and loading.
+
+Discovery reads entry-point metadata only (group ``drivetrain.plugins``); a plugin module is imported the
+first time something needs it, and a backend's third-party library only when that backend runs (listing
+plugins asks ``importlib.util.find_spec`` whether a library is installed, without importing it).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata as importlib_metadata
+import importlib.util
+import inspect
+import os
+import re
+import warnings
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+from drivetrain.compat.names import ACCELERATE_DISTRIBUTED_TYPES
+from drivetrain.contract import hookspecs
+from drivetrain.contract.attribution import attribute
+from drivetrain.contract.calling import PluginStack
+from drivetrain.contract.info import (
+    DEVICE_ENTRY_POINT_GROUP,
+    ENTRY_POINT_GROUP,
+    REFERENCE_BACKEND,
+    REMOVED_FIELDS,
+    DiscoveredPlugin,
+    ExtensionRegistry,
+    PluginHooks,
+    PluginInfo,
+)
+from drivetrain.errors import PluginError
+
+if TYPE_CHECKING:
+    from drivetrain.config.file import PluginDeclarations
+
+
+def _hook_specs() -> dict[str, list[str]]:
+    """Hook name -> argument names, read from hookspecs.py."""
+    return {
+        name: list(inspect.signature(getattr(hookspecs, name)).parameters) for name in hookspecs.HOOK_STYLES
+    }
+
+
+HOOK_SPECS: dict[str, list[str]] = _hook_specs()
+#: hookimpl options that would reorder calls; composition order is decided by plugin kind alone.
+_ORDERING_OPTIONS = ("tryfirst", "trylast", "wrapper", "hookwrapper")
+
+
+def hook_implementations(plugin: Any) -> dict[str, Any]:
+    """The functions of ``plugin`` marked with ``@hookimpl``, by name."""
+    marker = f"{hookspecs.PROJECT_NAME}_impl"
+    found = {}
+    for name in dir(plugin):
+        try:
+            value = getattr(plugin, name)
+        except Exception:
+            continue
+        if callable(value) and hasattr(value, marker):
+            found[name] = value
+    return found
+
+
+def validate_plugin(name: str, plugin: Any) -> None:
+    """Reject a plugin whose hooks do not match the spec, naming the plugin, the hook and the argument."""
+    info = getattr(plugin, "PLUGIN_INFO", None)
+    if info is not None:
+        if not isinstance(info, PluginInfo):
+            raise PluginError(f"plugin {name!r}: PLUGIN_INFO must be a drivetrain.plugin_api.PluginInfo")
+        wanted_major = info.contract.split(".")[0]
+        have_major = hookspecs.CONTRACT_VERSION.split(".")[0]
+        if wanted_major != have_major:
+            raise PluginError(
+                f"plugin {name!r} implements contract {info.contract}, but this drivetrain implements "
+                f"contract {hookspecs.CONTRACT_VERSION}; install a version of the plugin built for "
+                f"contract {have_major}.x or a drivetrain that provides contract {info.contract}"
+            )
+    marker = f"{hookspecs.PROJECT_NAME}_impl"
+    for hook_name, function in hook_implementations(plugin).items():
+        if hook_name not in HOOK_SPECS:
+            close = difflib.get_close_matches(hook_name, HOOK_SPECS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise PluginError(
+                f"plugin {name!r} implements unknown hook {hook_name!r}{hint} "
+                f"(known hooks: {', '.join(sorted(HOOK_SPECS))})"
+            )
+        options = getattr(function, marker) or {}
+        ordering = [option for option in _ORDERING_OPTIONS if options.get(option)]
+        if ordering:
+            raise PluginError(
+                f"plugin {name!r}, hook {hook_name!r}: hookimpl({ordering[0]}=True) is not supported; the "
+                "order of plugins follows their kind (device, precision, feature, backend)"
+            )
+        allowed = HOOK_SPECS[hook_name]
+        for argument in inspect.signature(function).parameters:
+            if argument in ("self",):
+                continue
+            if argument not in allowed:
+                close = difflib.get_close_matches(argument, allowed, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise PluginError(
+                    f"plugin {name!r}, hook {hook_name!r}: unknown argument {argument!r}{hint} "
+                    f"(the hook's arguments are: {', '.join(allowed)})"
+                )
+
+
+def _allowed_names() -> set[str] | None:
+    """``DRIVETRAIN_LOAD_PLUGINS=a,b`` restricts loading to those plugins (``local`` is always kept)."""
+    raw = os.environ.get("DRIVETRAIN_LOAD_PLUGINS")
+    if raw is None:
+        return None
+    names = {part.strip() for part in raw.split(",") if part.strip()}
+    names.add(REFERENCE_BACKEND)
+    return names
+
+
+def _import_failure(record: DiscoveredPlugin, exc: BaseException) -> str:
+    """One line naming the plugin, its distribution and what went wrong, with the fix where it is known."""
+    detail = f"{type(exc).__name__}: {exc}"
+    removed = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+    if removed and removed.group(1) in REMOVED_FIELDS:
+        detail += (
+            f" (PluginInfo field {removed.group(1)!r} was removed in contract 1.1: "
+            f"{REMOVED_FIELDS[removed.group(1)]}; see docs/plugins/versioning.md)"
+        )
+    return (
+        f"plugin {record.name!r} (distribution {record.distribution} {record.version}) failed to import "
+        f"{record.value}: {detail}"
+    )
+
+
+class PluginManager:
+    """Discovers plugins from entry points, loads them on demand and validates them.
+
+    One instance per process (:func:`get_plugin_manager`); :func:`reset_plugin_manager` forgets it.
+    Plugins can also be registered directly (``register(name, module_or_object)``), which tests and
+    notebooks use.
+    """
+
+    def __init__(self) -> None:
+        self._pluggy = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self._pluggy.add_hookspecs(hookspecs)
+        self._discovered: dict[str, DiscoveredPlugin] | None = None
+        self._registered: dict[str, DiscoveredPlugin] = {}
+        #: plugin name -> what is registered with pluggy for it (its hook functions)
+        self._registered_objects: dict[str, Any] = {}
+        self.extensions = ExtensionRegistry()
+        self._warned: set[str] = set()
+
+    # -- discovery -----------------------------------------------------------------------------------------
+    def discovered(self) -> dict[str, DiscoveredPlugin]:
+        """Every plugin known by name: entry points (filtered by DRIVETRAIN_LOAD_PLUGINS) and direct
+        registrations. Imports nothing."""
+        if self._discovered is None:
+            allowed = _allowed_names()
+            found: dict[str, DiscoveredPlugin] = {}
+            for entry_point in importlib_metadata.entry_points(group=ENTRY_POINT_GROUP):
+                if allowed is not None and entry_point.name not in allowed:
+                    continue
+                dist = getattr(entry_point, "dist", None)
+                found.setdefault(
+                    entry_point.name,
+                    DiscoveredPlugin(
+                        name=entry_point.name,
+                        value=entry_point.value,
+                        distribution=dist.metadata["Name"] if dist is not None else "?",
+                        version=dist.version if dist is not None else "?",
+                        entry_point=entry_point,
+                    ),
+                )
+            self._discovered = found
+        return {**self._discovered, **self._registered}
+
+    def names(self) -> list[str]:
+        return sorted(self.discovered())
+
+    def device_plugins(self) -> list[str]:
+        """Device runtime plugins: those listed in the ``drivetrain.devices`` entry-point group, and plugins
+        registered in code whose kind is ``device``. Imports only them; one that fails to load is skipped
+        with a warning (``drivetrain plugins`` shows why)."""
+        discovered = self.discovered()
+        listed = {
+            entry_point.name
+            for entry_point in importlib_metadata.entry_points(group=DEVICE_ENTRY_POINT_GROUP)
+        }
+        candidates = sorted(name for name in discovered if name in listed or name in self._registered)
+        return [name for name, info in self.loadable(candidates) if info.kind == "device"]
+
+    # -- loading ---------------------------------------------------------------------------------------------
+    def load(self, name: str) -> DiscoveredPlugin:
+        """Import and register plugin ``name`` (once). Raises PluginError naming what is wrong; a plugin
+        that failed once keeps failing with the same message (its import is not retried)."""
+        plugins = self.discovered()
+        if name not in plugins:
+            raise PluginError(unknown_plugin_message(name, plugins))
+        record = plugins[name]
+        if record.loaded:
+            return record
+        if record.error is not None:
+            raise PluginError(record.error)
+        try:
+            module = record.entry_point.load()
+        except BaseException as exc:
+            record.error = _import_failure(record, exc)
+            raise PluginError(record.error) from exc
+        try:
+            self._register(record, module)
+        except PluginError as exc:
+            record.error = str(exc)
+            raise
+        return record
+
+    def load_all(self) -> list[DiscoveredPlugin]:
+        return [self.load(name) for name in self.names()]
+
+    def register(
+        self, name: str, plugin: Any, distribution: str = "(registered in code)"
+    ) -> DiscoveredPlugin:
+        """Register a plugin object directly, without an entry point."""
+        if name in self.discovered() and self.discovered()[name].loaded:
+            raise PluginError(f"a plugin named {name!r} is already registered; pick another name")
+        record = DiscoveredPlugin(name=name, value=repr(plugin), distribution=distribution, version="")
+        self._register(record, plugin)
+        self._registered[name] = record
+        return record
+
+    def unregister(self, name: str) -> None:
+        record = self._registered.pop(name, None)
+        if record is not None and record.module is not None:
+            self._pluggy.unregister(name=name)
+            self._registered_objects.pop(name, None)
+            self.extensions.forget(name)
+
+    def _register(self, record: DiscoveredPlugin, plugin: Any) -> None:
+        validate_plugin(record.name, plugin)
+        hooks = PluginHooks(record.name, hook_implementations(plugin))
+        self._pluggy.register(hooks, name=record.name)
+        self._registered_objects[record.name] = hooks
+        record.module = plugin
+        if "register_extensions" in hook_implementations(plugin):
+            others = [obj for key, obj in self._registered_objects.items() if key != record.name]
+            caller = self._pluggy.subset_hook_caller("register_extensions", others)
+            self.extensions.current_plugin = record.name
+            try:
+                caller(registry=self.extensions)
+            except BaseException as exc:
+                attribute(exc, "register_extensions", caller.get_hookimpls())
+                raise
+            finally:
+                self.extensions.current_plugin = ""
+
+    def hook_object(self, name: str) -> Any:
+        """The object registered with pluggy for plugin ``name`` (loads it)."""
+        self.load(name)
+        return self._registered_objects[name]
+
+    def hooks_of(self, name: str) -> list[str]:
+        """Hook names that plugin ``name`` implements (loads it)."""
+        return sorted(hook_implementations(self.load(name).module))
+
+    def info(self, name: str) -> PluginInfo:
+        return self.load(name).info
+
+    def loadable(self, names: Iterable[str] | None = None) -> Iterator[tuple[str, PluginInfo]]:
+        """Each plugin's (or each of ``names``') name and info, in name order, importing a plugin module only
+        when reached.
+
+        A plugin that fails to load is left out with a warning naming it and why, so that one broken
+        extension cannot stop a training run that does not use it; ``drivetrain plugins`` shows the error.
+        """
+        for name in self.names() if names is None else names:
+            try:
+                info = self.info(name)
+            except PluginError as exc:
+                if name not in self._warned:
+                    self._warned.add(name)
+                    warnings.warn(
+                        f"drivetrain: skipping plugin {name!r}: {exc}", RuntimeWarning, stacklevel=3
+                    )
+                continue
+            yield name, info
+
+    def plugins_of_kind(self, kind: str) -> list[str]:
+        """Names of plugins of one kind (loads every plugin module, never their libraries); plugins that fail
+        to load are left out with a warning."""
+        return [name for name, info in self.loadable() if info.kind == kind]
+
+    def find_plugin(self, **declared: Any) -> str | None:
+        """The first plugin (by name) whose ``PluginInfo`` has every given field equal to the given value
+        (``find_plugin(distributed_type="FSDP")``), or None."""
+        return next(
+            (
+                name
+                for name, info in self.loadable()
+                if all(getattr(info, field) == value for field, value in declared.items())
+            ),
+            None,
+        )
+
+    def multiprocess_backend(self) -> str | None:
+        """The backend used when several processes run and none is named: the first by name of those that
+        declare ``select_for_multiprocess``, or None. Plugin modules are imported in name order only until
+        it is found (a later one cannot come first), which keeps the launcher's start-up short."""
+        return self.find_plugin(kind="backend", select_for_multiprocess=True)
+
+    def config_declarations(self) -> PluginDeclarations:
+        """What the installed plugins declare about the config file (imports every plugin module): the
+        backends answering Accelerate's ``distributed_type`` values and the top-level keys plugins own."""
+        from drivetrain.config.file import PluginDeclarations
+
+        distributed_types = {
+            info.distributed_type: (name, info.config_section)
+            for name, info in self.loadable()
+            if info.kind == "backend" and info.distributed_type
+        }
+        return PluginDeclarations(
+            distributed_types=distributed_types,
+            keys=dict(self.extensions.config_keys),
+            install_hints=dict(ACCELERATE_DISTRIBUTED_TYPES),
+        )
+
+    def backend_for_flag(self, flag: str) -> str | None:
+        """The installed backend that declares Accelerate's launch flag ``flag`` (``"use_fsdp"``), or None."""
+        return self.find_plugin(kind="backend", launch_flag=flag)
+
+    def distribution_of(self, name: str) -> str:
+        """The distribution that provides plugin ``name`` (for install hints)."""
+        record = self.discovered().get(name)
+        if record is not None and record.distribution not in ("?", "(registered in code)"):
+            return record.distribution
+        return f"drivetrain-{name}"
+
+    def stack(self, names: Iterable[str]) -> PluginStack:
+        """The active plugins for one Accelerator, in composition order, with ``local`` as the fallback."""
+        names = list(dict.fromkeys(names))
+        for name in [*names, REFERENCE_BACKEND]:
+            self.load(name)
+        return PluginStack(
+            [(name, self.info(name).kind, self._registered_objects[name]) for name in names],
+            (REFERENCE_BACKEND, self._registered_objects[REFERENCE_BACKEND]),
+        )
+
+
+def unknown_plugin_message(name: str, plugins: dict[str, DiscoveredPlugin]) -> str:
+    installed = ", ".join(sorted(plugins)) or "none"
+    restricted = ""
+    if _allowed_names() is not None:
+        restricted = f" (DRIVETRAIN_LOAD_PLUGINS={os.environ['DRIVETRAIN_LOAD_PLUGINS']} restricts loading)"
+    return (
+        f"unknown drivetrain plugin {name!r}; installed: {installed}{restricted}. "
+        f"Install it with: pip install drivetrain-{name}"
+    )
+
+
+def missing_library(module_name: str) -> str | None:
+    """Why ``module_name`` cannot be imported here, judged without importing it; None when it is installed."""
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError) as exc:
+        return f"{module_name} is not importable: {type(exc).__name__}: {exc}"
+    return None if found is not None else f"{module_name} is not installed"
+
+
+def check_requirements(info: PluginInfo) -> str | None:
+    """Why one of the plugin's required libraries is not installed, or None when all are (no import)."""
+    return next((problem for problem in map(missing_library, info.requires) if problem), None)
+
+
+_manager: PluginManager | None = None
+
+
+def get_plugin_manager() -> PluginManager:
+    """The process's plugin manager (created on first use; discovery reads metadata only)."""
+    global _manager
+    if _manager is None:
+        _manager = PluginManager()
+    return _manager
+
+
+def reset_plugin_manager() -> None:
+    """Forget every discovered and registered plugin (the next use discovers again)."""
+    global _manager
+    _manager = None

@@ -1,0 +1,41 @@
+"""``deepspeed.zero.Init`` for one configuration: parameters created already partitioned (ZeRO stage 3)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from drivetrain_deepspeed.autofill import resolve_precision
+from drivetrain_deepspeed.library import check_precision_supported, import_deepspeed
+
+
+@contextlib.contextmanager
+def partitioned_init(plugin: Any, mixed_precision: str, enabled: bool = True) -> Iterator[None]:
+    """Inside the block, parameters are created partitioned when ``plugin`` (a ``DeepSpeedPlugin``) is ZeRO
+    stage 3 and ``enabled``; otherwise the block runs as it is."""
+    if not enabled or plugin.stage != 3:
+        yield
+        return
+    config = copy.deepcopy(plugin.deepspeed_config)
+    precision = resolve_precision(config, mixed_precision)
+    device_type = "cpu" if os.environ.get("DS_ACCELERATOR") == "cpu" else None
+    deepspeed = import_deepspeed(device_type or "cuda")
+    check_precision_supported(precision, mixed_precision)
+    # zero.Init reads the ZeRO section and the precision (its dtype= argument is ignored on devices without
+    # fp16 support, so the dtype goes through the config); the batch sizes must merely be consistent numbers.
+    init_config = {
+        "zero_optimization": {k: v for k, v in config["zero_optimization"].items() if v != "auto"},
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": precision == "fp16"},
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+    }
+    for part in ("offload_optimizer", "offload_param"):
+        section = init_config["zero_optimization"].get(part)
+        if isinstance(section, dict) and section.get("device") == "auto":
+            section["device"] = "none"
+    with deepspeed.zero.Init(config_dict_or_path=init_config):
+        yield
