@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from drivetrain_fp8._kernel_gaps import ConfigurationError
+from drivetrain.plugin_api import ConfigurationError
 
 
 def initialize(model: torch.nn.Module, optimizer: torch.optim.Optimizer, opt_level: str) -> tuple[Any, Any]:

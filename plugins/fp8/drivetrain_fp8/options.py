@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from drivetrain_fp8 import _kernel_gaps
+from drivetrain.plugin_api import plugin_options, to_bool
 from drivetrain_fp8.backends import BY_NAME
 
 PLUGIN_NAME = "fp8"
@@ -30,17 +30,6 @@ _BACKEND_ALIASES = {
     "ms-amp": "msamp",
     "ms_amp": "msamp",
 }
-
-
-def to_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "y", "on"):
-        return True
-    if text in ("0", "false", "no", "n", "off"):
-        return False
-    raise ValueError(f"{value!r} is not a boolean; use true or false")
 
 
 def _int_at_least(minimum: int) -> Callable[[Any], int]:
@@ -203,7 +192,7 @@ def check_fp8_config(section: Any) -> dict[str, Any]:
 def launched_settings() -> dict[str, Any]:
     """The fp8 settings the launcher handed to this process: the config file's ``fp8_config`` with the
     ``--fp8_*`` flags on top (a flag given on the command line wins, as in Accelerate)."""
-    options = _kernel_gaps.plugin_options(PLUGIN_NAME)
+    options = plugin_options(PLUGIN_NAME)
     settings = check_fp8_config(options.get(CONFIG_KEY))
     for dest, value in options.items():
         if dest == CONFIG_KEY or value is None:

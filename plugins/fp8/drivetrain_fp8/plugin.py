@@ -16,19 +16,18 @@ from typing import Any
 import attrs
 import torch
 
-from drivetrain_fp8 import options
-from drivetrain_fp8._kernel_gaps import (
+from drivetrain.plugin_api import (
     AcceleratedOptimizer,
     Capabilities,
+    ConfigurationError,
+    PluginInfo,
     hookimpl,
     patch_forward_with_autocast,
-    pending_optimizers,
-    plugin_info,
-    prepared_optimizers,
 )
+from drivetrain_fp8 import options
 from drivetrain_fp8.selection import Choice, check_composition, choose
 
-PLUGIN_INFO = plugin_info(
+PLUGIN_INFO = PluginInfo(
     kind="precision",
     description="FP8 training: torchao float8 (CPU and GPU), NVIDIA TransformerEngine, Microsoft MS-AMP",
     precisions=("fp8",),
@@ -140,7 +139,7 @@ def _convert_te(model: torch.nn.Module, run: Fp8Run) -> None:
 def _initialize_msamp(model: torch.nn.Module, run: Fp8Run, accelerator: Any, evaluation_mode: bool) -> Any:
     from drivetrain_fp8 import msamp
 
-    optimizer = msamp.the_optimizer_of(pending_optimizers(accelerator), evaluation_mode)
+    optimizer = msamp.the_optimizer_of(list(accelerator.prepared.pending_optimizers), evaluation_mode)
     model, run.msamp_optimizers[id(optimizer)] = msamp.initialize(
         model, optimizer, run.choice.recipe.opt_level
     )
@@ -166,8 +165,6 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> Any:
 
 
 def _msamp_optimizer(optimizer: torch.optim.Optimizer, run: Fp8Run) -> Any:
-    from drivetrain_fp8._kernel_gaps import ConfigurationError
-
     converted = run.msamp_optimizers.pop(id(optimizer), None)
     if converted is None:
         raise ConfigurationError(
@@ -199,6 +196,6 @@ def clip_grad_norm(accelerator: Any) -> None:
     # (the distribution backend or local) then clips.
     run = fp8_run(accelerator)
     if run.scaler is not None and accelerator.gradient_state.sync_gradients:
-        for optimizer in prepared_optimizers(accelerator):
+        for optimizer in accelerator.prepared.optimizers:
             run.scaler.unscale_(getattr(optimizer, "optimizer", optimizer))
     return None

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from drivetrain_fp8._kernel_gaps import ConfigurationError
+from drivetrain.plugin_api import ConfigurationError
 
 
 def replaced_by(

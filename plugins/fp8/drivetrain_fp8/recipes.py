@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 
 import attrs
 
+from drivetrain.plugin_api import ConfigurationError, KwargsHandler
 from drivetrain_fp8 import options
-from drivetrain_fp8._kernel_gaps import ConfigurationError, KwargsHandler
 
 
 def _launched() -> dict[str, Any]:

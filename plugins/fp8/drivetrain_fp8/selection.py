@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from drivetrain_fp8._kernel_gaps import ConfigurationError, PluginError
+from drivetrain.plugin_api import ConfigurationError, PluginError
 from drivetrain_fp8.backends import AUTOMATIC_ORDER, BY_NAME, MSAMP, TORCHAO, TRANSFORMER_ENGINE, Fp8Library
 from drivetrain_fp8.recipes import (
     RECIPE_CLASSES,

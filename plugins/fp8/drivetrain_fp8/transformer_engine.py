@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from drivetrain_fp8._kernel_gaps import ConfigurationError
+from drivetrain.plugin_api import ConfigurationError
 
 
 def _te() -> Any:
