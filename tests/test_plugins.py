@@ -152,11 +152,20 @@ def test_trace_logs_every_hook_call_with_plugin_and_time(tmp_path):
         )
 
 
-def test_plugin_provided_name_without_its_plugin_names_the_distribution():
+def test_plugin_provided_name_without_its_plugin_names_the_distribution(monkeypatch):
+    import importlib.metadata
+
+    installed = importlib.metadata.entry_points
+    missing = ("MegatronLMPlugin", "FP8RecipeKwargs")  # as if drivetrain-megatron and drivetrain-fp8 were not
+    monkeypatch.setattr(
+        importlib.metadata,
+        "entry_points",
+        lambda **kwargs: [entry for entry in installed(**kwargs) if entry.name not in missing],
+    )
     with pytest.raises(ImportError, match="pip install drivetrain-megatron"):
         resolve_export("MegatronLMPlugin")
     with pytest.raises(ImportError, match="pip install drivetrain-fp8"):
-        from drivetrain.utils import FP8RecipeKwargs  # noqa: F401
+        resolve_export("FP8RecipeKwargs")
 
 
 def test_plugin_provided_name_resolves_through_exports_entry_points():

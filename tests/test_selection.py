@@ -135,9 +135,10 @@ def test_invalid_mixed_precision_names_valid_values():
         Accelerator(mixed_precision="fp12")
 
 
-def test_fp8_without_a_precision_plugin_says_what_to_install():
+def test_fp8_without_a_precision_plugin_says_what_to_install(monkeypatch):
     from drivetrain import Accelerator
 
+    monkeypatch.setenv("DRIVETRAIN_LOAD_PLUGINS", "local")  # as if drivetrain-fp8 were not installed
     with pytest.raises(PluginError, match="pip install drivetrain-fp8"):
         Accelerator(mixed_precision="fp8")
 

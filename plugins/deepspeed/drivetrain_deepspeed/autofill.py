@@ -70,6 +70,10 @@ def _fill_or_check(config: dict[str, Any], key: str, value: Any, source: str) ->
 
 def resolve_precision(config: dict[str, Any], mixed_precision: str) -> str:
     """The precision the engine runs in ("no", "bf16", "fp16"); fills ``bf16/fp16.enabled`` "auto"."""
+    if mixed_precision == "fp8":
+        # The fp8 precision plugin converted the model's Linear layers before the engine is built; the engine
+        # keeps everything else in bf16, as Accelerate runs DeepSpeed under fp8.
+        mixed_precision = "bf16"
     explicit = [name for name in _PRECISION_SECTIONS if get_path(config, f"{name}.enabled") is True]
     if len(explicit) > 1:
         raise ConfigurationError("the DeepSpeed config enables both bf16 and fp16; enable one")
@@ -88,8 +92,6 @@ def resolve_precision(config: dict[str, Any], mixed_precision: str) -> str:
     for name in _PRECISION_SECTIONS:
         if _auto(get_path(config, f"{name}.enabled")):
             set_path(config, f"{name}.enabled", chosen == name)
-    if mixed_precision == "fp8":
-        raise ConfigurationError("the deepspeed backend does not run mixed_precision='fp8'; use bf16 or fp16")
     return chosen if chosen in ("bf16", "fp16") else "no"
 
 
