@@ -170,6 +170,8 @@ def static_gaps(work: Path, reference: dict, python: Path) -> dict:
         wanted = {m for m, _, s in scan.imports if s == ("file",) and m.startswith(TEST_UTILS)}
         wanted |= {f"{m}.{n}" for m, n, s in scan.imports if s == ("file",) and m.startswith(TEST_UTILS)}
         for module in _closure(wanted, utils):
+            if ".external_deps" in module:
+                continue
             for imported_module, name, scope in utils[module].imports:
                 if scope == ("file",) and not imported_module.startswith(TEST_UTILS):
                     users[("name", imported_module, name)].update(test_ids)
@@ -184,7 +186,7 @@ def static_gaps(work: Path, reference: dict, python: Path) -> dict:
             sites[("path", path)].add(file)
     # The scripts: their own file-level and function-level gaps (they run under the launcher, not pytest).
     for module, scan in utils.items():
-        if ".scripts." not in module:
+        if ".scripts." not in module or ".external_deps" in module:  # external_deps: GPU/hub scripts, not run
             continue
         for imported_module, name, _ in scan.imports:
             if not imported_module.startswith(TEST_UTILS):
@@ -225,12 +227,14 @@ _SIGNATURE = re.compile(
     r"got multiple values|takes no arguments|object is not callable"
 )
 _WORDING = re.compile(r"Regex pattern did not match|does not match|not found in|Regex: |doesn't match")
-_WHERE = re.compile(r"((?:core/drivetrain|plugins/\w+/\w+|/drivetrain[\w/]*)/[\w/]+\.py):(\d+)")
+_WHERE = re.compile(r"((?:core/drivetrain|plugins/[\w-]+/\w+)/[\w/]+\.py):(\d+)")
 
 
 def classify(result: dict) -> tuple[str, str]:
     """(category, key) for a failed test from the diagnostic run."""
     text = f"{result.get('message', '')}\n{result.get('detail', '')}"
+    if result.get("outcome") == "skipped":
+        return "skipped here", result.get("message", "")[:200]
     missing = re.search(r"PeerMissingName: drivetrain lacks ([\w.]+)", text) or re.search(
         r"drivetrain lacks ([\w.]+)", text
     )
@@ -251,9 +255,13 @@ def classify(result: dict) -> tuple[str, str]:
         name = attribute.group(2) or attribute.group(4) or attribute.group(6)
         category = "private internals" if name.startswith("_") else "missing attribute"
         return category, f"{owner}.{name}"
+    enum_member = re.fullmatch(r"AttributeError: ([A-Z][A-Z0-9_]+)", error.strip())
+    if enum_member:
+        return "missing attribute", f"enum member {enum_member.group(1)}"
     if error.startswith("TypeError") and _SIGNATURE.search(error):
         return "signature", _normalise(error)
-    if _WORDING.search(error) or _WORDING.search(result.get("message", "")):
+    quoted_in = re.match(r"(AssertionError: )?assert ['\"].*['\"] (not )?in ['\"]", error)
+    if quoted_in or _WORDING.search(error) or _WORDING.search(result.get("message", "")):
         return "message wording", _normalise(error)
     return "behaviour", _normalise(error)
 
@@ -266,10 +274,10 @@ def _normalise(error: str) -> str:
 
 def _where(result: dict) -> str:
     hits = _WHERE.findall(result.get("detail", ""))
-    return f"{hits[-1][0].split('drivetrain/', 1)[-1]}:{hits[-1][1]}" if hits else ""
+    return f"{hits[-1][0].removeprefix('core/drivetrain/')}:{hits[-1][1]}" if hits else ""
 
 
-def failure_gaps(reference: dict, diagnose: dict, ours: dict) -> dict:
+def failure_gaps(reference: dict, diagnose: dict, ours: dict, missing: set[str]) -> dict:
     """Reference-passing tests that fail in the diagnostic run, grouped by (category, key)."""
     groups: dict[tuple[str, str], list[str]] = defaultdict(list)
     where: dict[tuple[str, str], Counter] = defaultdict(Counter)
@@ -283,10 +291,22 @@ def failure_gaps(reference: dict, diagnose: dict, ours: dict) -> dict:
             result = diag_tests.get(test_id)
             if result is None:
                 collection = diag_tests.get(f"{file}::<collection>")
-                result = collection or {"outcome": "failed", "message": "not run in the diagnostic run"}
+                result = collection or {"outcome": "not collected"}
             if result["outcome"] in ("passed", "not applicable"):
                 continue
-            key = classify(result)
+            if result["outcome"] == "not collected":
+                key = (
+                    "not collected here",
+                    "defined under a predicate drivetrain lacks or answers differently",
+                )
+            else:
+                key = classify(result)
+            if key[0] == "missing name":  # `X.keys` used on a missing X: the gap is X
+                parts = key[1].split(".")
+                for cut in range(len(parts), 1, -1):
+                    if ".".join(parts[:cut]) in missing:
+                        key = (key[0], ".".join(parts[:cut]))
+                        break
             groups[key].append(test_id)
             where[key][_where(result)] += 1
             if test_id in our_tests:
@@ -302,9 +322,10 @@ def _error_line(tail: str) -> str:
     lines = [
         line.strip()
         for line in tail.splitlines()
-        if re.match(r"^\s*[\w.]*(Error|Exception|Missing\w*):", line)
+        if re.match(r"^\s*(\[rank\d+\]:\s*)?[\w.]*(Error|Exception|Missing\w*):", line)
     ]
     text = lines[-1] if lines else (tail.strip().splitlines() or [""])[-1]
+    text = re.sub(r"^\[rank\d+\]:\s*", "", text)
     return "`" + _normalise(text).replace("|", "\\|").replace("`", "'")[:160] + "`"
 
 
@@ -385,16 +406,29 @@ def render(static: dict, failures: dict, reference: dict, ours: dict, diagnose: 
     for module, items in module_rank:
         blocked = set().union(*[set(i["blocked"]) for i in items])
         out.append(f"### `{module}` — {len(items)} names, holding back {len(blocked)} tests\n")
-        out.append("| name | held back | elsewhere in drivetrain | sites | why |")
+        out.append("| names | held back | elsewhere in drivetrain | sites | why |")
         out.append("|---|---|---|---|---|")
-        for item in sorted(items, key=lambda i: (-i["passing"], i["name"])):
-            elsewhere = ", ".join(f"`{m}`" for m in item["elsewhere"]) or "-"
-            sites = ", ".join(s.replace(f"{TEST_UTILS}.", "test_utils.") for s in item["sites"][:4])
-            if len(item["sites"]) > 4:
-                sites += f" +{len(item['sites']) - 4}"
-            out.append(
-                f"| `{item['name']}` | {item['passing']} | {elsewhere} | {sites} | {item['why'][:90]} |"
-            )
+        # Names that hold back the same tests from the same places share a row (the `is_*_available` family).
+        rows: dict[tuple, list[dict]] = defaultdict(list)
+        for item in items:
+            rows[
+                (
+                    item["passing"],
+                    tuple(item["sites"]),
+                    tuple(item["elsewhere"]),
+                    item["why"].split(" has no ")[0],
+                )
+            ].append(item)
+        for (passing, sites, elsewhere, _), group in sorted(
+            rows.items(), key=lambda kv: (-kv[0][0], kv[0][1])
+        ):
+            names = ", ".join(f"`{i['name']}`" for i in sorted(group, key=lambda i: i["name"]))
+            where = ", ".join(f"`{m}`" for m in elsewhere) or "-"
+            site_text = ", ".join(s.replace(f"{TEST_UTILS}.", "test_utils.") for s in sites[:4])
+            if len(sites) > 4:
+                site_text += f" +{len(sites) - 4}"
+            why = group[0]["why"] if len(group) == 1 else "not in the module"
+            out.append(f"| {names} | {passing} | {where} | {site_text} | {why[:90]} |")
         out.append("")
     out.append("### Module-path strings\n")
     out.append("| string | held back | sites | why |")
@@ -423,7 +457,9 @@ def render(static: dict, failures: dict, reference: dict, ours: dict, diagnose: 
         "names deferred, by category (*missing name*: a name from (a) used at run time; *missing attribute*: "
         "a public attribute or enum member of an object that imports; *signature*: an argument the function "
         "does not take; *message wording*: the test matches an error, warning or log text; *behaviour*: "
-        "anything else; *private internals*: an underscore attribute of the reference's objects).",
+        "anything else; *private internals*: an underscore attribute of the reference's objects; *skipped here*: "
+        "a `require_*` decorator skips it here, through an `is_*_available` that drivetrain lacks or answers "
+        "differently; *not collected here*: the class or parametrization is built under such a predicate).",
         "",
         "| category | tests |",
         "|---|---|",
@@ -451,6 +487,20 @@ def render(static: dict, failures: dict, reference: dict, ours: dict, diagnose: 
             f"`{example}` |"
         )
     out.append("")
+    out.append("### Failures that are not a missing name or a skip\n")
+    out.append(
+        "What is left once every name exists: signature, behaviour, wording, attributes, private internals, "
+        "timeouts. *where* as above; *e.g.*: one failing test.\n"
+    )
+    out.append("| category | key | tests | where | e.g. |")
+    out.append("|---|---|---|---|---|")
+    for (category, detail), tests in ranked:
+        if category in ("missing name", "skipped here", "not collected here"):
+            continue
+        place = where[(category, detail)].most_common(1)[0][0] if where[(category, detail)] else ""
+        detail = detail.replace("|", "\\|").replace("\n", " ")
+        out.append(f"| {category} | `{detail}` | {len(tests)} | {place or '-'} | `{sorted(tests)[0]}` |")
+    out.append("")
     out.append("### Every failing test, by key\n")
     out.append("<details><summary>all keys</summary>\n")
     for key, tests in ranked:
@@ -471,7 +521,9 @@ def write(cache: Path, python: Path) -> None:
     diagnose = json.loads(diag_path.read_text()) if diag_path.is_file() else {}
     work = source.prepare_work(cache, "drivetrain", folder="gaps")  # not the folder a run may be using
     static = static_gaps(work, reference, python)
-    failures = failure_gaps(reference, diagnose, ours)
+    missing = {f"{n['module']}.{n['name']}" for n in static["names"] if not n["ok"]}
+    missing |= {n["module"] for n in static["names"] if not n["ok"] and "does not import" in n["why"]}
+    failures = failure_gaps(reference, diagnose, ours, missing)
     PAGE.write_text(render(static, failures, reference, ours, diagnose, work))
     results.mkdir(exist_ok=True)
     (results / "gaps.json").write_text(

@@ -92,7 +92,10 @@ def _defer_attributes(module: types.ModuleType) -> None:
         if original is not None:
             try:
                 return original(name)
-            except AttributeError:
+            except (
+                AttributeError,
+                ImportError,
+            ):  # ImportError: a name a plugin that is not installed provides
                 pass
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
@@ -118,6 +121,10 @@ class _DeferringLoader(importlib.abc.Loader):
     def exec_module(self, module):
         self.loader.exec_module(module)
         _defer_attributes(module)
+        # The reference has packages where drivetrain has a module (`commands.config.config_args`): let the
+        # import system look for submodules here, so the missing ones become placeholders too.
+        if not hasattr(module, "__path__"):
+            module.__path__ = []
 
 
 class _MissingModuleLoader(importlib.abc.Loader):

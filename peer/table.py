@@ -72,6 +72,12 @@ def render(reference: dict, ours: dict, entries: list[dict]) -> str:
         f"({ours.get('updated', 'not run yet')}).\n"
     )
     out.append("## Multi-process scripts\n")
+    out.append(
+        "Two CPU processes, gloo: drivetrain's through `drivetrain launch --cpu --num_processes 2`, the "
+        "reference's under torchrun with `ACCELERATE_USE_CPU=true` (`accelerate launch --cpu` would start one "
+        "process); `test_notebook.py` starts its own processes through `notebook_launcher`. Passed means exit "
+        "code 0 within the timeout.\n"
+    )
     out.append("| script | reference | drivetrain | seconds (reference / drivetrain) |")
     out.append("|---|---|---|---|")
     ref_scripts, our_scripts = reference.get("scripts", {}), ours.get("scripts", {})

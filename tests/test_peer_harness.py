@@ -15,7 +15,7 @@ from peer import junit, rename, run  # noqa: E402
 
 
 def test_rename_changes_package_names_only():
-    source = '''import accelerate
+    source = """import accelerate
 import accelerate.commands.env as accelerate_env_cmd
 from accelerate.utils import patch_environment, path_in_accelerate_package
 from accelerate import Accelerator
@@ -29,9 +29,11 @@ label = "`accelerate` bash location"
 url = "https://github.com/huggingface/accelerate/pull/2369"
 job = "accelerate-sagemaker-1"
 install = f"pip install accelerate -U {accelerate.__version__}"
-'''
+"""
     renamed, replacements = rename.rename_source(source)
-    assert renamed == '''import drivetrain
+    assert (
+        renamed
+        == """import drivetrain
 import drivetrain.commands.env as accelerate_env_cmd
 from drivetrain.utils import patch_environment, path_in_accelerate_package
 from drivetrain import Accelerator
@@ -45,7 +47,8 @@ label = "`accelerate` bash location"
 url = "https://github.com/huggingface/accelerate/pull/2369"
 job = "accelerate-sagemaker-1"
 install = f"pip install accelerate -U {drivetrain.__version__}"
-'''
+"""
+    )
     assert [r.kind for r in replacements].count("name") >= 4  # f-strings tokenize differently from 3.12
     assert len(replacements) == 8
 
@@ -53,7 +56,10 @@ install = f"pip install accelerate -U {drivetrain.__version__}"
 def test_rename_keeps_a_multiline_string_and_its_neighbours_intact():
     source = 'x = """\nfrom accelerate.state import PartialState\nsee accelerate docs\n"""; y = accelerate\n'
     renamed, _ = rename.rename_source(source)
-    assert renamed == 'x = """\nfrom drivetrain.state import PartialState\nsee accelerate docs\n"""; y = drivetrain\n'
+    assert (
+        renamed
+        == 'x = """\nfrom drivetrain.state import PartialState\nsee accelerate docs\n"""; y = drivetrain\n'
+    )
 
 
 def test_junit_ids_match_on_both_sides(tmp_path):
