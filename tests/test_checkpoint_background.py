@@ -1,6 +1,7 @@
-"""A save finishes in the background: save_state returns once the files are written, training goes on, and
-the checkpoint appears complete (fsynced, manifest, renamed) later — with the state of the moment it was
-saved, never a half-finished folder, and failures reported at the next checkpoint operation."""
+"""A save that finishes in the background (opt-in: ``async_save=True`` / ``blocking=False``): save_state
+returns once the files are written, training goes on, and the checkpoint appears complete (fsynced,
+manifest, renamed) later — with the state of the moment it was saved, never a half-finished folder, and
+failures reported at the next checkpoint operation. By default a save is complete when it returns."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from drivetrain.utils import ProjectConfiguration, set_seed
 
 
 def _setup(tmp_path, **config):
+    config.setdefault("async_save", True)
     set_seed(0)
     project = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, **config)
     accelerator = Accelerator(project_config=project)
@@ -198,3 +200,17 @@ def test_load_state_checks_sha256_on_request_and_rejects_unknown_verification(tm
         accelerator.load_state(location, verify_manifest="sha256")
     with pytest.raises(ValueError, match=r"verify_manifest='md5'.*'sha256'"):
         accelerator.load_state(location, verify_manifest="md5")
+
+
+def test_save_state_is_complete_when_it_returns_by_default_like_accelerate(tmp_path):
+    set_seed(0)
+    project = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
+    accelerator = Accelerator(project_config=project)
+    model = accelerator.prepare(torch.nn.Linear(4, 2))
+    before = set(os.listdir(tmp_path))
+    location = accelerator.save_state()
+    # The folder is there under its final name, sealed, and nothing else new beside it.
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_0"]
+    assert set(os.listdir(tmp_path)) - before == {"checkpoints"}
+    manifests.verify(location, checksum="sha256")
+    assert model.weight is not None

@@ -29,3 +29,22 @@ def test_gather_for_metrics_returns_exactly_the_data_property(world, examples, l
         str(SCRIPTS / "data_gather_property.py"), num_processes=world, args=[str(examples)], env=launch_env
     )
     assert result.stdout.count("data_gather_property OK") == world
+
+
+@pytest.mark.multiprocess
+def test_gather_for_metrics_is_exact_however_the_loader_is_consumed(launch_env):
+    from drivetrain.testing import assert_checks_passed
+
+    result = launch_script(str(SCRIPTS / "data_gather_consumption.py"), num_processes=2, env=launch_env)
+    assert_checks_passed(
+        result,
+        [
+            "next_iter",
+            "next_iter_again",
+            "loop_broken_early",
+            "interleaved_first",
+            "interleaved_second",
+            "skip_first_batches",
+            "full_loop_after_all_that",
+        ],
+    )

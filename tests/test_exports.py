@@ -41,3 +41,18 @@ def test_plugin_names_resolve_or_name_their_distribution():
             getattr(drivetrain, name)
         except ImportError as exc:
             assert f"pip install {distribution}" in str(exc)
+
+
+def test_version_gates_written_for_accelerate_take_the_accelerate_path():
+    import importlib.metadata
+
+    from packaging.version import Version
+
+    import drivetrain
+
+    assert drivetrain.__version__ == importlib.metadata.version("drivetrain")
+    assert Version(drivetrain.__version__) >= Version(drivetrain.__accelerate_api__)
+    # Gates seen in scripts and libraries written for Accelerate.
+    for minimum in ("0.20.0", "0.28.0", "1.0.0", "1.10.0"):
+        assert Version(drivetrain.__version__) >= Version(minimum)
+    assert Version(drivetrain.__version__) < Version("1.16.0")

@@ -10,7 +10,12 @@ from typing import Any
 from drivetrain.compat import moved as _moved
 from drivetrain.contract.hookspecs import CONTRACT_VERSION, hookimpl, hookspec
 
-__version__ = "0.1.0"
+#: drivetrain's version is the version of Accelerate's API it implements (scripts written for Accelerate gate
+#: on ``__version__``); releases of drivetrain's own between two Accelerate releases add a fourth number
+#: (1.15.0.1). See docs/migrating.md, "Version gates".
+__version__ = "1.15.0"
+#: The Accelerate release whose public API (names, signatures, behaviour) this drivetrain implements.
+__accelerate_api__ = "1.15.0"
 
 _moved.install()  # contract 1.0's module paths still import, with a warning naming the new one
 
@@ -44,7 +49,7 @@ _EXPORTS = {
     "get_logger": "drivetrain.logging",
 }
 
-__all__ = ["CONTRACT_VERSION", "hookimpl", "hookspec", *_EXPORTS]
+__all__ = ["CONTRACT_VERSION", "__accelerate_api__", "__version__", "hookimpl", "hookspec", *_EXPORTS]
 
 
 def __getattr__(name: str) -> Any:

@@ -52,8 +52,9 @@ class ProjectConfiguration:
     :param total_limit: keep at most this many automatic checkpoints (the oldest are deleted).
     :param iteration: number of the next automatic checkpoint.
     :param save_on_each_node: every machine writes its own copy (for storage that is not shared).
-    :param async_save: ``save_state`` returns once the checkpoint's files are written and finishes it
-        (fsync, manifest, rename, pruning) in the background; ``False`` returns only when it is complete.
+    :param async_save: drivetrain's opt-in: ``save_state`` returns once the checkpoint's files are written
+        and finishes it (fsync, manifest, rename, pruning) in the background. By default (``False``), as in
+        Accelerate, ``save_state`` returns when the checkpoint is complete under its final name.
     """
 
     project_dir: str | None = attrs.field(default=None, converter=_optional_path)
@@ -62,7 +63,7 @@ class ProjectConfiguration:
     total_limit: int | None = attrs.field(default=None, validator=_positive_int_or_none)
     iteration: int = attrs.field(default=0, validator=_non_negative_int_or_none)
     save_on_each_node: bool = attrs.field(default=False, validator=_bool)
-    async_save: bool = attrs.field(default=True, validator=_bool)
+    async_save: bool = attrs.field(default=False, validator=_bool)
 
     def __attrs_post_init__(self) -> None:
         if self.logging_dir is None:

@@ -30,14 +30,27 @@ from drivetrain.operations import send_to_device
 from drivetrain.state import GradientState, PartialState
 
 
+class _Pass:
+    """One iteration over a loader (one ``iter(loader)``): whether its batch in use is the last one, and how
+    many samples of that last global batch are real. Two iterators over one loader each have theirs."""
+
+    __slots__ = ("end_of_dataloader", "remainder")
+
+    def __init__(self) -> None:
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+
 class _Progress:
     """Where the current epoch stands (a plain object: DataLoader's __setattr__ is slow per batch)."""
 
-    __slots__ = ("batches_yielded", "loader_state")
+    __slots__ = ("batches_yielded", "loader_state", "latest_pass")
 
     def __init__(self) -> None:
         self.batches_yielded = 0
         self.loader_state: dict | None = None
+        #: the pass whose batch was yielded last: the batch the script is using now
+        self.latest_pass = _Pass()
 
 
 def _placer(device: torch.device | None, non_blocking: bool) -> Callable[[Any], Any] | None:
@@ -138,8 +151,6 @@ class _PreparedDataLoader(DataLoader):
         self.rng_types = rng_types
         self.skip_batches = skip_batches
         self.iteration = 0
-        self.end_of_dataloader = False
-        self.remainder = -1
         self._progress = _Progress()
         self._in_epoch = False
         self._resume_position: int | None = None  # batches of the next epoch already used (a resume)
@@ -195,6 +206,24 @@ class _PreparedDataLoader(DataLoader):
     def _final_remainder(self) -> int:
         return -1 if self._final_real is None else self._final_real
 
+    # Accelerate's DataLoaderStateMixin attributes, read from the pass whose batch is in use (so that
+    # ``next(iter(loader))`` or two interleaved iterators report the batch the script holds).
+    @property
+    def end_of_dataloader(self) -> bool:
+        return self._progress.latest_pass.end_of_dataloader
+
+    @end_of_dataloader.setter
+    def end_of_dataloader(self, value: bool) -> None:
+        self._progress.latest_pass.end_of_dataloader = value
+
+    @property
+    def remainder(self) -> int:
+        return self._progress.latest_pass.remainder
+
+    @remainder.setter
+    def remainder(self, value: int) -> None:
+        self._progress.latest_pass.remainder = value
+
     def __iter__(self) -> Iterator[Any]:
         if self.rng_types:
             from drivetrain.operations.random import synchronize_rng_states
@@ -202,17 +231,18 @@ class _PreparedDataLoader(DataLoader):
             synchronize_rng_states(self.rng_types, generator=self.synchronized_generator)
         self.set_epoch(self.iteration)
         discard = self._start_epoch()
-        self.end_of_dataloader = False
-        self.remainder = -1
+        this_pass = _Pass()
         self._final_real = None
         gradient_state = GradientState()
         gradient_state._add_dataloader(self)
+        finished = False
         try:
             batches = self._raw_batches(discard)
             try:
                 current = next(batches)
             except StopIteration:
                 self._finish_epoch()
+                finished = True
                 return
             # Hoisted out of the loop: per batch, only a counter and a check that the batch is on the device.
             place = _placer(self.device, self.non_blocking)
@@ -220,6 +250,7 @@ class _PreparedDataLoader(DataLoader):
             if not self._stateful_snapshots:
                 for upcoming in batches:
                     progress.batches_yielded += 1
+                    progress.latest_pass = this_pass
                     yield current if place is None else place(current)
                     current = upcoming
             else:
@@ -230,17 +261,24 @@ class _PreparedDataLoader(DataLoader):
                 for upcoming in batches:
                     progress.loader_state = state
                     progress.batches_yielded += 1
+                    progress.latest_pass = this_pass
                     yield current if place is None else place(current)
                     current = upcoming
                     state = snapshot()
                 progress.loader_state = state
-            self.end_of_dataloader = True
-            self.remainder = self._final_remainder()
+            this_pass.end_of_dataloader = True
+            this_pass.remainder = self._final_remainder()
             progress.batches_yielded += 1
+            progress.latest_pass = this_pass
             yield current if place is None else place(current)
             self._finish_epoch()
+            finished = True
         finally:
-            gradient_state._remove_dataloader(self)
+            # One registration per iteration in progress. An iterator dropped before its end
+            # (``next(iter(loader))``, a loop that breaks) leaves the loader registered, as Accelerate does,
+            # so gather_for_metrics still sees the batch in use; only once, however many were dropped.
+            if finished or gradient_state.dataloader_references.count(self) > 1:
+                gradient_state._remove_dataloader(self)
 
     def _start_epoch(self) -> int:
         """Apply a pending resume and the permanent skip; return the batches to read and drop."""
