@@ -56,7 +56,7 @@ def get_active_deepspeed_plugin(state: Any) -> DeepSpeedPlugin:
             if plugin.selected:
                 return plugin
         first = next(iter(config.values()))
-        first.select()
+        first.select(_from_accelerator_state=True)
         return first
     from_environment = plugin_from_environment()
     if from_environment is not None:
@@ -79,10 +79,9 @@ def select_deepspeed_plugin(state: Any, name: str) -> DeepSpeedPlugin:
             f"no DeepSpeed plugin named {name!r}; deepspeed_plugins holds: {', '.join(map(repr, config))}"
         )
     for key, plugin in config.items():
-        if key == name:
-            plugin.select()
-        else:
+        if key != name:
             plugin._unselect()
+    config[name].select(_from_accelerator_state=True)
     return config[name]
 
 
