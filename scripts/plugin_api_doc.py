@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import re
 import sys
 from pathlib import Path
 
@@ -121,9 +122,11 @@ Hooks receive the `Accelerator` (argument `accelerator`); the part of it that is
 
 def _signature(obj: object) -> str:
     try:
-        return str(inspect.signature(obj))  # type: ignore[arg-type]
+        text = str(inspect.signature(obj))  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return ""
+    # A default that is a function prints its memory address, which differs on every run.
+    return re.sub(r" at 0x[0-9a-f]+>", ">", text)
 
 
 def _summary(obj: object) -> str:

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from drivetrain.plugin_api import ConfigurationError, backend_settings
+from drivetrain_deepspeed import transformers_link
 from drivetrain_deepspeed.config import DeepSpeedPlugin
 
 #: Plugin built from the launcher's settings or the config file, by their JSON text (one per process: they
@@ -83,6 +84,9 @@ def select_deepspeed_plugin(state: Any, name: str) -> DeepSpeedPlugin:
             plugin._unselect()
     config[name].select(_from_accelerator_state=True)
     return config[name]
+
+
+transformers_link.active_plugin_of = get_active_deepspeed_plugin
 
 
 def _check_group(config: dict[str, Any]) -> None:

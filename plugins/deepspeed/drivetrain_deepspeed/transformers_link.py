@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from drivetrain.plugin_api import ConfigurationError, initialized_accelerator_state
@@ -24,12 +25,19 @@ def running_mixed_precision() -> str:
     return getattr(state, "mixed_precision", "no") if state is not None else "no"
 
 
+#: ``get_active_deepspeed_plugin``, set by selection.py when it is imported (the package imports it first);
+#: injected rather than imported so that this module depends on no other module of the plugin.
+active_plugin_of: Callable[[Any], Any] | None = None
+
+
 def _active_plugin() -> Any:
     state = initialized_accelerator_state()
-    if state is not None and getattr(state, "backend_name", None) == "deepspeed":
-        from drivetrain_deepspeed.selection import get_active_deepspeed_plugin
-
-        return get_active_deepspeed_plugin(state)
+    if (
+        state is not None
+        and getattr(state, "backend_name", None) == "deepspeed"
+        and active_plugin_of is not None
+    ):
+        return active_plugin_of(state)
     return _pinned() if _pinned is not None else None
 
 
