@@ -119,8 +119,8 @@ def test_drivetrain_launch_with_deepspeed_options(launch_env, tmp_path):
             "steps_per_print": 2000000,
             "bf16.enabled": False,
         },
-        "plugin": {"zero3_init_flag": True, "transformer_moe_cls_names": ["Linear"], "zero_stage": 3},
-        "moe_leaf": "Linear",
+        "plugin": {"zero3_init_flag": True, "transformer_moe_cls_names": ["Experts"], "zero_stage": 3},
+        "moe_leaf": "Experts",
     }
     flags = [
         "--deepspeed_config_file",
@@ -140,7 +140,7 @@ def test_drivetrain_launch_with_deepspeed_options(launch_env, tmp_path):
         "--zero3_init_flag",
         "true",
         "--deepspeed_moe_layer_cls_names",
-        "Linear",
+        "Experts",
     ]
     result = _drivetrain_launch(
         ["--num_processes", "2", "--cpu", "--backend", "deepspeed", *flags, script, json.dumps(expected)],

@@ -25,11 +25,22 @@ def check(name: str, condition: bool, detail: str = "") -> None:
         print(f"CHECK {name} ok", flush=True)
 
 
+class Experts(torch.nn.Module):
+    """A block named in --deepspeed_moe_layer_cls_names (between ordinary layers, as in a real MoE model)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.inner(x)
+
+
 expected = json.loads(sys.argv[1])
 accelerator = Accelerator()
 check("launched_deepspeed", accelerator.distributed_type == "DEEPSPEED" and accelerator.num_processes == 2)
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), Experts(), torch.nn.Linear(4, 1))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 features = torch.randn(16, 4)
 loader = torch.utils.data.DataLoader(
