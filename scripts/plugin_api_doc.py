@@ -34,9 +34,11 @@ SECTIONS = {
         "PreparedObjects",
         "ShardingOptions",
         "AcceleratorState",
+        "initialized_accelerator_state",
         "PartialState",
         "GradientState",
         "AcceleratedOptimizer",
+        "AcceleratedScheduler",
     ],
     "Settings": [
         "resolve_setting",

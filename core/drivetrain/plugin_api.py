@@ -41,10 +41,12 @@ _LAZY = {
     # the objects hooks receive
     "Accelerator": "drivetrain.accelerator",
     "AcceleratorState": "drivetrain.state",
+    "initialized_accelerator_state": "drivetrain.state",
     "PartialState": "drivetrain.state",
     "GradientState": "drivetrain.state",
     "reset_state": "drivetrain.state",
     "AcceleratedOptimizer": "drivetrain.training.optimizer",
+    "AcceleratedScheduler": "drivetrain.training.scheduler",
     # processes and devices
     "TorchCollectives": "drivetrain.operations.torch_collectives",
     "register_rng_type": "drivetrain.operations.random",

@@ -352,6 +352,12 @@ class AcceleratorState:
         return repr(self.partial_state) + f"Mixed precision type: {self.mixed_precision}\n"
 
 
+def initialized_accelerator_state() -> AcceleratorState | None:
+    """The shared :class:`AcceleratorState` once an Accelerator (or AcceleratorState) was built in this
+    process, else ``None``; never builds one (plugins asking "is a run configured yet?" must not start one)."""
+    return AcceleratorState() if "partial_state" in AcceleratorState._shared_state else None
+
+
 def _check_precision(value: Any) -> str:
     text = str(value).lower()
     if text not in PrecisionType.list():

@@ -35,22 +35,36 @@ _PRECISION_SECTIONS = {"bf16": "bf16", "fp16": "fp16"}
 NO_CLIPPING = 0.0
 
 
-def micro_batch_size(accelerator: Any) -> int | None:
-    """Per-process batch size of the data loaders of this ``prepare`` call, or of those prepared before."""
-    for loader in accelerator.prepared.pending_dataloaders:
-        size = getattr(loader, "batch_size", None)
-        if size is None:
-            size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
-        if isinstance(size, int):
-            return size // accelerator.num_processes if accelerator.split_batches else size
+def _batch_size(loader: Any) -> int | None:
+    size = getattr(loader, "batch_size", None)
+    if size is None:
+        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return size if isinstance(size, int) else None
+
+
+def loader_batch_sizes(accelerator: Any) -> list[int]:
+    """Per-process batch sizes of the data loaders of this ``prepare`` call, else of those prepared before
+    (which report their per-process batch size already)."""
+    pending = [_batch_size(loader) for loader in accelerator.prepared.pending_dataloaders]
+    pending = [size for size in pending if size is not None]
+    if pending:
+        if accelerator.split_batches:
+            return [size // accelerator.num_processes for size in pending]
+        return pending
     for loader in accelerator.prepared.dataloaders:
-        size = getattr(loader, "batch_size", None)
-        if size is None:
-            size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
-        if isinstance(size, int):
-            # Prepared loaders report their per-process batch size.
-            return size
-    return None
+        size = _batch_size(loader)
+        if size is not None:
+            return [size]
+    return []
+
+
+def micro_batch_size(accelerator: Any, is_train_batch_min: bool = True) -> int | None:
+    """The micro batch size "auto" becomes: with a training and an evaluation loader in one ``prepare`` call,
+    the smaller of their batch sizes (``DeepSpeedPlugin.is_train_batch_min``, the default) or the larger."""
+    sizes = loader_batch_sizes(accelerator)
+    if not sizes:
+        return None
+    return min(sizes) if is_train_batch_min else max(sizes)
 
 
 def _auto(value: Any) -> bool:
@@ -101,6 +115,7 @@ def fill_config(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
     training: bool,
+    is_train_batch_min: bool = True,
 ) -> dict[str, Any]:
     """A copy of ``base`` with every "auto" replaced; raises naming any value it cannot fill."""
     config = copy.deepcopy(base)
@@ -122,7 +137,7 @@ def fill_config(
     steps = int(config["gradient_accumulation_steps"])
 
     micro = config.get("train_micro_batch_size_per_gpu")
-    loader_micro = micro_batch_size(accelerator)
+    loader_micro = micro_batch_size(accelerator, is_train_batch_min)
     if micro is None or _auto(micro):
         if loader_micro is None:
             total = config.get("train_batch_size")
@@ -137,7 +152,7 @@ def fill_config(
                     "call as the model (or prepare it first), or set train_micro_batch_size_per_gpu in the config"
                 )
         config["train_micro_batch_size_per_gpu"] = loader_micro
-    elif training and loader_micro is not None and int(micro) != loader_micro:
+    elif training and loader_micro is not None and int(micro) not in loader_batch_sizes(accelerator):
         raise ConfigurationError(
             f"conflicting micro batch size: the DeepSpeed config's train_micro_batch_size_per_gpu is {micro} but "
             f'the prepared data loader yields {loader_micro} samples per process; make them agree or write "auto"'

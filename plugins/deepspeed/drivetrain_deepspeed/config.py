@@ -9,14 +9,18 @@ objects (see :mod:`drivetrain_deepspeed.autofill`).
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import json
 import os
+import sys
+import warnings
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import attrs
 
 from drivetrain.plugin_api import ConfigurationError
+from drivetrain_deepspeed.hf_config import HfDeepSpeedConfig, load_config
 from drivetrain_deepspeed.paths import get_path, set_path
 
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
@@ -24,71 +28,6 @@ OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 DEFAULT_ZERO_STAGE = 2
 #: A DeepSpeed config never prints its progress unless it asks to (DeepSpeed's default is every 10 steps).
 QUIET_STEPS_PER_PRINT = 2**62
-
-
-class HfDeepSpeedConfig:
-    """A DeepSpeed config dict with the queries transformers and Accelerate scripts make of it.
-
-    ``config`` is a dict or the path of a JSON file. Reading a path takes a copy: the file is not changed.
-    """
-
-    def __init__(self, config: str | os.PathLike | dict[str, Any]) -> None:
-        if isinstance(config, dict):
-            self.config: dict[str, Any] = copy.deepcopy(config)
-        elif isinstance(config, (str, os.PathLike)):
-            path = os.fspath(config)
-            if not os.path.isfile(path):
-                raise ConfigurationError(
-                    f"DeepSpeedPlugin.hf_ds_config: DeepSpeed config file {path} does not exist"
-                )
-            try:
-                with open(path, encoding="utf-8") as handle:
-                    self.config = json.load(handle)
-            except json.JSONDecodeError as exc:
-                raise ConfigurationError(
-                    f"DeepSpeedPlugin.hf_ds_config: {path} is not valid JSON ({exc})"
-                ) from None
-            if not isinstance(self.config, dict):
-                raise ConfigurationError(f"DeepSpeedPlugin.hf_ds_config: {path} must hold a JSON object")
-        else:
-            raise ConfigurationError(
-                f"DeepSpeedPlugin.hf_ds_config must be a path to a JSON file or a dict, got {type(config).__name__}"
-            )
-
-    def find_config_node(self, ds_key_long: str) -> tuple[dict[str, Any] | None, str]:
-        """(the dict holding the last part of the dotted key, that part); (None, part) when absent."""
-        node: Any = self.config
-        *parents, last = ds_key_long.split(".")
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-            if node is None:
-                return None, last
-        return (node if isinstance(node, dict) else None), last
-
-    def get_value(self, ds_key_long: str, default: Any = None) -> Any:
-        """The value at a dotted key (``"zero_optimization.stage"``), or ``default``."""
-        node, key = self.find_config_node(ds_key_long)
-        return default if node is None else node.get(key, default)
-
-    def is_true(self, ds_key_long: str) -> bool:
-        value = self.get_value(ds_key_long)
-        return False if value is None else bool(value)
-
-    def is_false(self, ds_key_long: str) -> bool:
-        value = self.get_value(ds_key_long)
-        return False if value is None else not bool(value)
-
-    def is_zero2(self) -> bool:
-        return self.get_value("zero_optimization.stage") == 2
-
-    def is_zero3(self) -> bool:
-        return self.get_value("zero_optimization.stage") == 3
-
-    def is_offload(self) -> bool:
-        return any(
-            self.get_value(f"zero_optimization.{part}.device") in ("cpu", "nvme")
-            for part in ("offload_optimizer", "offload_param")
-        )
 
 
 def _optional(validator: Any) -> Any:
@@ -164,6 +103,13 @@ class DeepSpeedPlugin:
         converter=lambda v: float(v) if isinstance(v, (int, str)) and not isinstance(v, bool) else v,
         validator=_named_check(lambda v: isinstance(v, float) and v > 0, "a number > 0"),
     )
+    #: with several data loaders in one ``prepare`` call and an "auto" micro batch size: take the smallest
+    #: batch size (True) or the largest (False)
+    is_train_batch_min: bool = attrs.field(
+        default=True,
+        converter=_to_bool,
+        validator=_named_check(lambda v: isinstance(v, bool), "true or false"),
+    )
     offload_optimizer_device: str | None = attrs.field(
         default=None,
         converter=_offload_device,
@@ -200,11 +146,24 @@ class DeepSpeedPlugin:
             "a list of class names (or one comma-separated string)",
         ),
     )
+    #: MS-AMP FP8 through DeepSpeed: refused here (see __attrs_post_init__)
+    enable_msamp: bool | None = attrs.field(
+        default=None,
+        converter=_to_bool,
+        validator=_named_check(lambda v: isinstance(v, bool), "true or false"),
+    )
+    msamp_opt_level: str | None = attrs.field(
+        default=None,
+        validator=_named_check(lambda v: v in ("O1", "O2"), "'O1' or 'O2'"),
+    )
 
-    #: this plugin is the active one of a ``deepspeed_plugins`` dict (see selection.py)
-    selected: bool = attrs.field(default=False, repr=False)
-    #: the DeepSpeed config with the fields applied ("auto" values still to fill at prepare time)
+    #: the DeepSpeed config with the fields applied ("auto" values still to fill at prepare time); also
+    #: ``hf_ds_config.config`` once the plugin is built
     deepspeed_config: dict[str, Any] = attrs.field(init=False, repr=False)
+    #: this plugin is the active one (see selection.py); read through ``selected``
+    _selected: bool = attrs.field(default=False, init=False, repr=False)
+    #: what transformers' DeepSpeed weakref points at after set_deepspeed_weakref() (kept alive here)
+    dschf: Any = attrs.field(default=None, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         for name, device in (
@@ -222,14 +181,59 @@ class DeepSpeedPlugin:
                 f"DeepSpeedPlugin.offload_param_device={self.offload_param_device!r} needs zero_stage=3 "
                 f"(parameters are partitioned only at stage 3), got zero_stage={self.zero_stage}"
             )
+        if self.enable_msamp:
+            raise ConfigurationError(
+                "DeepSpeedPlugin.enable_msamp=True: MS-AMP FP8 is not available with drivetrain's deepspeed backend "
+                "(MS-AMP needs CUDA GPUs and its own package, which is not on PyPI); use mixed_precision='bf16'"
+            )
+        self.enable_msamp = False
+        if self.msamp_opt_level is None:
+            self.msamp_opt_level = "O1"  # Accelerate's default; read only with enable_msamp
         if self.hf_ds_config is None:
             self.deepspeed_config = self._config_from_fields()
         else:
             source = self.hf_ds_config
             base = (
-                source.config if isinstance(source, HfDeepSpeedConfig) else HfDeepSpeedConfig(source).config
+                source.config
+                if isinstance(source, HfDeepSpeedConfig)
+                else load_config(source, "DeepSpeedPlugin.hf_ds_config")
             )
             self.deepspeed_config = self._apply_fields(copy.deepcopy(base))
+        # As Accelerate: hf_ds_config becomes the config object (sharing the dict) and the fields the config's
+        # values, so scripts can read e.g. ``deepspeed_plugin.zero_stage`` whichever way it was configured.
+        self.hf_ds_config = HfDeepSpeedConfig.wrapping(self.deepspeed_config)
+        self._fields_from_config()
+        if self.zero3_init_flag is None:
+            self.zero3_init_flag = self.stage == 3
+        elif self.zero3_init_flag and self.stage != 3:
+            warnings.warn(
+                f"DeepSpeedPlugin.zero3_init_flag=True applies to ZeRO stage 3 only; this configuration is stage "
+                f"{self.stage}, so it is set to False",
+                stacklevel=3,
+            )
+            self.zero3_init_flag = False
+        if "transformers" in sys.modules:
+            from drivetrain_deepspeed.transformers_link import keep_transformers_current
+
+            keep_transformers_current()
+
+    def _fields_from_config(self) -> None:
+        config = self.deepspeed_config
+        self.zero_stage = self.stage
+        for part in ("offload_optimizer", "offload_param"):
+            device = get_path(config, f"zero_optimization.{part}.device")
+            setattr(self, f"{part}_device", device if device in OFFLOAD_DEVICES else "none")
+            path = get_path(config, f"zero_optimization.{part}.nvme_path")
+            if isinstance(path, str) and getattr(self, f"{part}_nvme_path") is None:
+                setattr(self, f"{part}_nvme_path", path)
+        steps = config.get("gradient_accumulation_steps")
+        if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1:
+            self.gradient_accumulation_steps = steps
+        clipping = config.get("gradient_clipping")
+        if isinstance(clipping, (int, float)) and not isinstance(clipping, bool) and clipping > 0:
+            self.gradient_clipping = float(clipping)
+        save_16bit = get_path(config, "zero_optimization.stage3_gather_16bit_weights_on_model_save")
+        self.zero3_save_16bit_model = save_16bit if isinstance(save_16bit, bool) else False
 
     # -- building the DeepSpeed config -------------------------------------------------------------------
     def _config_from_fields(self) -> dict[str, Any]:
@@ -297,28 +301,161 @@ class DeepSpeedPlugin:
 
     # -- queries ------------------------------------------------------------------------------------------
     @property
-    def hf_config(self) -> HfDeepSpeedConfig:
-        return HfDeepSpeedConfig(self.deepspeed_config)
-
-    @property
     def stage(self) -> int:
         stage = get_path(self.deepspeed_config, "zero_optimization.stage", 0)
         return DEFAULT_ZERO_STAGE if stage == "auto" else int(stage)
 
+    def get_value(self, ds_key_long: str, default: Any = None) -> Any:
+        """The config's value at a dotted key (``"zero_optimization.stage"``), or ``default``."""
+        return self.hf_ds_config.get_value(ds_key_long, default)
+
+    def is_auto(self, ds_key_long: str) -> bool:
+        """Whether the config's value at a dotted key is ``"auto"`` (False when unset)."""
+        return self.get_value(ds_key_long) == "auto"
+
+    def fill_match(
+        self, ds_key_long: str, mismatches: list[str] | None = None, must_match: bool = True, **kwargs: Any
+    ) -> None:
+        """Replace an ``"auto"`` at ``ds_key_long`` by ``kwargs[ds_key_long]``.
+
+        An ``"auto"`` with no value in ``kwargs`` is an error naming the key. With ``must_match``, an explicit
+        value that differs from ``kwargs[ds_key_long]`` is appended to ``mismatches`` (see
+        :meth:`deepspeed_config_process`, which raises for them). Keys are dotted, so pass them as
+        ``**{"zero_optimization.stage": 3}``.
+        """
+        node, key = self.hf_ds_config.find_config_node(ds_key_long)
+        if node is None:
+            return
+        if node.get(key) == "auto":
+            if ds_key_long not in kwargs:
+                raise ConfigurationError(
+                    f'the DeepSpeed config\'s {ds_key_long} is "auto" but no value was given for it; set it in the '
+                    f"config or pass {ds_key_long}=..."
+                )
+            node[key] = kwargs[ds_key_long]
+            return
+        if must_match and mismatches is not None and node.get(key) is not None and ds_key_long in kwargs:
+            if node[key] != kwargs[ds_key_long]:
+                mismatches.append(f"{ds_key_long}: config {node[key]!r} vs given {kwargs[ds_key_long]!r}")
+
+    def deepspeed_config_process(
+        self,
+        prefix: str = "",
+        mismatches: list[str] | None = None,
+        config: dict[str, Any] | None = None,
+        must_match: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        """:meth:`fill_match` every entry of the config (``kwargs`` keyed by dotted keys); with ``must_match``,
+        explicit values that differ from ``kwargs`` are one error listing them all."""
+        top = mismatches is None
+        mismatches = [] if mismatches is None else mismatches
+        for key, value in list((self.deepspeed_config if config is None else config).items()):
+            if isinstance(value, dict):
+                self.deepspeed_config_process(f"{prefix}{key}.", mismatches, value, must_match, **kwargs)
+            else:
+                self.fill_match(f"{prefix}{key}", mismatches, must_match=must_match, **kwargs)
+        if top and mismatches:
+            raise ConfigurationError(
+                f"DeepSpeed config values differ from the values given ({'; '.join(mismatches)}); make them agree "
+                'or write "auto" in the config'
+            )
+        if top:
+            self.hf_ds_config.set_stage_and_offload()
+
+    def set_mixed_precision(self, mixed_precision: str) -> None:
+        """Fill the config's precision sections for ``mixed_precision`` ("no", "fp16", "bf16"): a missing
+        section is added, ``"enabled": "auto"`` is filled; the other 16-bit type enabled is an error. The
+        backend does the same on its own copy at ``prepare``; this method changes the plugin's config."""
+        if mixed_precision not in ("no", "fp16", "bf16", "fp8"):
+            raise ConfigurationError(
+                f"DeepSpeedPlugin.set_mixed_precision({mixed_precision!r}): expected 'no', 'fp16' or 'bf16'"
+            )
+        if mixed_precision == "fp8":
+            raise ConfigurationError(
+                "DeepSpeedPlugin.set_mixed_precision('fp8'): the deepspeed backend does not train in fp8 (Accelerate "
+                "does it through MS-AMP, see enable_msamp); use 'bf16'"
+            )
+        config = self.deepspeed_config
+        other = {"fp16": "bf16", "bf16": "fp16"}.get(mixed_precision)
+        if other is not None and str(get_path(config, f"{other}.enabled", False)).lower() == "true":
+            raise ConfigurationError(
+                f"mixed_precision={mixed_precision!r} but the DeepSpeed config enables {other}; make them agree"
+            )
+        if mixed_precision == "fp16":
+            config.setdefault("fp16", {"enabled": True, "auto_cast": True})
+        elif mixed_precision == "bf16":
+            config.setdefault("bf16", {"enabled": True})
+        for dtype in ("fp16", "bf16"):
+            config.setdefault(dtype, {"enabled": False})
+        enabled = {"fp16.enabled": mixed_precision == "fp16", "bf16.enabled": mixed_precision == "bf16"}
+        self.fill_match("fp16.enabled", must_match=False, **enabled)
+        self.fill_match("bf16.enabled", must_match=False, **enabled)
+
+    def set_deepspeed_weakref(self) -> None:
+        """Let transformers see this configuration (``is_deepspeed_zero3_enabled()``, ``deepspeed_config()``):
+        ``from_pretrained``/``from_config`` then create ZeRO-3 models already partitioned. Needs transformers.
+
+        Once an Accelerator runs the deepspeed backend, transformers sees its *active* plugin (selecting
+        another plugin switches what it sees); before that, the plugin that called this method last."""
+        from drivetrain_deepspeed.transformers_link import pin, register_with_transformers
+
+        self.dschf = register_with_transformers(required=True)
+        pin(self)
+
+    def set_moe_leaf_modules(self, model: Any) -> list[Any]:
+        """Flag the modules of ``transformer_moe_cls_names`` in ``model`` as ZeRO-3 leaf modules (done by
+        ``prepare`` too); returns them. See drivetrain_deepspeed.moe."""
+        from drivetrain_deepspeed.moe import set_moe_leaf_modules
+
+        return set_moe_leaf_modules(model, self)
+
     def is_zero3_init_enabled(self) -> bool:
         return bool(self.zero3_init_flag) and self.stage == 3
 
-    def zero3_init_context_manager(self, enable: bool = False) -> Any:
-        """``deepspeed.zero.Init`` for this configuration when ``enable`` (Accelerate's method name)."""
+    @contextlib.contextmanager
+    def zero3_init_context_manager(self, enable: bool = False) -> Iterator[None]:
+        """Inside the block ``zero3_init_flag`` is ``enable``; with ``enable`` (and ZeRO-3) parameters created
+        there are partitioned across processes (``deepspeed.zero.Init``)."""
+        from drivetrain_deepspeed.transformers_link import running_mixed_precision
         from drivetrain_deepspeed.zero_init import partitioned_init
 
-        return partitioned_init(self, "no", enabled=enable)
+        old = self.zero3_init_flag
+        self.zero3_init_flag = enable
+        try:
+            with partitioned_init(self, running_mixed_precision(), enabled=enable):
+                yield
+        finally:
+            self.zero3_init_flag = old
 
-    def select(self) -> None:
-        self.selected = True
+    @property
+    def selected(self) -> bool:
+        """Whether this plugin is the active one; change it with ``state.select_deepspeed_plugin(name)``."""
+        return self._selected
+
+    @selected.setter
+    def selected(self, value: bool) -> None:
+        raise AttributeError(
+            "DeepSpeedPlugin.selected is read-only: select a plugin with "
+            "accelerator.state.select_deepspeed_plugin(name)"
+        )
+
+    def select(self, _from_accelerator_state: bool = False) -> None:
+        """Make this plugin the active one. Called by ``state.select_deepspeed_plugin(name)``, which also
+        unselects the others; called directly it is an error (as in Accelerate)."""
+        if not _from_accelerator_state:
+            raise ConfigurationError(
+                "a DeepSpeedPlugin is selected with accelerator.state.select_deepspeed_plugin(name) (which unselects "
+                "the others), not with plugin.select()"
+            )
+        self._selected = True
+        if "transformers" in sys.modules:
+            from drivetrain_deepspeed.transformers_link import keep_transformers_current
+
+            keep_transformers_current()
 
     def _unselect(self) -> None:
-        self.selected = False
+        self._selected = False
 
     # -- from the launcher / config file --------------------------------------------------------------------
     @classmethod
@@ -328,7 +465,7 @@ class DeepSpeedPlugin:
         Accepts the field names and Accelerate's keys (``deepspeed_config_file``,
         ``deepspeed_moe_layer_cls_names``); the multi-node launcher keys are read by the launcher only.
         """
-        fields = {field.name for field in attrs.fields(cls) if field.init and field.name != "selected"}
+        fields = {field.name for field in attrs.fields(cls) if field.init}
         kwargs: dict[str, Any] = {}
         for key, value in values.items():
             name = ACCELERATE_KEYS.get(key, key)

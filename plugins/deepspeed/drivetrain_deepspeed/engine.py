@@ -3,7 +3,7 @@
 ``wrap_model`` returns the ``DeepSpeedEngine`` itself (an ``nn.Module``; ``accelerator.unwrap_model`` gives
 back the user's module). The engine owns the optimizer step: ``accelerator.backward`` runs
 ``engine.backward`` and ``engine.step`` (which only updates on accumulation boundaries), so the optimizer and
-scheduler objects the script holds step nothing themselves (:class:`EngineOptimizer`).
+scheduler objects the script holds step nothing themselves (see wrappers.py).
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ from typing import Any
 import attrs
 import torch
 
-from drivetrain.plugin_api import AcceleratedOptimizer, ConfigurationError
+from drivetrain.plugin_api import ConfigurationError
 from drivetrain_deepspeed.autofill import fill_config, resolve_precision
 from drivetrain_deepspeed.config import DeepSpeedPlugin
 from drivetrain_deepspeed.dummies import DummyOptim
 from drivetrain_deepspeed.library import check_precision_supported, import_deepspeed
+from drivetrain_deepspeed.moe import set_moe_leaf_modules
 from drivetrain_deepspeed.selection import get_active_deepspeed_plugin
+from drivetrain_deepspeed.wrappers import DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper
 from drivetrain_deepspeed.zero_init import partitioned_init
 
 
@@ -93,7 +95,9 @@ def build_engine(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool
         None if evaluation_mode else _optimizer_for(model, list(accelerator.prepared.pending_optimizers))
     )
     training = optimizer is not None
-    config = fill_config(plugin.deepspeed_config, accelerator, model, optimizer, training)
+    config = fill_config(
+        plugin.deepspeed_config, accelerator, model, optimizer, training, plugin.is_train_batch_min
+    )
     check_precision_supported(
         resolve_precision(config, accelerator.mixed_precision), accelerator.mixed_precision
     )
@@ -151,85 +155,38 @@ def get_nested(node: dict[str, Any], *keys: str) -> Any:
     return node
 
 
-def set_moe_leaf_modules(model: torch.nn.Module, plugin: DeepSpeedPlugin) -> list[torch.nn.Module]:
-    """Flag the modules of the classes named in ``plugin.transformer_moe_cls_names`` as ZeRO-3 leaf modules
-    (``deepspeed.utils.set_z3_leaf_modules``) and return them.
-
-    ZeRO-3 gathers and prefetches parameters by replaying the order in which submodules ran; a mixture of
-    experts runs a different subset of experts for every batch, so the trace never holds and ranks can wait
-    for each other's gathers. A leaf module gathers all its parameters at once instead. The flag is read only
-    at stage 3; like Accelerate it is set at every stage (a wrong name is then caught before the run grows).
-    """
-    names = plugin.transformer_moe_cls_names
-    if not names:
-        return []
-    from deepspeed.utils import set_z3_leaf_modules
-
-    classes: dict[str, type] = {}
-    for module in model.modules():
-        cls = type(module)
-        classes.setdefault(cls.__name__, cls)
-        classes.setdefault(f"{cls.__module__}.{cls.__qualname__}", cls)
-    missing = [name for name in names if name not in classes]
-    if missing:
-        present = sorted({type(module).__name__ for module in model.modules()})
-        raise ConfigurationError(
-            f"DeepSpeedPlugin.transformer_moe_cls_names: no module of class {', '.join(map(repr, missing))} in "
-            f"the {type(model).__name__} being prepared; its module classes are: {', '.join(present)}"
-        )
-    return set_z3_leaf_modules(model, [classes[name] for name in names])
-
-
-class EngineOptimizer(AcceleratedOptimizer):
-    """The prepared optimizer: the engine's optimizer, whose ``step``/``zero_grad`` are done by the engine in
-    ``accelerator.backward`` (so the script's calls do nothing). ``step_was_skipped`` reports the engine's
-    fp16 overflow skips."""
-
-    def __init__(self, record: EngineRecord) -> None:
-        super().__init__(record.engine.optimizer, scaler=None)
-        self.record = record
-
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
-        return None
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        return None
-
-    @property
-    def step_was_skipped(self) -> bool:  # type: ignore[override]
-        return not getattr(self.record.engine, "_step_applied", True)
-
-    @step_was_skipped.setter
-    def step_was_skipped(self, value: bool) -> None:
-        pass
-
-    def __getstate__(self) -> dict[str, Any]:
-        raise TypeError(
-            "a DeepSpeed engine's optimizer cannot be pickled; save it with accelerator.save_state()"
-        )
-
-
-def engine_optimizer(optimizer: Any) -> EngineOptimizer:
+def engine_optimizer(optimizer: Any) -> DeepSpeedOptimizerWrapper:
     record = _engine_of_optimizer.get(id(optimizer))
     if record is None:
         raise ConfigurationError(
             f"the {type(optimizer).__name__} passed to prepare() belongs to no DeepSpeed engine: with the deepspeed "
             "backend pass each optimizer to the same accelerator.prepare() call as its model"
         )
-    return EngineOptimizer(record)
+    return DeepSpeedOptimizerWrapper(record.engine.optimizer, engine=record.engine)
+
+
+class _NormRecordingWrapper(DeepSpeedEngineWrapper):
+    """Records the full gradient norm at boundaries for engines whose optimizer does not compute one."""
+
+    def __init__(self, record: EngineRecord) -> None:
+        super().__init__(record.engine)
+        self.record = record
+
+    def before_step(self, boundary: bool) -> None:
+        if boundary and not _optimizer_records_norm(self.engine):
+            self.record.last_grad_norm = _local_full_grad_norm(self.engine.module)
 
 
 def backward(loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, Any]) -> None:
-    """One micro step: backward through the engine, then ``engine.step()``, which updates (and zeroes the
-    gradients, and steps a config-defined scheduler) only on accumulation boundaries."""
+    """One micro step through the engine (see DeepSpeedEngineWrapper)."""
     record = training_record(accelerator)
-    engine = record.engine
-    engine.set_gradient_accumulation_boundary(bool(accelerator.sync_gradients))
     # The kernel already divided the loss by the accumulation steps: the engine must not divide again.
-    engine.backward(loss, retain_graph=bool(backward_kwargs.get("retain_graph", False)), scale_wrt_gas=False)
-    if accelerator.sync_gradients and not _optimizer_records_norm(engine):
-        record.last_grad_norm = _local_full_grad_norm(engine.module)
-    engine.step()
+    _NormRecordingWrapper(record).backward(
+        loss,
+        sync_gradients=bool(accelerator.sync_gradients),
+        retain_graph=bool(backward_kwargs.get("retain_graph", False)),
+        scale_wrt_gas=False,
+    )
 
 
 def _optimizer_records_norm(engine: Any) -> bool:

@@ -19,6 +19,9 @@ from typing import Any
 
 from drivetrain.plugin_api import backend_settings
 
+#: ``--deepspeed_multinode_launcher`` values: DeepSpeed runner's launchers, plus Accelerate's "standard" (torch's
+#: launcher, hostfile unused) and "nossh" (DeepSpeed's runner on each machine, started by the user).
+MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "impi", "slurm", "nossh")
 #: Variables the processes need besides DRIVETRAIN_* (DeepSpeed exports PYTHON* itself).
 _FORWARDED = ("OMP_NUM_THREADS", "DS_ACCELERATOR", "TORCH_EXTENSIONS_DIR", "CUDA_VISIBLE_DEVICES")
 
@@ -58,7 +61,10 @@ def add_launch_options(parser: Any) -> None:
         metavar="PATH",
     )
     option(
-        "deepspeed_multinode_launcher", "DeepSpeed multi-node launcher (pdsh, openmpi, mvapich, slurm, ...)"
+        "deepspeed_multinode_launcher",
+        "DeepSpeed multi-node launcher: pdsh (default), openmpi, mvapich, mpich, impi, slurm, nossh (one "
+        "runner per machine, no ssh), or standard (torch's launcher on every machine)",
+        choices=MULTINODE_LAUNCHERS,
     )
     option("deepspeed_inclusion_filter", "DeepSpeed --include filter (e.g. `host1@host2:0,2`)")
     option("deepspeed_exclusion_filter", "DeepSpeed --exclude filter")
@@ -103,19 +109,29 @@ def runner_command(args: Any, script_argv: list[str], env_file: str) -> list[str
         "--no_local_rank",
     ]
     local = _only_this_machine(str(_setting(args, "deepspeed_hostfile")))
-    if local:
-        # DeepSpeed asks the first host over ssh (reachable? its address?) even when it starts everything here.
-        command.append("--no_ssh_check")
     launcher = _setting(args, "deepspeed_multinode_launcher")
-    if launcher:
-        command += ["--launcher", str(launcher)]
-    for flag, name in (
-        ("--include", "deepspeed_inclusion_filter"),
-        ("--exclude", "deepspeed_exclusion_filter"),
-    ):
-        value = _setting(args, name)
-        if value:
-            command += [flag, str(value)]
+    if launcher == "nossh":
+        # The user starts the runner on every machine; each starts its own processes (DeepSpeed >= 0.14.5).
+        command += ["--no_ssh", "--node_rank", str(getattr(args, "machine_rank", None) or 0)]
+    else:
+        if local:
+            # DeepSpeed asks the first host over ssh (reachable? its address?) even when it starts all here.
+            command.append("--no_ssh_check")
+        if launcher:
+            command += ["--launcher", str(launcher)]
+    include, exclude = (
+        _setting(args, "deepspeed_inclusion_filter"),
+        _setting(args, "deepspeed_exclusion_filter"),
+    )
+    if include and exclude:
+        raise LaunchOptionError(
+            f"--deepspeed_inclusion_filter {include!r} and --deepspeed_exclusion_filter {exclude!r}: DeepSpeed takes "
+            "one of them; give only one"
+        )
+    if include:
+        command += ["--include", str(include)]
+    if exclude:
+        command += ["--exclude", str(exclude)]
     address = getattr(args, "main_process_ip", None) or ("127.0.0.1" if local else None)
     port = getattr(args, "main_process_port", None) or (_free_port() if local else None)
     if address:
@@ -129,13 +145,34 @@ def runner_command(args: Any, script_argv: list[str], env_file: str) -> list[str
     return [*command, *script_argv]
 
 
+class LaunchOptionError(ValueError):
+    """Launch options that cannot go together (reported as one line by launch_with_deepspeed)."""
+
+
 def launch_with_deepspeed(args: Any, script_argv: list[str]) -> int | None:
-    """Start the job with DeepSpeed's runner when a hostfile is given; otherwise ``None`` (torch's launcher)."""
-    if not _setting(args, "deepspeed_hostfile"):
+    """Start the job with DeepSpeed's runner when a hostfile is given; otherwise ``None`` (torch's launcher,
+    also for ``--deepspeed_multinode_launcher standard``)."""
+    if (
+        not _setting(args, "deepspeed_hostfile")
+        or _setting(args, "deepspeed_multinode_launcher") == "standard"
+    ):
         return None
     hostfile = str(_setting(args, "deepspeed_hostfile"))
     if not os.path.isfile(hostfile):
         print(f"drivetrain launch: error: --deepspeed_hostfile {hostfile} does not exist", file=sys.stderr)
+        return 2
+    launcher = _setting(args, "deepspeed_multinode_launcher")
+    if launcher is not None and launcher not in MULTINODE_LAUNCHERS:
+        print(
+            f"drivetrain launch: error: deepspeed_multinode_launcher {launcher!r} is not one of "
+            f"{', '.join(MULTINODE_LAUNCHERS)}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        runner_command(args, script_argv, "")
+    except LaunchOptionError as exc:
+        print(f"drivetrain launch: error: {exc}", file=sys.stderr)
         return 2
     exported = {
         name: value

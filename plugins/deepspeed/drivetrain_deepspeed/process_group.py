@@ -80,6 +80,11 @@ def join_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> Dis
         deepspeed.init_distributed(
             dist_backend=backend, auto_mpi_discovery=False, dist_init_required=True, **extra
         )
+    # An Accelerator is being created: transformers, when the script uses it, must see its active plugin
+    # before the script builds a model (from_pretrained under ZeRO-3 creates it partitioned).
+    from drivetrain_deepspeed.transformers_link import keep_transformers_current
+
+    keep_transformers_current()
     return DistributedEnvironment(
         num_processes=dist.get_world_size(),
         process_index=dist.get_rank(),

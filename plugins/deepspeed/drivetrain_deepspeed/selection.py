@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from drivetrain.plugin_api import ConfigurationError, backend_settings
+from drivetrain_deepspeed import transformers_link
 from drivetrain_deepspeed.config import DeepSpeedPlugin
 
 #: Plugin built from the launcher's settings or the config file, by their JSON text (one per process: they
@@ -56,7 +57,7 @@ def get_active_deepspeed_plugin(state: Any) -> DeepSpeedPlugin:
             if plugin.selected:
                 return plugin
         first = next(iter(config.values()))
-        first.select()
+        first.select(_from_accelerator_state=True)
         return first
     from_environment = plugin_from_environment()
     if from_environment is not None:
@@ -79,11 +80,13 @@ def select_deepspeed_plugin(state: Any, name: str) -> DeepSpeedPlugin:
             f"no DeepSpeed plugin named {name!r}; deepspeed_plugins holds: {', '.join(map(repr, config))}"
         )
     for key, plugin in config.items():
-        if key == name:
-            plugin.select()
-        else:
+        if key != name:
             plugin._unselect()
+    config[name].select(_from_accelerator_state=True)
     return config[name]
+
+
+transformers_link.active_plugin_of = get_active_deepspeed_plugin
 
 
 def _check_group(config: dict[str, Any]) -> None:

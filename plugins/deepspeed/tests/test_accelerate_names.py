@@ -62,3 +62,31 @@ def test_another_backend_answers_none_as_accelerate():
         accelerator.state.select_deepspeed_plugin("teacher")
     with pytest.raises(AttributeError, match="'Accelerator' object has no attribute 'deepspeed_plugins'"):
         accelerator.deepspeed_plugins  # noqa: B018 - Accelerate has it on the state only
+
+
+#: What Accelerate's ``accelerate.utils`` exports from its ``utils/deepspeed.py`` (and the plugin class).
+ACCELERATE_DEEPSPEED_UTILS = (
+    "DeepSpeedPlugin",
+    "DeepSpeedEngineWrapper",
+    "DeepSpeedOptimizerWrapper",
+    "DeepSpeedSchedulerWrapper",
+    "DummyOptim",
+    "DummyScheduler",
+    "HfDeepSpeedConfig",
+    "get_active_deepspeed_plugin",
+    "map_pytorch_optim_to_deepspeed",
+)
+
+
+def test_accelerate_utils_deepspeed_names_import_from_drivetrain_utils():
+    """`from accelerate.utils import X` becomes `from drivetrain.utils import X`: the plugin provides each name
+    through its drivetrain.exports entry points, and the kernel knows which distribution to suggest when the
+    plugin is missing."""
+    import drivetrain_deepspeed
+
+    import drivetrain.utils
+    from drivetrain.compat.names import PLUGIN_EXPORTS
+
+    for name in ACCELERATE_DEEPSPEED_UTILS:
+        assert getattr(drivetrain.utils, name) is getattr(drivetrain_deepspeed, name), name
+        assert PLUGIN_EXPORTS[name] == "drivetrain-deepspeed", name

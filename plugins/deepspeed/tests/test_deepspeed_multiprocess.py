@@ -7,6 +7,7 @@ models. The test asserts that every expected check reported ok.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -38,6 +39,7 @@ MULTI_MODEL_CHECKS = [
     "teacher_is_zero3",
     "teacher_outputs_match_unsharded",
     "student_trained",
+    "student_matches_trained_alone",
     "teacher_frozen",
     "config_scheduler_warms_up",
     "engine_folder_per_trained_model",
@@ -79,30 +81,76 @@ def _drivetrain_launch(arguments: list[str], env: dict[str, str]) -> subprocess.
     return result
 
 
+#: The seed's "Scenario 3": a DeepSpeed config whose launch-flag entries are "auto".
+AUTO_CONFIG = {
+    "bf16": {"enabled": "auto"},
+    "zero_optimization": {
+        "stage": "auto",
+        "stage3_gather_16bit_weights_on_model_save": "auto",
+        "offload_optimizer": {"device": "auto"},
+        "offload_param": {"device": "auto"},
+    },
+    "gradient_clipping": "auto",
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "steps_per_print": 2000000,
+}
+
+
 @pytest.mark.multiprocess
 def test_drivetrain_launch_with_deepspeed_options(launch_env, tmp_path):
-    """`drivetrain launch --backend deepspeed --zero_stage 3 --gradient_clipping 0.5` reaches the processes
-    through torch's launcher; then the same through DeepSpeed's own launcher with a hostfile."""
+    """Every DeepSpeed flag of Accelerate's `launch` fills the "auto" entries of `--deepspeed_config_file`
+    (the seed's Scenario 3) and reaches the engine through torch's launcher; then the same script through
+    DeepSpeed's own launcher with a hostfile."""
     script = str(SCRIPTS / "ds_launched.py")
+    ds_config = tmp_path / "ds_config.json"
+    ds_config.write_text(json.dumps(AUTO_CONFIG))
+    expected = {
+        "stage": 3,
+        "config": {
+            "zero_optimization.stage3_gather_16bit_weights_on_model_save": True,
+            "zero_optimization.offload_optimizer.device": "cpu",
+            "zero_optimization.offload_param.device": "cpu",
+            "gradient_clipping": 0.5,
+            "gradient_accumulation_steps": 2,
+            "train_micro_batch_size_per_gpu": 2,
+            "train_batch_size": 8,
+            "steps_per_print": 2000000,
+            "bf16.enabled": False,
+        },
+        "plugin": {"zero3_init_flag": True, "transformer_moe_cls_names": ["Experts"], "zero_stage": 3},
+        "moe_leaf": "Experts",
+    }
+    flags = [
+        "--deepspeed_config_file",
+        str(ds_config),
+        "--zero_stage",
+        "3",
+        "--gradient_accumulation_steps",
+        "2",
+        "--gradient_clipping",
+        "0.5",
+        "--offload_optimizer_device",
+        "cpu",
+        "--offload_param_device",
+        "cpu",
+        "--zero3_save_16bit_model",
+        "true",
+        "--zero3_init_flag",
+        "true",
+        "--deepspeed_moe_layer_cls_names",
+        "Experts",
+    ]
     result = _drivetrain_launch(
-        [
-            "--num_processes",
-            "2",
-            "--cpu",
-            "--backend",
-            "deepspeed",
-            "--zero_stage",
-            "3",
-            "--gradient_clipping",
-            "0.5",
-            script,
-            "3",
-            "0.5",
-        ],
+        ["--num_processes", "2", "--cpu", "--backend", "deepspeed", *flags, script, json.dumps(expected)],
         launch_env,
     )
-    assert "CHECK launched_stage_3 ok" in result.stdout
-    assert "CHECK launched_trains ok" in result.stdout
+    checks = ["launched_stage_3", "launched_trains", "launched_moe_leaf"]
+    checks += [f"launched_config_{key}" for key in expected["config"]]
+    checks += [f"launched_plugin_{name}" for name in expected["plugin"]]
+    for name in checks:
+        assert f"CHECK {name} ok" in result.stdout, name
 
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n")
@@ -118,8 +166,7 @@ def test_drivetrain_launch_with_deepspeed_options(launch_env, tmp_path):
             "--deepspeed_hostfile",
             str(hostfile),
             script,
-            "1",
-            "none",
+            json.dumps({"stage": 1}),
         ],
         launch_env,
     )

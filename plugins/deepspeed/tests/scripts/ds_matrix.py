@@ -255,6 +255,25 @@ def run_multi_models(checkpoint_root: str) -> None:
     restored = gathered_state_dict(student)
     check("multi_model_load_restores", all(torch.equal(restored[k], after[k]) for k in after))
 
+    # The same student trained alone (one plugin, one Accelerator) on the unsharded teacher's targets ends with
+    # the same weights: the second plugin and the ZeRO-3 teacher engine change nothing about the student.
+    reset_state()
+    alone = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=STUDENT_CONFIG))
+    student = make_model(0)
+    optimizer = DummyOptim(student.parameters(), lr=LR, weight_decay=0.0)
+    scheduler = DummyScheduler(optimizer, warmup_num_steps=4)
+    loader = alone.prepare(torch.utils.data.DataLoader(dataset(), batch_size=PER_PROCESS_BATCH))
+    student, optimizer, scheduler = alone.prepare(student, optimizer, scheduler)
+    for x, _ in loader:
+        with torch.no_grad():
+            target = original_teacher(x)
+        alone.backward(torch.nn.functional.mse_loss(student(x), target))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    ok, worst = close(gathered_state_dict(student), after, 1e-6)
+    check("student_matches_trained_alone", ok, f"(max difference {worst})")
+
 
 def run_disjoint_models() -> None:
     """Two models trained separately, one Accelerator each, each equal to its own DDP result."""
