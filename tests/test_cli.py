@@ -91,6 +91,8 @@ def test_env_shows_config_in_effect(config_dir, capsys):
     assert f"Config file: {config_dir / 'default_config.yaml'}" in result.stdout
     assert "mixed_precision: bf16" in result.stdout and "CPU count:" in result.stdout
     assert "ddp (drivetrain-ddp" in result.stdout
+    # Each fp8 library is listed with whether it is installed (torchao is, TransformerEngine is not here).
+    assert "torchao (" in result.stdout and "transformer_engine (" in result.stdout
     assert main(["env", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["config"] == {"num_processes": 2, "mixed_precision": "bf16"} and report["cpu_count"] >= 1

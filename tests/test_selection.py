@@ -175,3 +175,14 @@ def test_bad_config_file_is_named(monkeypatch, tmp_path):
     monkeypatch.setenv("DRIVETRAIN_CONFIG_FILE", str(config))
     with pytest.raises(ConfigurationError, match="bad.yaml"):
         PartialState()
+
+
+def test_a_plugins_kwargs_handler_without_its_plugin_is_an_error_saying_how_to_run_it():
+    pytest.importorskip("drivetrain_fp8")
+    from drivetrain import Accelerator
+    from drivetrain.utils import AORecipeKwargs
+
+    with pytest.raises(
+        ConfigurationError, match=r"AORecipeKwargs configures plugin 'fp8'.*mixed_precision='fp8'"
+    ):
+        Accelerator(cpu=True, kwargs_handlers=[AORecipeKwargs()])

@@ -201,6 +201,7 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         self._log_with = log_with
         self.trackers: list[Any] = []
 
+        self._check_handlers_have_their_plugin()
         self._backward_hook = self._plugins.caller("backward")
         self._autocast_kwargs = (self._handler(AutocastKwargs) or AutocastKwargs()).to_kwargs()
 
@@ -219,6 +220,24 @@ class Accelerator(TrackingMixin, ProfilingMixin):
                 raise ConfigurationError(f"kwargs_handlers holds two {type(handler).__name__}; pass one")
             seen.add(type(handler))
         return list(handlers)
+
+    def _check_handlers_have_their_plugin(self) -> None:
+        """A precision plugin's kwargs handler (``FP8RecipeKwargs``) would be silently ignored in a run without
+        that precision: say how to ask for it. (Backend handlers such as ``DistributedDataParallelKwargs`` are
+        fine in any run: the same script runs on one process or many.)"""
+        from drivetrain.contract.manager import get_plugin_manager
+
+        manager = get_plugin_manager()
+        for handler in self.kwargs_handlers:
+            owner = manager.plugin_of(handler)
+            if owner is None or owner in self._plugins.names or manager.info(owner).kind != "precision":
+                continue
+            precisions = manager.info(owner).precisions
+            how = f"mixed_precision={precisions[0]!r}" if precisions else f"plugins=[{owner!r}]"
+            raise ConfigurationError(
+                f"{type(handler).__name__} configures plugin {owner!r}, which this Accelerator does not run, so "
+                f"it would be ignored; pass Accelerator({how}) or remove the handler"
+            )
 
     def _handler(self, handler_class: type) -> Any:
         """The user's kwargs handler of ``handler_class`` (or a subclass), or None."""

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from drivetrain.config.enums import DistributedType, PrecisionType
 from drivetrain.config.kwargs_handlers import KwargsHandler
 from drivetrain.config.parallelism import ParallelismConfig
-from drivetrain.config.sources import plugin_options, to_bool, to_int
 from drivetrain.config.sources import resolve as resolve_setting
+from drivetrain.config.sources import to_bool, to_int
 from drivetrain.contract.arguments import PluginAccelerator, PreparedObjects, ShardingOptions
 from drivetrain.contract.environment import Collectives, DistributedEnvironment, environment_world_size
 from drivetrain.contract.hookspecs import CONTRACT_VERSION, HOOK_STYLES, hookimpl
@@ -31,6 +31,7 @@ from drivetrain.contract.manager import (
     hook_implementations,
 )
 from drivetrain.contract.selection import backend_settings as _backend_settings
+from drivetrain.contract.selection import plugin_options as _plugin_options
 from drivetrain.errors import CheckpointError, ConfigurationError, DrivetrainError, PluginError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover - the lazily imported names, for type checkers
@@ -134,6 +135,13 @@ def backend_settings(backend: str) -> tuple[str | None, dict[str, Any]]:
     config file named by ``DRIVETRAIN_CONFIG_FILE`` (Accelerate's ``PluginInfo.config_section`` section, or
     ``backend_config`` when ``backend:`` names the backend). ``(None, {})`` when there are none."""
     return _backend_settings(get_plugin_manager(), backend)
+
+
+def plugin_options(plugin: str) -> dict[str, Any]:
+    """Plugin ``plugin``'s launch options and config-file keys, by name: what ``drivetrain launch`` handed to
+    this process, else the keys the plugin claimed (``registry.add_config_keys``) in the config file named by
+    ``DRIVETRAIN_CONFIG_FILE``, checked by the plugin. ``{}`` when there are none."""
+    return _plugin_options(get_plugin_manager(), plugin)
 
 
 def __getattr__(name: str) -> Any:

@@ -56,7 +56,18 @@ def collect(config_file: str | None) -> dict[str, Any]:
         "config": config.values,
         "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("DRIVETRAIN_")},
         "plugins": [
-            {key: entry[key] for key in ("name", "distribution", "version", "kind", "available", "problem")}
+            {
+                key: entry.get(key)
+                for key in (
+                    "name",
+                    "distribution",
+                    "version",
+                    "kind",
+                    "available",
+                    "problem",
+                    "optional_requires",
+                )
+            }
             for entry in plugin_records()
         ],
     }
@@ -87,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         lines.append(
             f"\t- {entry['name']} ({entry['distribution']} {entry['version']}, {entry['kind']}): {state}"
         )
+        for library, optional in (entry.get("optional_requires") or {}).items():
+            lines.append(f"\t\t- {library} ({optional['enables']}): {optional['problem'] or 'installed'}")
     if report["config_file"]:
         lines.append(f"- Config file: {report['config_file']} ({report['config_format']} format)")
         for key, value in report["config"].items():

@@ -157,8 +157,9 @@ def launched_backend_config() -> dict[str, Any]:
     return _json_environment(BACKEND_CONFIG_ENV)
 
 
-def plugin_options(plugin: str) -> dict[str, Any]:
-    """The values of plugin ``plugin``'s launch options and config-file keys that ``drivetrain launch`` handed
-    to this process, by option name, or ``{}``."""
-    options = _json_environment(PLUGIN_OPTIONS_ENV).get(plugin, {})
-    return dict(options) if isinstance(options, dict) else {}
+def launched_plugin_options() -> dict[str, Any] | None:
+    """Every plugin's launch options and config-file keys as ``drivetrain launch`` handed them to this process
+    (plugin -> option -> value), or None when the process was not started by it."""
+    if not os.environ.get(PLUGIN_OPTIONS_ENV):
+        return None
+    return _json_environment(PLUGIN_OPTIONS_ENV)

@@ -69,6 +69,10 @@ class PluginAccelerator(Protocol):
     def device(self) -> torch.device: ...
 
     @property
+    def backend(self) -> str:
+        """The name of the distribution backend plugin in charge (``"local"``, ``"ddp"``, ...)"""
+
+    @property
     def mixed_precision(self) -> str:
         """``"no"``, ``"fp16"``, ``"bf16"``, ``"fp8"``"""
 

@@ -327,6 +327,15 @@ class PluginManager:
         """The installed backend that declares Accelerate's launch flag ``flag`` (``"use_fsdp"``), or None."""
         return self.find_plugin(kind="backend", launch_flag=flag)
 
+    def plugin_of(self, obj: Any) -> str | None:
+        """The plugin whose package defines ``obj``'s class (``FP8RecipeKwargs`` -> ``"fp8"``), judged from
+        the entry points' module paths without importing anything; None for the kernel's own classes."""
+        package = type(obj).__module__.split(".")[0]
+        for name, record in self.discovered().items():
+            if record.entry_point is not None and record.value.split(".")[0].split(":")[0] == package:
+                return name
+        return None
+
     def distribution_of(self, name: str) -> str:
         """The distribution that provides plugin ``name`` (for install hints)."""
         record = self.discovered().get(name)

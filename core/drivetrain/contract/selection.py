@@ -104,3 +104,24 @@ def backend_settings(manager: PluginManager, backend: str) -> tuple[str | None, 
     if not isinstance(values, dict):
         raise ConfigurationError(f"{origin}: expected a mapping of settings, got {type(values).__name__}")
     return origin, dict(values)
+
+
+def plugin_options(manager: PluginManager, plugin: str) -> dict[str, Any]:
+    """Plugin ``plugin``'s launch options and config-file keys: what ``drivetrain launch`` handed to this
+    process, else the keys it claimed (``registry.add_config_keys``) in the config file named by
+    ``DRIVETRAIN_CONFIG_FILE``, checked by the plugin. ``{}`` when there are none."""
+    launched = sources.launched_plugin_options()
+    if launched is not None:
+        options = launched.get(plugin, {})
+        return dict(options) if isinstance(options, dict) else {}
+    path, data = sources.config_file_values()
+    found: dict[str, Any] = {}
+    for key, (owner, check) in manager.extensions.config_keys.items():
+        if owner == plugin and data.get(key) is not None:
+            try:
+                found[key] = check(data[key])
+            except ValueError as exc:
+                raise ConfigurationError(
+                    f"config file {path}: {key}: {data[key]!r} is not valid ({exc})"
+                ) from None
+    return found
