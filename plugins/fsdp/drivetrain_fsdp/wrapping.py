@@ -137,8 +137,6 @@ def _fully_shard_kwargs(
         kwargs["mp_policy"] = MixedPrecisionPolicy()
     if isinstance(config.cpu_offload, CPUOffloadPolicy):
         kwargs["offload_policy"] = config.cpu_offload
-    elif config.cpu_offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     if ignored_params:
         kwargs["ignored_params"] = ignored_params
     return kwargs

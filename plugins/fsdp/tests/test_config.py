@@ -46,7 +46,7 @@ def test_strategy_spellings(value):
     [
         ({"sharding_strategy": "ZERO3"}, ["sharding_strategy", "FULL_SHARD"]),
         ({"state_dict_type": "LOCAL_STATE_DICT"}, ["state_dict_type", "SHARDED_STATE_DICT"]),
-        ({"fsdp_version": 1}, ["fsdp_version=1", "FSDP2"]),
+        ({"fsdp_version": 3}, ["fsdp_version", "1 (FullyShardedDataParallel)"]),
         ({"cpu_ram_efficient_loading": True, "sync_module_states": False}, ["sync_module_states=True"]),
         ({"sharding_strategy": "SHARD_GRAD_OP", "reshard_after_forward": True}, ["reshard_after_forward"]),
         ({"auto_wrap_policy": "SIZE_BASED_WRAP"}, ["min_num_params"]),
@@ -123,7 +123,7 @@ def test_from_launch_environment_with_accelerate_names(monkeypatch):
     plugin = from_environment()
     assert plugin.sharding_strategy == ShardingStrategy.HYBRID_SHARD
     assert plugin.transformer_cls_names_to_wrap == ["BertLayer"] and plugin.activation_checkpointing is True
-    assert plugin.state_dict_type == StateDictType.FULL_STATE_DICT and plugin.cpu_offload is False
+    assert plugin.state_dict_type == StateDictType.FULL_STATE_DICT and plugin.offloads_params is False
 
 
 def test_environment_errors_name_the_source(monkeypatch):
