@@ -29,6 +29,14 @@ def rebind_optimizer(optimizer: torch.optim.Optimizer) -> bool:
             "the optimizer before any step and pass it to prepare() with the model, or create it after "
             "prepare(model) from model.parameters()"
         )
+    from drivetrain_fsdp.fsdp1 import FLATTENED
+
+    if any(replaced_parameters.get(p) is FLATTENED for group in optimizer.param_groups for p in group["params"]):
+        raise ConfigurationError(
+            f"{type(optimizer).__name__} was built on the model's parameters before prepare, but FSDP1 with "
+            "use_orig_params=False flattens them: create the optimizer after prepare(model) from "
+            "model.parameters(), or set use_orig_params=True"
+        )
     for group in optimizer.param_groups:
         params = group["params"]
         for index, parameter in enumerate(params):
