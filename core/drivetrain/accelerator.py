@@ -28,13 +28,13 @@ from drivetrain.config.dataclasses import (
     TorchDynamoPlugin,
 )
 from drivetrain.config.enums import DistributedType, RNGType
-from drivetrain.config.parallelism import ParallelismConfig, TorchTensorParallelPlugin
 from drivetrain.config.kwargs_handlers import (
     AutocastKwargs,
     GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
 )
+from drivetrain.config.parallelism import ParallelismConfig, TorchTensorParallelPlugin
 from drivetrain.contract.arguments import PreparedObjects, ShardingOptions
 from drivetrain.errors import ConfigurationError
 from drivetrain.operations.memory import empty_device_cache

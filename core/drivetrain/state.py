@@ -102,7 +102,9 @@ class PartialState:
     def initialized(self) -> bool:
         return "environment" in self._shared_state
 
-    def _check_compatible(self, backend: str | None, backend_config: Any, cpu: bool, parallelism: Any) -> None:
+    def _check_compatible(
+        self, backend: str | None, backend_config: Any, cpu: bool, parallelism: Any
+    ) -> None:
         wanted = backend_of_config(backend_config) if backend_config is not None else backend
         if wanted is not None and wanted != self.backend_name:
             raise ConfigurationError(

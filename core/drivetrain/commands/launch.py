@@ -28,12 +28,12 @@ from drivetrain.commands.parsing import (
 from drivetrain.compat.names import ACCELERATE_BACKEND_FLAGS, MULTIPROCESS_BACKEND_DISTRIBUTION
 from drivetrain.config.file import KEYS, PRECISIONS, RDZV_BACKENDS, ConfigFile, load_config
 from drivetrain.config.sources import BACKEND_CONFIG_ENV, PLUGIN_OPTIONS_ENV
+from drivetrain.errors import ConfigurationError, PluginError
+from drivetrain.launchers import free_port
 
 #: What ParallelismConfig reads in the processes (drivetrain.config.parallelism's ENV_PREFIX and USE_ENV).
 PARALLELISM_ENV_PREFIX = "DRIVETRAIN_PARALLELISM_CONFIG_"
 USE_PARALLELISM_ENV = "DRIVETRAIN_USE_PARALLELISM_CONFIG"
-from drivetrain.errors import ConfigurationError, PluginError
-from drivetrain.launchers import free_port
 
 HELP = "Launch a script in several processes and machines (torch's elastic launcher)."
 DEFAULT_MULTI_NODE_PORT = 29500

@@ -67,6 +67,8 @@ def _choice_value(name: str, value: Any, choices: tuple[str, ...]) -> str:
 
 
 def _convert(name: str, value: Any) -> Any:
+    if name == "cp_comm_strategy":
+        return _choice_value(name, value, CP_COMM_STRATEGIES)
     if name == "cp_backend":
         return _choice_value(name, value, CONTEXT_PARALLEL_BACKENDS)
     if name == "sp_backend":
@@ -98,18 +100,21 @@ def environment_settings() -> dict[str, sources.Setting]:
         for prefix in (ENV_PREFIX, ACCELERATE_ENV_PREFIX):
             variable = prefix + name.upper()
             if os.environ.get(variable, "") not in ("", "None"):
-                candidates.append(sources.Setting(os.environ[variable], f"environment {variable}={os.environ[variable]}"))
+                candidates.append(
+                    sources.Setting(os.environ[variable], f"environment {variable}={os.environ[variable]}")
+                )
         if section.get(name) is not None:
-            candidates.append(sources.Setting(section[name], f"config file {path} ({FILE_SECTION}: {name}: {section[name]})"))
+            candidates.append(
+                sources.Setting(
+                    section[name], f"config file {path} ({FILE_SECTION}: {name}: {section[name]})"
+                )
+            )
         if not candidates:
             continue
-        convert = (lambda value: _choice_value(name, value, CP_COMM_STRATEGIES)) if name == "cp_comm_strategy" else (
-            lambda value: _convert(name, value)
-        )
         first = candidates[0]
-        first_value = convert(first.value)
+        first_value = _convert(name, first.value)
         for other in candidates[1:]:
-            if convert(other.value) != first_value:
+            if _convert(name, other.value) != first_value:
                 raise ConfigurationError(
                     f"conflicting ParallelismConfig.{name}: {first.source} but {other.source}; remove one of them "
                     "or make them agree"
@@ -140,10 +145,7 @@ def check_section(value: Any) -> dict[str, Any]:
         if item is None:
             continue
         try:
-            if name == "cp_comm_strategy":
-                checked[name] = _choice_value(name, item, CP_COMM_STRATEGIES)
-            else:
-                checked[name] = _convert(name, item)
+            checked[name] = _convert(name, item)
         except ConfigurationError as exc:
             raise ValueError(str(exc)) from None
     return checked
@@ -176,7 +178,9 @@ class TorchTensorParallelConfig:
     def __attrs_post_init__(self) -> None:
         if self.enable_async_tp:
             warnings.warn(
-                "TorchTensorParallelConfig.enable_async_tp is not supported; it is ignored", UserWarning, stacklevel=3
+                "TorchTensorParallelConfig.enable_async_tp is not supported; it is ignored",
+                UserWarning,
+                stacklevel=3,
             )
         if self.tp_plan is not None and not isinstance(self.tp_plan, dict):
             raise ConfigurationError(

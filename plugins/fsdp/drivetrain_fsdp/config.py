@@ -426,7 +426,9 @@ class FullyShardedDataParallelPlugin:
             self.state_dict_type = state_dict_type
             self._derived.discard("state_dict_type")
         if self.state_dict_type is None or "state_dict_type" in self._derived:
-            default = StateDictType.FULL_STATE_DICT if self.fsdp_version == 1 else StateDictType.SHARDED_STATE_DICT
+            default = (
+                StateDictType.FULL_STATE_DICT if self.fsdp_version == 1 else StateDictType.SHARDED_STATE_DICT
+            )
             self.state_dict_type = default
             self._derived.add("state_dict_type")
         if self.state_dict_type == StateDictType.LOCAL_STATE_DICT:
@@ -465,9 +467,13 @@ class FullyShardedDataParallelPlugin:
         if self.resolved_auto_wrap_policy(model) == AutoWrapPolicy.NO_WRAP:
             self.auto_wrap_policy = None
             return
-        self.auto_wrap_policy = functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: id(m) in chosen)
+        self.auto_wrap_policy = functools.partial(
+            lambda_auto_wrap_policy, lambda_fn=lambda m: id(m) in chosen
+        )
 
-    def set_mixed_precision(self, mixed_precision: Any, buffer_autocast: bool = False, override: bool = False) -> None:
+    def set_mixed_precision(
+        self, mixed_precision: Any, buffer_autocast: bool = False, override: bool = False
+    ) -> None:
         """Set the mixed precision policy from a precision name (``"bf16"``, ``"fp16"``, ``"fp32"``, ``"fp8"``
         computes in bf16) or dtype: parameters and gradient reduction in that dtype (``buffer_autocast`` keeps
         FSDP1's buffers fp32). A policy already set is kept unless ``override``; one given as a dict or a
@@ -485,7 +491,9 @@ class FullyShardedDataParallelPlugin:
                 )
             if self.fsdp_version == 1:
                 buffer = torch.float32 if buffer_autocast else dtype
-                self.mixed_precision_policy = MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=buffer)
+                self.mixed_precision_policy = MixedPrecision(
+                    param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=buffer
+                )
             else:
                 self.mixed_precision_policy = MixedPrecisionPolicy(
                     param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype
@@ -530,12 +538,16 @@ class FullyShardedDataParallelPlugin:
                 self.cpu_offload = CPUOffload(offload_params=value)
             else:
                 # Pinned host memory needs an accelerator; on a CPU-only machine it cannot be allocated.
-                self.cpu_offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if value else OffloadPolicy()
+                self.cpu_offload = (
+                    CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if value else OffloadPolicy()
+                )
         elif self.fsdp_version == 1 and isinstance(value, OffloadPolicy):
             self.cpu_offload = CPUOffload(offload_params=isinstance(value, CPUOffloadPolicy))
         elif self.fsdp_version == 2 and isinstance(value, CPUOffload):
             self.cpu_offload = (
-                CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if value.offload_params else OffloadPolicy()
+                CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+                if value.offload_params
+                else OffloadPolicy()
             )
 
     def validate_cpu_offload(self) -> None:
@@ -555,7 +567,9 @@ class FullyShardedDataParallelPlugin:
         """Whether parameters (and gradients, and the optimizer step) live on the host."""
         from torch.distributed.fsdp import CPUOffloadPolicy
 
-        return isinstance(self.cpu_offload, CPUOffloadPolicy) or bool(getattr(self.cpu_offload, "offload_params", False))
+        return isinstance(self.cpu_offload, CPUOffloadPolicy) or bool(
+            getattr(self.cpu_offload, "offload_params", False)
+        )
 
     @property
     def cpu_ram_efficient_loading_enabled(self) -> bool:

@@ -38,7 +38,10 @@ def context_parallel_factory(mesh: Any, handler: Any) -> Any:
 
         set_rotate_method(strategy)
         with torch_context_parallel(
-            mesh["cp"], buffers=buffers, buffer_seq_dims=buffer_seq_dims, no_restore_buffers=no_restore_buffers
+            mesh["cp"],
+            buffers=buffers,
+            buffer_seq_dims=buffer_seq_dims,
+            no_restore_buffers=no_restore_buffers,
         ):
             try:
                 yield

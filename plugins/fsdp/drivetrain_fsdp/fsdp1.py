@@ -15,8 +15,7 @@ from typing import Any
 import torch
 
 from drivetrain.plugin_api import ConfigurationError
-from drivetrain_fsdp.config import BackwardPrefetch, FullyShardedDataParallelPlugin, ShardingStrategy
-
+from drivetrain_fsdp.config import BackwardPrefetch, FullyShardedDataParallelPlugin
 
 #: What an original parameter maps to when FSDP1 flattened it (use_orig_params=False).
 FLATTENED = object()
@@ -28,7 +27,9 @@ def is_fsdp1(model: Any) -> bool:
     return isinstance(model, FullyShardedDataParallel)
 
 
-def wrap_fsdp1(model: torch.nn.Module, config: FullyShardedDataParallelPlugin, accelerator: Any) -> torch.nn.Module:
+def wrap_fsdp1(
+    model: torch.nn.Module, config: FullyShardedDataParallelPlugin, accelerator: Any
+) -> torch.nn.Module:
     """``FullyShardedDataParallel(model, ...)`` with the plugin's settings; returns the wrapper (its
     ``.module`` is the user's model, which ``accelerator.unwrap_model`` returns)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
@@ -42,7 +43,12 @@ def wrap_fsdp1(model: torch.nn.Module, config: FullyShardedDataParallelPlugin, a
     from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
 
     from drivetrain_fsdp.process_group import device_mesh
-    from drivetrain_fsdp.wrapping import CONFIG_ATTRIBUTE, ignored_modules, modules_to_wrap, replaced_parameters
+    from drivetrain_fsdp.wrapping import (
+        CONFIG_ATTRIBUTE,
+        ignored_modules,
+        modules_to_wrap,
+        replaced_parameters,
+    )
 
     if accelerator.parallelism_config is not None and accelerator.parallelism_config.total_size > 1:
         raise ConfigurationError(
@@ -80,7 +86,11 @@ def wrap_fsdp1(model: torch.nn.Module, config: FullyShardedDataParallelPlugin, a
     original = dict(model.named_parameters())
     wrapped = FullyShardedDataParallel(model, **kwargs)
     if config.activation_checkpointing:
-        check = (lambda module: id(module) in chosen) if chosen else (lambda module: module in set(model.children()))
+        check = (
+            (lambda module: id(module) in chosen)
+            if chosen
+            else (lambda module: module in set(model.children()))
+        )
         wrapper = functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
         apply_activation_checkpointing(wrapped, checkpoint_wrapper_fn=wrapper, check_fn=check)
 
@@ -146,13 +156,17 @@ def _add_state_dict_method(wrapped: torch.nn.Module) -> None:
     wrapped.__class__ = _classes[cls]
 
 
-def optimizer_state(model: Any, optimizer: torch.optim.Optimizer, full: bool, offload: bool) -> dict[str, Any]:
+def optimizer_state(
+    model: Any, optimizer: torch.optim.Optimizer, full: bool, offload: bool
+) -> dict[str, Any]:
     """FSDP1's optimizer state dict: full (gathered) or sharded (for torch.distributed.checkpoint)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
     from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
 
     if full:
-        return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
+        return get_optimizer_state_dict(
+            model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=offload)
+        )
     with FullyShardedDataParallel.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
         return FullyShardedDataParallel.optim_state_dict(model, optimizer)
 
@@ -160,10 +174,35 @@ def optimizer_state(model: Any, optimizer: torch.optim.Optimizer, full: bool, of
 def load_sharded_optimizer_state(model: Any, optimizer: torch.optim.Optimizer, folder: str, key: str) -> None:
     """Read an FSDP1 sharded optimizer checkpoint folder into ``optimizer``."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner
     from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
 
+    _initialise_state(optimizer)  # the template must hold every entry the checkpoint has
     state = {key: optimizer_state(model, optimizer, full=False, offload=False)}
-    dcp.load(state, checkpoint_id=folder)
+    # Kept whole: flattening a ShardedTensor with no shard on this rank (a small parameter) drops its key,
+    # and DCP would then read the folder as an old-format checkpoint.
+    dcp.load(state, checkpoint_id=folder, planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
     with FullyShardedDataParallel.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
         flat = FullyShardedDataParallel.optim_state_dict_to_load(model, optimizer, state[key])
     optimizer.load_state_dict(flat)
+
+
+def _initialise_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give an optimizer that never stepped its state entries (one step on zero gradients with a learning
+    rate of 0, which leaves the parameters as they are); the loaded state replaces them."""
+    if optimizer.state:
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    if any(p.grad is not None for p in params):
+        return
+    for parameter in params:
+        parameter.grad = torch.zeros_like(parameter)
+    rates = [group.get("lr") for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        if "lr" in group:
+            group["lr"] = torch.tensor(0.0) if isinstance(group["lr"], torch.Tensor) else 0.0
+    optimizer.step()
+    for group, rate in zip(optimizer.param_groups, rates):
+        if rate is not None:
+            group["lr"] = rate
+    optimizer.zero_grad(set_to_none=True)

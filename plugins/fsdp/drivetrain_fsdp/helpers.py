@@ -163,7 +163,9 @@ def save_fsdp_optimizer(
     model, optimizer = _module(model), getattr(optimizer, "optimizer", optimizer)
     os.makedirs(output_dir, exist_ok=True)
     if is_fsdp1(model):
-        state = optimizer_state(model, optimizer, full=_full(fsdp_plugin), offload=offload_to_cpu(model, fsdp_plugin))
+        state = optimizer_state(
+            model, optimizer, full=_full(fsdp_plugin), offload=offload_to_cpu(model, fsdp_plugin)
+        )
     else:
         state = get_optimizer_state_dict(model, optimizer, options=_options(fsdp_plugin, model))
     if _full(fsdp_plugin):
@@ -218,7 +220,9 @@ def load_fsdp_optimizer(
     else:
         path = Path(input_dir) / f"{OPTIMIZER_FOLDER}_{optimizer_index}_rank{_rank()}.bin"
         _require(path)
-        set_optimizer_state_dict(model, optimizer, safe_load(str(path), map_location="cpu", weights_only=False))
+        set_optimizer_state_dict(
+            model, optimizer, safe_load(str(path), map_location="cpu", weights_only=False)
+        )
     _barrier()
 
 
@@ -271,7 +275,9 @@ def fsdp2_prepare_auto_wrap_policy(
     """The plugin's wrap policy for ``model`` as a ``module -> bool`` function (None: only the root)."""
     from drivetrain_fsdp.wrapping import ignored_modules, modules_to_wrap
 
-    chosen = {id(module) for module in modules_to_wrap(model, fsdp2_plugin, ignored_modules(model, fsdp2_plugin))}
+    chosen = {
+        id(module) for module in modules_to_wrap(model, fsdp2_plugin, ignored_modules(model, fsdp2_plugin))
+    }
     if not chosen:
         return None
     return lambda module: id(getattr(module, "_checkpoint_wrapped_module", module)) in chosen
@@ -285,7 +291,9 @@ def fsdp2_apply_ac(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
     from drivetrain_fsdp.plugin import active_config
 
     policy = fsdp2_prepare_auto_wrap_policy(active_config(accelerator), model)
-    targets = [module for name, module in model.named_modules() if name and policy is not None and policy(module)]
+    targets = [
+        module for name, module in model.named_modules() if name and policy is not None and policy(module)
+    ]
     for module in targets or [child for child in model.children() if any(True for _ in child.parameters())]:
         checkpoint(module)
     return model
@@ -316,4 +324,6 @@ def _refuse_adapter_only(adapter_only: bool) -> None:
 
 def _require(path: Path) -> None:
     if not path.exists():
-        raise CheckpointError(f"{path} not found: was it written by the matching save_fsdp_* with these settings?")
+        raise CheckpointError(
+            f"{path} not found: was it written by the matching save_fsdp_* with these settings?"
+        )

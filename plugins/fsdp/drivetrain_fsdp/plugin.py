@@ -85,9 +85,7 @@ def _state_fsdp_plugin(state: Any) -> FullyShardedDataParallelPlugin | None:
 
 @hookimpl
 def register_extensions(registry: Any) -> None:
-    from drivetrain_fsdp import launch_options, merge
-
-    from drivetrain_fsdp import to_fsdp2
+    from drivetrain_fsdp import launch_options, merge, to_fsdp2
 
     registry.add_command(
         "merge-weights",
@@ -139,7 +137,9 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.
 
 
 @hookimpl
-def clip_grad_norm(parameters: list, max_norm: float, norm_type: float, accelerator: Any) -> torch.Tensor | None:
+def clip_grad_norm(
+    parameters: list, max_norm: float, norm_type: float, accelerator: Any
+) -> torch.Tensor | None:
     from drivetrain_fsdp.fsdp1 import is_fsdp1
     from drivetrain_fsdp.training import clip_grad_norm as clip
 

@@ -40,7 +40,9 @@ def _join_alone(device: torch.device, init_kwargs: dict[str, Any]) -> None:
     atexit.register(shutdown)
 
 
-def join(device: torch.device, init_kwargs: dict[str, Any], parallelism: Any = None) -> DistributedEnvironment:
+def join(
+    device: torch.device, init_kwargs: dict[str, Any], parallelism: Any = None
+) -> DistributedEnvironment:
     """``setup_process_group`` of the fsdp backend: ddp's, reported as ``DistributedType.FSDP``; with a
     ``ParallelismConfig``, also the run's N-D mesh, this process's data-parallel coordinates and (with a
     ``cp`` dimension) the context-parallel context."""

@@ -110,7 +110,10 @@ def apply_tensor_parallel(model: torch.nn.Module, mesh: Any, handler: Any) -> No
     elif is_tensor_parallel(model):
         return
     elif model_plan(model) is not None:
-        plan, where = resolve_plan(model_plan(model), f"{type(model).__name__}.tp_plan"), "the model's tp_plan"
+        plan, where = (
+            resolve_plan(model_plan(model), f"{type(model).__name__}.tp_plan"),
+            "the model's tp_plan",
+        )
     else:
         raise ConfigurationError(
             f"ParallelismConfig.tp_size={mesh['tp'].size()} but {type(model).__name__} has no tensor-parallel plan: "

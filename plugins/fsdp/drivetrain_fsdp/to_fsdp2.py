@@ -35,9 +35,13 @@ DROPPED = {
 
 def register_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config_file", required=True, help="the config file to convert")
-    parser.add_argument("--output_file", help="where to write the converted file (default: needs --overwrite)")
     parser.add_argument(
-        "--overwrite", action="store_true", help="write the result over --config_file when --output_file is unset"
+        "--output_file", help="where to write the converted file (default: needs --overwrite)"
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write the result over --config_file when --output_file is unset",
     )
 
 
@@ -83,7 +87,9 @@ def convert(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     elif config.get("backend") == "fsdp" and isinstance(config.get("backend_config"), dict):
         section, prefix, where = config["backend_config"], "", "backend_config"
     else:
-        return config, ["no FSDP settings found (fsdp_config, or backend: fsdp with backend_config); nothing to do"]
+        return config, [
+            "no FSDP settings found (fsdp_config, or backend: fsdp with backend_config); nothing to do"
+        ]
     version = section.get("fsdp_version", section.get("version", 1))
     if str(version) == "2":
         return config, [f"{where} already says fsdp_version: 2; nothing to do"]

@@ -31,7 +31,9 @@ def rebind_optimizer(optimizer: torch.optim.Optimizer) -> bool:
         )
     from drivetrain_fsdp.fsdp1 import FLATTENED
 
-    if any(replaced_parameters.get(p) is FLATTENED for group in optimizer.param_groups for p in group["params"]):
+    if any(
+        replaced_parameters.get(p) is FLATTENED for group in optimizer.param_groups for p in group["params"]
+    ):
         raise ConfigurationError(
             f"{type(optimizer).__name__} was built on the model's parameters before prepare, but FSDP1 with "
             "use_orig_params=False flattens them: create the optimizer after prepare(model) from "

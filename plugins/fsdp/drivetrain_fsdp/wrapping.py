@@ -12,7 +12,12 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from drivetrain.plugin_api import ConfigurationError
-from drivetrain_fsdp.config import AutoWrapPolicy, BackwardPrefetch, FullyShardedDataParallelPlugin, ShardingStrategy
+from drivetrain_fsdp.config import (
+    AutoWrapPolicy,
+    BackwardPrefetch,
+    FullyShardedDataParallelPlugin,
+    ShardingStrategy,
+)
 from drivetrain_fsdp.process_group import device_mesh
 
 #: The configuration a model was sharded with (checkpoints follow it, not a later Accelerator's).
@@ -163,9 +168,7 @@ def _set_prefetching(units: list[torch.nn.Module], config: FullyShardedDataParal
             unit.set_modules_to_backward_prefetch([])  # type: ignore[operator]
 
 
-def data_parallel_layout(
-    config: FullyShardedDataParallelPlugin, accelerator: Any
-) -> tuple[str | None, Any]:
+def data_parallel_layout(config: FullyShardedDataParallelPlugin, accelerator: Any) -> tuple[str | None, Any]:
     """How the model is spread over the data-parallel processes: ``("shard", mesh)`` (FSDP, or HSDP over a
     2-D mesh), ``("replicate", mesh)`` (full copies, gradients all-reduced) or ``(None, None)`` (no
     data-parallel dimension: tensor parallelism alone).

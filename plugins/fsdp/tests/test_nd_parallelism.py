@@ -89,12 +89,19 @@ def test_nd_layouts_equal_local_and_resume_across_layouts(tmp_path, references):
     ]
 
     result = launch_script(
-        str(SCRIPTS / "nd_layouts.py"), num_processes=2, args=["two", *common, str(references["sequence"])], env=env
+        str(SCRIPTS / "nd_layouts.py"),
+        num_processes=2,
+        args=["two", *common, str(references["sequence"])],
+        env=env,
     )
     assert_checks_passed(result, TWO)
 
     result = launch_script(str(SCRIPTS / "nd_layouts.py"), num_processes=1, args=["one", *common], env=env)
     assert_checks_passed(
         result,
-        ["one_process_loaded_equals_local", "one_process_resumed_equals_local", "one_process_resumed_clip_norm_equals_local"],
+        [
+            "one_process_loaded_equals_local",
+            "one_process_resumed_equals_local",
+            "one_process_resumed_clip_norm_equals_local",
+        ],
     )

@@ -64,7 +64,13 @@ def make_data(sequence: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter, whole (DTensors gathered), by its name in the user's model."""
+    """Every parameter, whole (DTensors gathered, FSDP1's flat shards summoned), by its name in the user's
+    model."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if isinstance(model, FullyShardedDataParallel):
+        with FullyShardedDataParallel.summon_full_params(model):
+            return full_parameters(model.module)
     found = {}
     for name, parameter in model.named_parameters():
         tensor = parameter.full_tensor() if hasattr(parameter, "full_tensor") else parameter

@@ -137,7 +137,9 @@ def four() -> None:
     accelerator, model, optimizer = start(tensor_parallel(tp_size=2, dp_shard_size=2))
     rank = dist.get_rank()
     loader = loader_of(accelerator)
-    norms = train(accelerator, model, optimizer, range(STEPS), loader=loader, save_to=os.path.join(WORKDIR, "tp_dp"))
+    norms = train(
+        accelerator, model, optimizer, range(STEPS), loader=loader, save_to=os.path.join(WORKDIR, "tp_dp")
+    )
     check_equal("tp2_dp_shard2", model, REFERENCE["final"], norms, REFERENCE["norms"])
     up = dict(model.named_parameters())["blocks.0.up.weight"]
     check(
@@ -156,7 +158,13 @@ def four() -> None:
         "tp2_dp_shard2_coordinates",
         (accelerator.num_processes, accelerator.tensor_parallel_rank, accelerator.data_parallel_shard_rank)
         == (4, rank % 2, rank // 2),
-        str((accelerator.num_processes, accelerator.tensor_parallel_rank, accelerator.data_parallel_shard_rank)),
+        str(
+            (
+                accelerator.num_processes,
+                accelerator.tensor_parallel_rank,
+                accelerator.data_parallel_shard_rank,
+            )
+        ),
     )
     # 10 samples over 2 data-parallel shares, batches of 3: each sample once, as in plain data parallelism.
     evaluation = accelerator.prepare(torch.utils.data.DataLoader(torch.arange(10), batch_size=3))
@@ -199,10 +207,15 @@ def two() -> None:
     up = dict(model.named_parameters())["blocks.0.up.weight"]
     check(
         "tp2_weight_split_by_rows",
-        isinstance(up, DTensor) and up.placements == (Shard(0),) and up.to_local().shape[0] == up.shape[0] // 2,
+        isinstance(up, DTensor)
+        and up.placements == (Shard(0),)
+        and up.to_local().shape[0] == up.shape[0] // 2,
     )
     check("tp2_both_ranks_see_every_batch", same_across([0, 1], batch_signature(loader)))
-    check("tp2_tensor_parallel_rank", accelerator.tensor_parallel_rank == rank and accelerator.num_processes == 2)
+    check(
+        "tp2_tensor_parallel_rank",
+        accelerator.tensor_parallel_rank == rank and accelerator.num_processes == 2,
+    )
     resume("tp2", tensor_parallel(tp_size=2))
 
     # Context parallelism: each rank holds half of every sequence inside maybe_context_parallel.
@@ -224,7 +237,12 @@ def two() -> None:
         raised = str(exc)
     check("cp2_attention_on_cpu_refused", "CUDA" in raised and "ring attention" in raised, raised)
 
-    # FSDP1: torch's FullyShardedDataParallel, SHARDED and FULL checkpoints.
+    fsdp1_layouts()
+    llama_tensor_parallel()
+
+
+def fsdp1_layouts() -> None:
+    """FSDP1: torch's FullyShardedDataParallel, SHARDED and FULL checkpoints."""
     for kind in ("SHARDED_STATE_DICT", "FULL_STATE_DICT"):
         fsdp1 = plugin(fsdp_version=1, state_dict_type=kind)
         accelerator, model, optimizer = start(None, fsdp1)
@@ -236,10 +254,11 @@ def two() -> None:
         check_equal(f"fsdp1_{kind}", model, REFERENCE["final"], norms, REFERENCE["norms"])
         accelerator, model, optimizer = start(None, plugin(fsdp_version=1, state_dict_type=kind))
         accelerator.load_state(folder)
+        check_equal(f"fsdp1_{kind}_loaded", model, REFERENCE["after_save"])
         norms = train(accelerator, model, optimizer, range(SAVE_AFTER, STEPS))
-        check_equal(f"fsdp1_{kind}_resumed", model, REFERENCE["final"], norms, REFERENCE["norms"][SAVE_AFTER:])
-
-    llama_tensor_parallel()
+        check_equal(
+            f"fsdp1_{kind}_resumed", model, REFERENCE["final"], norms, REFERENCE["norms"][SAVE_AFTER:]
+        )
 
 
 def llama_tensor_parallel() -> None:
