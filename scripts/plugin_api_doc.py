@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import re
 import sys
 from pathlib import Path
 
@@ -119,9 +120,11 @@ Hooks receive the `Accelerator` (argument `accelerator`); the part of it that is
 
 def _signature(obj: object) -> str:
     try:
-        return str(inspect.signature(obj))  # type: ignore[arg-type]
+        text = str(inspect.signature(obj))  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return ""
+    # A function default shows its memory address, which changes from run to run.
+    return re.sub(r" at 0x[0-9a-f]+>", ">", text)
 
 
 def _summary(obj: object) -> str:

@@ -53,7 +53,7 @@ EXPORTED = {
 #: ``DRIVETRAIN_PARALLELISM_CONFIG_<NAME>``, which ``ParallelismConfig`` reads.
 PARALLELISM_FLAGS = {
     "dp_replicate_size": "processes per data-parallel replica group (full copies, gradients all-reduced)",
-    "dp_shard_size": "processes parameters are sharded over (FSDP)",
+    "dp_shard_size": "processes parameters, gradients and optimizer state are sharded over",
     "tp_size": "processes each weight matrix is split over (tensor parallelism)",
     "cp_size": "processes each sequence is split over (context parallelism)",
     "cp_backend": "context-parallel implementation: torch",

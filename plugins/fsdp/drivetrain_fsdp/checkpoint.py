@@ -26,8 +26,8 @@ from drivetrain.plugin_api import (
     write_model_weights,
     writes_shared_files,
 )
+from drivetrain_fsdp.bookkeeping import CONFIG_ATTRIBUTE
 from drivetrain_fsdp.config import FullyShardedDataParallelPlugin, StateDictType
-from drivetrain_fsdp.wrapping import CONFIG_ATTRIBUTE
 
 MODEL_FOLDER = "pytorch_model_fsdp"
 OPTIMIZER_FOLDER = "optimizer"

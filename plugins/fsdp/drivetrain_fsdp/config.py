@@ -11,7 +11,6 @@ set both in code and in the environment must agree, or construction fails naming
 
 from __future__ import annotations
 
-import enum
 import os
 import re
 import warnings
@@ -22,43 +21,16 @@ import attrs
 import torch
 
 from drivetrain.plugin_api import ConfigurationError, backend_settings, to_bool
+from drivetrain_fsdp.enums import (  # re-exported: users import them from here
+    AutoWrapPolicy,
+    BackwardPrefetch,
+    ShardingStrategy,
+    StateDictType,
+    _NamedEnum,
+)
 
 #: Accelerate's switch for RAM-efficient loading (set by ``enable_fsdp_ram_efficient_loading``).
 RAM_EFFICIENT_LOADING_ENV = "FSDP_CPU_RAM_EFFICIENT_LOADING"
-
-
-class _NamedEnum(str, enum.Enum):
-    def __str__(self) -> str:
-        return str(self.value)
-
-
-class ShardingStrategy(_NamedEnum):
-    """FSDP1's strategy names; see docs/fsdp.md for what each becomes under FSDP2."""
-
-    FULL_SHARD = "FULL_SHARD"
-    SHARD_GRAD_OP = "SHARD_GRAD_OP"
-    NO_SHARD = "NO_SHARD"
-    HYBRID_SHARD = "HYBRID_SHARD"
-    HYBRID_SHARD_ZERO2 = "HYBRID_SHARD_ZERO2"
-
-
-class StateDictType(_NamedEnum):
-    # Accelerate's (and torch's) numbering: 1 FULL, 2 LOCAL, 3 SHARDED.
-    FULL_STATE_DICT = "FULL_STATE_DICT"
-    LOCAL_STATE_DICT = "LOCAL_STATE_DICT"
-    SHARDED_STATE_DICT = "SHARDED_STATE_DICT"
-
-
-class AutoWrapPolicy(_NamedEnum):
-    TRANSFORMER_BASED_WRAP = "TRANSFORMER_BASED_WRAP"
-    SIZE_BASED_WRAP = "SIZE_BASED_WRAP"
-    NO_WRAP = "NO_WRAP"
-
-
-class BackwardPrefetch(_NamedEnum):
-    BACKWARD_PRE = "BACKWARD_PRE"
-    BACKWARD_POST = "BACKWARD_POST"
-    NO_PREFETCH = "NO_PREFETCH"
 
 
 def _enum_converter(enum_class: type[_NamedEnum], field_name: str) -> Callable[[Any], Any]:
@@ -461,7 +433,7 @@ class FullyShardedDataParallelPlugin:
 
         if callable(self.auto_wrap_policy) and not isinstance(self.auto_wrap_policy, AutoWrapPolicy):
             return
-        from drivetrain_fsdp.wrapping import modules_to_wrap
+        from drivetrain_fsdp.units import modules_to_wrap
 
         chosen = {id(module) for module in modules_to_wrap(model, self, [])}
         if self.resolved_auto_wrap_policy(model) == AutoWrapPolicy.NO_WRAP:

@@ -17,9 +17,6 @@ import torch
 from drivetrain.plugin_api import ConfigurationError
 from drivetrain_fsdp.config import BackwardPrefetch, FullyShardedDataParallelPlugin
 
-#: What an original parameter maps to when FSDP1 flattened it (use_orig_params=False).
-FLATTENED = object()
-
 
 def is_fsdp1(model: Any) -> bool:
     from torch.distributed.fsdp import FullyShardedDataParallel
@@ -42,13 +39,9 @@ def wrap_fsdp1(
     from torch.distributed.fsdp import ShardingStrategy as TorchShardingStrategy
     from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
 
+    from drivetrain_fsdp.bookkeeping import CONFIG_ATTRIBUTE, FLATTENED, replaced_parameters
     from drivetrain_fsdp.process_group import device_mesh
-    from drivetrain_fsdp.wrapping import (
-        CONFIG_ATTRIBUTE,
-        ignored_modules,
-        modules_to_wrap,
-        replaced_parameters,
-    )
+    from drivetrain_fsdp.units import ignored_modules, modules_to_wrap
 
     if accelerator.parallelism_config is not None and accelerator.parallelism_config.total_size > 1:
         raise ConfigurationError(

@@ -273,7 +273,7 @@ def fsdp2_prepare_auto_wrap_policy(
     fsdp2_plugin: FullyShardedDataParallelPlugin, model: torch.nn.Module
 ) -> Callable[[torch.nn.Module], bool] | None:
     """The plugin's wrap policy for ``model`` as a ``module -> bool`` function (None: only the root)."""
-    from drivetrain_fsdp.wrapping import ignored_modules, modules_to_wrap
+    from drivetrain_fsdp.units import ignored_modules, modules_to_wrap
 
     chosen = {
         id(module) for module in modules_to_wrap(model, fsdp2_plugin, ignored_modules(model, fsdp2_plugin))

@@ -115,8 +115,9 @@ def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) 
     # evaluation_mode shards too: FSDP is about fitting the model in memory, which inference needs as well.
     from torch.distributed.fsdp import FSDPModule
 
+    from drivetrain_fsdp.bookkeeping import CONFIG_ATTRIBUTE
     from drivetrain_fsdp.fsdp1 import is_fsdp1
-    from drivetrain_fsdp.wrapping import CONFIG_ATTRIBUTE, shard_model
+    from drivetrain_fsdp.wrapping import shard_model
 
     if isinstance(model, FSDPModule) or is_fsdp1(model) or CONFIG_ATTRIBUTE in model.__dict__:
         return None

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from drivetrain.plugin_api import ConfigurationError
-from drivetrain_fsdp.wrapping import replaced_parameters
+from drivetrain_fsdp.bookkeeping import FLATTENED, replaced_parameters
 
 
 def rebind_optimizer(optimizer: torch.optim.Optimizer) -> bool:
@@ -29,8 +29,6 @@ def rebind_optimizer(optimizer: torch.optim.Optimizer) -> bool:
             "the optimizer before any step and pass it to prepare() with the model, or create it after "
             "prepare(model) from model.parameters()"
         )
-    from drivetrain_fsdp.fsdp1 import FLATTENED
-
     if any(
         replaced_parameters.get(p) is FLATTENED for group in optimizer.param_groups for p in group["params"]
     ):
