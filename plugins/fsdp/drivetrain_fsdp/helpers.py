@@ -249,7 +249,8 @@ def fsdp2_load_full_state_dict(
     if any(parameter.is_meta for parameter in model.parameters()):
         model.to_empty(device="cpu" if cpu_offload else accelerator.device)
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, cpu_offload=cpu_offload)
-    set_model_state_dict(model, full_sd if _rank() == 0 else {}, options=options)
+    # A copy: torch replaces the dict's entries with this rank's shards, and the caller's dict is theirs.
+    set_model_state_dict(model, dict(full_sd) if _rank() == 0 else {}, options=options)
     return model
 
 

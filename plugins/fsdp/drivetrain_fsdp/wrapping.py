@@ -215,15 +215,23 @@ def _offload_saved_inputs(module: torch.nn.Module) -> None:
     """While ``module`` runs forward, tensors saved for backward outside its checkpoint (the inputs the
     checkpoint keeps for its recompute) go to host memory (``save_on_cpu``), pinned when there is an
     accelerator: Accelerate's ``activation_checkpointing_offload``."""
+    from torch.distributed._composable import checkpoint
+
     entered: list[Any] = []
 
     def enter(_module: torch.nn.Module, _args: Any) -> None:
-        context = torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available())
-        context.__enter__()
+        # Not while backward recomputes the unit (checkpoint turns its own hooks off then): the recompute
+        # must save exactly what the first forward saved.
+        context = None
+        if checkpoint.state(module).enable_hook:
+            context = torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available())
+            context.__enter__()
         entered.append(context)
 
     def leave(_module: torch.nn.Module, _args: Any, _output: Any) -> None:
-        entered.pop().__exit__(None, None, None)
+        context = entered.pop()
+        if context is not None:
+            context.__exit__(None, None, None)
 
     module.register_forward_pre_hook(enter, prepend=True)
     module.register_forward_hook(leave, always_call=True)

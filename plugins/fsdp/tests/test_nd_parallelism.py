@@ -3,7 +3,8 @@ backend training the same model on the same data (weights within nd_common.TOLER
 
 Three launches: 4 processes (tp2 x dp_shard2, which saves a checkpoint; HSDP dp_replicate2 x dp_shard2 and
 tp2 x dp_replicate2 resuming it), 2 processes (tp2, also resuming it; cp2; FSDP1; a transformers model's own
-plan with the size from the environment) and 1 process (resuming the 4-process checkpoint: DCP reshards 4 -> 1).
+plan with the size from the environment) and 1 process (resuming the 4-process checkpoint: DCP reshards 4 -> 1;
+Accelerate's FSDP helpers and AcceleratorState().fsdp_plugin; activation checkpointing with offload).
 """
 
 from __future__ import annotations
@@ -76,6 +77,25 @@ TWO = [
 ]
 
 
+ONE = [
+    "one_process_loaded_equals_local",
+    "one_process_resumed_equals_local",
+    "one_process_resumed_clip_norm_equals_local",
+    "state_fsdp_plugin_is_the_runs",
+    *[
+        f"helpers_{kind}_{what}"
+        for kind in ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
+        for what in ("files", "loaded_equals_local", "resumed_equals_local", "resumed_clip_norm_equals_local")
+    ],
+    "set_state_dict_type_drives_save_state",
+    "fsdp2_prepare_model_shards",
+    "fsdp2_load_full_state_dict_equals_local",
+    "activation_checkpointing_offload_equals_local",
+    "activation_checkpointing_offload_clip_norm_equals_local",
+    "activation_checkpointing_offload_used_save_on_cpu",
+]
+
+
 @pytest.mark.multiprocess
 def test_nd_layouts_equal_local_and_resume_across_layouts(tmp_path, references):
     env = {"TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
@@ -97,11 +117,4 @@ def test_nd_layouts_equal_local_and_resume_across_layouts(tmp_path, references):
     assert_checks_passed(result, TWO)
 
     result = launch_script(str(SCRIPTS / "nd_layouts.py"), num_processes=1, args=["one", *common], env=env)
-    assert_checks_passed(
-        result,
-        [
-            "one_process_loaded_equals_local",
-            "one_process_resumed_equals_local",
-            "one_process_resumed_clip_norm_equals_local",
-        ],
-    )
+    assert_checks_passed(result, ONE)

@@ -311,6 +311,83 @@ def llama_tensor_parallel() -> None:
 # -- 1 process --------------------------------------------------------------------------------------------------
 def one() -> None:
     resume("one_process", None)
+    accelerate_helpers()
+    activation_checkpointing_offload()
+
+
+def accelerate_helpers() -> None:
+    """Accelerate's module-level helpers and ``AcceleratorState().fsdp_plugin``, which drives what they and
+    ``save_state`` write."""
+    from drivetrain import AcceleratorState
+    from drivetrain.utils import (
+        fsdp2_load_full_state_dict,
+        fsdp2_prepare_model,
+        load_fsdp_model,
+        load_fsdp_optimizer,
+        save_fsdp_model,
+        save_fsdp_optimizer,
+    )
+
+    accelerator, model, optimizer = start(None)
+    fsdp_plugin = AcceleratorState().fsdp_plugin
+    check(
+        "state_fsdp_plugin_is_the_runs",
+        fsdp_plugin is accelerator.state.fsdp_plugin and fsdp_plugin.min_num_params == 0,
+    )
+    train(accelerator, model, optimizer, range(SAVE_AFTER))
+    for kind, written in (
+        ("SHARDED_STATE_DICT", "pytorch_model_fsdp_0"),
+        ("FULL_STATE_DICT", "pytorch_model_fsdp.bin"),
+    ):
+        folder = os.path.join(WORKDIR, f"helpers_{kind}")
+        fsdp_plugin.set_state_dict_type(kind)
+        save_fsdp_model(fsdp_plugin, accelerator, model, folder)
+        save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, folder)
+        check(f"helpers_{kind}_files", os.path.exists(os.path.join(folder, written)), str(os.listdir(folder)))
+        fresh = make_model()
+        fresh, fresh_optimizer = accelerator.prepare(fresh, torch.optim.AdamW(fresh.parameters(), lr=LR))
+        load_fsdp_model(fsdp_plugin, accelerator, fresh, folder)
+        load_fsdp_optimizer(fsdp_plugin, accelerator, fresh_optimizer, fresh, folder)
+        check_equal(f"helpers_{kind}_loaded", fresh, REFERENCE["after_save"])
+        norms = train(accelerator, fresh, fresh_optimizer, range(SAVE_AFTER, STEPS))
+        check_equal(
+            f"helpers_{kind}_resumed", fresh, REFERENCE["final"], norms, REFERENCE["norms"][SAVE_AFTER:]
+        )
+    # The state's plugin is the one save_state follows: switched to FULL above, it writes one file.
+    accelerator.save_state(os.path.join(WORKDIR, "state_full"))
+    accelerator.wait_for_checkpoint()  # the folder gets its final name once the save is complete
+    check(
+        "set_state_dict_type_drives_save_state",
+        os.path.exists(os.path.join(WORKDIR, "state_full", "model.safetensors")),
+    )
+
+    sharded = fsdp2_prepare_model(accelerator, make_model())
+    from torch.distributed.fsdp import FSDPModule
+
+    check("fsdp2_prepare_model_shards", isinstance(sharded, FSDPModule))
+    fsdp2_load_full_state_dict(accelerator, sharded, REFERENCE["after_save"])
+    check_equal("fsdp2_load_full_state_dict", sharded, REFERENCE["after_save"])
+
+
+def activation_checkpointing_offload() -> None:
+    """Offloading what checkpointed units save keeps training equal, and really goes through save_on_cpu."""
+    entered = []
+    original = torch.autograd.graph.save_on_cpu
+
+    def counting(*args, **kwargs):
+        entered.append(1)
+        return original(*args, **kwargs)
+
+    torch.autograd.graph.save_on_cpu = counting
+    try:
+        accelerator, model, optimizer = start(
+            None, plugin(activation_checkpointing=True, activation_checkpointing_offload=True)
+        )
+        norms = train(accelerator, model, optimizer, range(STEPS))
+    finally:
+        torch.autograd.graph.save_on_cpu = original
+    check_equal("activation_checkpointing_offload", model, REFERENCE["final"], norms, REFERENCE["norms"])
+    check("activation_checkpointing_offload_used_save_on_cpu", len(entered) == 2 * STEPS, str(len(entered)))
 
 
 def main() -> None:
