@@ -171,6 +171,11 @@ class PartialState:
         return self.environment.collectives
 
     @property
+    def device_mesh(self) -> Any:
+        """The run's ``DeviceMesh`` when the backend built one (N-D parallelism), else None."""
+        return self.environment.device_mesh
+
+    @property
     def use_distributed(self) -> bool:
         return self.num_processes > 1
 
