@@ -34,7 +34,11 @@ PLUGIN_INFO = PluginInfo(
 @hookimpl
 def setup_process_group(device: torch.device, init_kwargs: dict[str, Any], parallelism: Any):
     environment = join_process_group(device, init_kwargs)
-    if parallelism is None or parallelism.total_size != environment.num_processes or environment.num_processes == 1:
+    if (
+        parallelism is None
+        or parallelism.total_size != environment.num_processes
+        or environment.num_processes == 1
+    ):
         return environment  # the kernel reports a size mismatch, naming both values
     # dp_replicate over every process: the same shares as without a config, and the mesh scripts may ask for.
     return attrs.evolve(environment, device_mesh=parallelism.build_device_mesh(device.type))
