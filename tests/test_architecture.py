@@ -55,6 +55,8 @@ ALLOWED = {
     "core/drivetrain/compat/names.py": {"*"},
     # Accelerate's enum values (DistributedType.DEEPSPEED, PrecisionType.FP8, ...).
     "core/drivetrain/config/enums.py": {"*"},
+    # Accelerate's ParallelismConfig property (the mesh dimensions a sharding backend runs over).
+    "core/drivetrain/config/parallelism.py": {"fsdp_dim_names"},
     # Accelerate's Accelerator keyword arguments (each an alias of backend_config=).
     "core/drivetrain/accelerator.py": {
         "deepspeed_plugin",

@@ -323,7 +323,9 @@ def test_hook_setup_process_group_receives_the_parallelism_config_and_reports_da
     def setup_process_group(parallelism):
         received.append(parallelism)
         # Four processes in two tensor-parallel pairs: this process is in the second data share.
-        return DistributedEnvironment(num_processes=1, data_parallel_size=2, data_parallel_rank=1)
+        return DistributedEnvironment(
+            num_processes=4, process_index=2, data_parallel_size=2, data_parallel_rank=1
+        )
 
     _toy_backend(setup_process_group=setup_process_group)
     config = ParallelismConfig(tp_size=2, dp_shard_size=2)

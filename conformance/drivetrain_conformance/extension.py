@@ -37,6 +37,11 @@ def register_parser(parser: argparse.ArgumentParser) -> None:
         "plugin checked over the backend(s), against the reference backend alone",
     )
     parser.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    parser.add_argument(
+        "--nd",
+        action="store_true",
+        help="also check the N-D layout properties (ParallelismConfig) on the dimensions each backend declares",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,6 +62,13 @@ def run(args: argparse.Namespace) -> int:
             except PluginError as exc:
                 raise UsageError(f"conformance: {exc}") from None
     reports = run_suite(list(args.backends), processes=args.processes, timeout=args.timeout, plugins=plugins)
+    if getattr(args, "nd", False):
+        from drivetrain_conformance.nd_suite import run_nd_suite
+
+        for name in list(args.backends):
+            if not is_file_target(name):
+                info = manager.info(name)
+                reports[f"{name} (N-D)"] = run_nd_suite(name, info, args.processes, args.timeout)
     if args.json:
         print(json.dumps([report.to_json() for report in reports.values()], indent=2))
     else:

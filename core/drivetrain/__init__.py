@@ -31,6 +31,7 @@ _EXPORTS = {
     "ProjectConfiguration": "drivetrain.config.dataclasses",
     "GradientAccumulationPlugin": "drivetrain.config.dataclasses",
     "TorchDynamoPlugin": "drivetrain.config.dataclasses",
+    "ParallelismConfig": "drivetrain.config.parallelism",
     "AutocastKwargs": "drivetrain.config.kwargs_handlers",
     "GradScalerKwargs": "drivetrain.config.kwargs_handlers",
     "InitProcessGroupKwargs": "drivetrain.config.kwargs_handlers",

@@ -34,6 +34,7 @@ from drivetrain.config.kwargs_handlers import (
     InitProcessGroupKwargs,
     KwargsHandler,
 )
+from drivetrain.config.parallelism import ParallelismConfig, TorchTensorParallelPlugin
 from drivetrain.contract.arguments import PreparedObjects, ShardingOptions
 from drivetrain.errors import ConfigurationError
 from drivetrain.operations.memory import empty_device_cache
@@ -107,6 +108,7 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         dataloader_config: DataLoaderConfiguration | None = None,
         deepspeed_plugin: Any = None,
         fsdp_plugin: Any = None,
+        torch_tp_plugin: TorchTensorParallelPlugin | None = None,
         megatron_lm_plugin: Any = None,
         rng_types: list[str | RNGType] | None = None,
         log_with: Any = None,
@@ -125,7 +127,7 @@ class Accelerator(TrackingMixin, ProfilingMixin):
     ) -> None:
         named_configs = dict(zip(BACKEND_CONFIG_KWARGS, (deepspeed_plugin, fsdp_plugin, megatron_lm_plugin)))
         backend_config = _backend_config_from(backend_config, named_configs, deepspeed_plugins)
-        self.parallelism_config = parallelism_config
+        parallelism_config = _parallelism_config_from(parallelism_config, torch_tp_plugin)
         self.kwargs_handlers: list[KwargsHandler] = self._check_kwargs_handlers(kwargs_handlers or [])
         self.device_placement = device_placement
 
@@ -555,6 +557,45 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         else None."""
         return self.state.environment.device_mesh
 
+    # -- N-D parallelism (docs/nd-parallelism.md) -------------------------------------------------------------
+    @property
+    def parallelism_config(self) -> ParallelismConfig | None:
+        """The run's ``ParallelismConfig`` (the script's, or the one built from launch flags / the config
+        file), or None."""
+        return self.state.parallelism_config
+
+    def _mesh_rank(self, dimension: str, what: str) -> int:
+        config = self.parallelism_config
+        if config is None:
+            raise RuntimeError(f"{what} is not configured: pass Accelerator(parallelism_config=...) first")
+        if not config.size_of(dimension) > 1:
+            return 0
+        return self.torch_device_mesh.get_local_rank(dimension)
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """This process's coordinate on the ``tp`` dimension (0 when tensor parallelism is off)."""
+        return self._mesh_rank("tp", "tensor parallelism")
+
+    @property
+    def context_parallel_rank(self) -> int:
+        """This process's coordinate on the ``cp`` dimension (0 when context parallelism is off)."""
+        return self._mesh_rank("cp", "context parallelism")
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This process's coordinate on the ``dp_replicate`` dimension (0 when it is off)."""
+        return self._mesh_rank("dp_replicate", "data parallelism")
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        """This process's coordinate on the ``dp_shard`` dimension (0 when it is off)."""
+        return self._mesh_rank("dp_shard", "shard-based data parallelism")
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        raise NotImplementedError("pipeline parallelism is not supported (as in Accelerate)")
+
     # ---------------------------------------------------------------------------------------------------------
     # The training step
     # ---------------------------------------------------------------------------------------------------------
@@ -844,10 +885,26 @@ class Accelerator(TrackingMixin, ProfilingMixin):
 
     @contextlib.contextmanager
     def maybe_context_parallel(
-        self, buffers: Any = None, buffer_seq_dims: Any = None, no_restore_buffers: Any = None
+        self,
+        buffers: list[torch.Tensor] | None = None,
+        buffer_seq_dims: list[int] | None = None,
+        no_restore_buffers: set[torch.Tensor] | None = None,
     ) -> Iterator[None]:
-        """Context parallelism where a backend supports it; a no-op otherwise."""
-        yield
+        """Shard ``buffers`` (inputs, labels, position tables) along their sequence dimensions
+        ``buffer_seq_dims`` over the ``cp`` dimension for the block, and run attention in the block as ring
+        attention across those ranks; the buffers are restored on exit unless in ``no_restore_buffers``.
+        Enter it anew for every step. The backend provides it (``DistributedEnvironment.context_parallel``);
+        without context parallelism the block runs unchanged and a warning says so once."""
+        context = self.state.environment.context_parallel
+        if context is None:
+            _warn_once(
+                "maybe_context_parallel has no effect: context parallelism is not enabled (set "
+                "ParallelismConfig(cp_size=...) > 1 with a backend that supports it)"
+            )
+            yield
+            return
+        with context(buffers=buffers, buffer_seq_dims=buffer_seq_dims, no_restore_buffers=no_restore_buffers):
+            yield
 
     def end_training(self) -> None:
         """Finish every tracker, then meet the other processes and tear the process group down (a run that
@@ -856,6 +913,36 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         self.wait_for_checkpoint()
         super().end_training()
         self.state.partial_state.destroy_process_group()
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, UserWarning, stacklevel=4)
+
+
+def _parallelism_config_from(config: ParallelismConfig | None, tp_plugin: Any) -> ParallelismConfig | None:
+    """The script's ParallelismConfig; Accelerate's deprecated ``torch_tp_plugin`` becomes one with its
+    ``tp_size``. None lets the state build one from launch flags / the config file, if they set any."""
+    if tp_plugin is None:
+        return config
+    warnings.warn(
+        "torch_tp_plugin (TorchTensorParallelPlugin) is deprecated: pass "
+        "parallelism_config=ParallelismConfig(tp_size=...) instead",
+        FutureWarning,
+        stacklevel=3,
+    )
+    if config is not None:
+        if config.tp_size != tp_plugin.tp_size:
+            raise ConfigurationError(
+                f"torch_tp_plugin asks for tp_size={tp_plugin.tp_size} but parallelism_config has "
+                f"tp_size={config.tp_size}; pass only parallelism_config"
+            )
+        return config
+    return ParallelismConfig(tp_size=tp_plugin.tp_size)
 
 
 def _kind_of(obj: Any) -> str | None:

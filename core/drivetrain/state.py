@@ -19,6 +19,7 @@ import torch
 
 from drivetrain.config import sources
 from drivetrain.config.enums import DistributedType, PrecisionType
+from drivetrain.config.parallelism import DATA_PARALLEL_DIMENSIONS, ParallelismConfig, warn_unused_handlers
 from drivetrain.contract.calling import PluginStack
 from drivetrain.contract.environment import Collectives, DistributedEnvironment, environment_world_size
 from drivetrain.contract.info import PluginInfo
@@ -60,10 +61,14 @@ class PartialState:
         if kwargs:
             raise TypeError(f"PartialState got unexpected arguments: {', '.join(sorted(kwargs))}")
         if self.initialized:
-            self._check_compatible(backend, backend_config, cpu)
+            self._check_compatible(backend, backend_config, cpu, parallelism)
             return
         manager = get_plugin_manager()
         selection = select_backend(manager, backend, backend_config)
+        if parallelism is None:
+            parallelism = ParallelismConfig.from_environment()
+        if parallelism is not None:
+            _fit_parallelism(parallelism, selection.value, manager.info(selection.value))
         cpu_setting = sources.resolve(
             "cpu", True if cpu else None, script_source="cpu=True", default=False, convert=sources.to_bool
         )
@@ -76,6 +81,9 @@ class PartialState:
         )
         if environment is None:
             raise PluginError(f"backend {selection.value!r} returned nothing from setup_process_group")
+        if parallelism is not None:
+            parallelism.check_world_size(environment.num_processes)
+            parallelism.device_mesh = environment.device_mesh
         self.backend_name: str = selection.value
         #: the backend's PluginInfo (what it declares: places_model, manages_precision, ...)
         self.backend_info: PluginInfo = manager.info(selection.value)
@@ -94,7 +102,9 @@ class PartialState:
     def initialized(self) -> bool:
         return "environment" in self._shared_state
 
-    def _check_compatible(self, backend: str | None, backend_config: Any, cpu: bool) -> None:
+    def _check_compatible(
+        self, backend: str | None, backend_config: Any, cpu: bool, parallelism: Any
+    ) -> None:
         wanted = backend_of_config(backend_config) if backend_config is not None else backend
         if wanted is not None and wanted != self.backend_name:
             raise ConfigurationError(
@@ -106,6 +116,19 @@ class PartialState:
             raise ConfigurationError(
                 f"this process already computes on {self.device}; cpu=True needs drivetrain.reset_state() first"
             )
+        if parallelism is not None and parallelism is not self.parallelism_config:
+            # The mesh is built once per process; a new Accelerator may bring its own config object (handlers,
+            # a tensor-parallel plan) as long as its sizes are the ones the mesh was built for.
+            _fit_parallelism(parallelism, self.backend_name, self.backend_info)
+            ours = self.parallelism_config.sizes() if self.parallelism_config is not None else "none"
+            if parallelism.sizes() != ours:
+                raise ConfigurationError(
+                    f"this process already runs with parallelism {ours}; a new Accelerator asks for "
+                    f"{parallelism.sizes()}. The device mesh is built once per process: call "
+                    "drivetrain.reset_state() first to change it"
+                )
+            parallelism.device_mesh = self.parallelism_config.device_mesh
+            self.parallelism_config = parallelism
 
     @classmethod
     def _reset_state(cls, destroy_process_group: bool = False) -> None:
@@ -146,6 +169,11 @@ class PartialState:
     @property
     def collectives(self) -> Collectives:
         return self.environment.collectives
+
+    @property
+    def device_mesh(self) -> Any:
+        """The run's ``DeviceMesh`` when the backend built one (N-D parallelism), else None."""
+        return self.environment.device_mesh
 
     @property
     def use_distributed(self) -> bool:
@@ -237,6 +265,17 @@ class PartialState:
         """``print`` once per machine (on the local main process)."""
         if self.is_local_main_process:
             print(*args, **kwargs)
+
+
+def _fit_parallelism(parallelism: ParallelismConfig, backend: str, info: PluginInfo) -> None:
+    """Before the process group: a ``ParallelismConfig()`` of all ones takes every process in the backend's
+    first data-parallel dimension, and a dimension the backend does not declare is refused, naming both."""
+    supported = info.capabilities.mesh_dimensions
+    data_parallel = [name for name in supported or () if name in DATA_PARALLEL_DIMENSIONS]
+    parallelism.fill_world(environment_world_size(), data_parallel[0] if data_parallel else "dp_replicate")
+    if supported is not None:
+        parallelism.check_dimensions(backend, supported)
+    warn_unused_handlers(parallelism)
 
 
 def _only_if(function: Callable, condition: Callable[[], bool]) -> Callable:

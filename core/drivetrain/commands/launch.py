@@ -31,6 +31,10 @@ from drivetrain.config.sources import BACKEND_CONFIG_ENV, PLUGIN_OPTIONS_ENV
 from drivetrain.errors import ConfigurationError, PluginError
 from drivetrain.launchers import free_port
 
+#: What ParallelismConfig reads in the processes (drivetrain.config.parallelism's ENV_PREFIX and USE_ENV).
+PARALLELISM_ENV_PREFIX = "DRIVETRAIN_PARALLELISM_CONFIG_"
+USE_PARALLELISM_ENV = "DRIVETRAIN_USE_PARALLELISM_CONFIG"
+
 HELP = "Launch a script in several processes and machines (torch's elastic launcher)."
 DEFAULT_MULTI_NODE_PORT = 29500
 
@@ -42,6 +46,20 @@ EXPORTED = {
     "use_cpu": "DRIVETRAIN_CPU",
     "dynamo_backend": "DRIVETRAIN_DYNAMO_BACKEND",
     "debug": "DRIVETRAIN_DEBUG_MODE",
+}
+
+
+#: ``--parallelism_config_<name>`` flags (Accelerate's) -> help. Exported to the processes as
+#: ``DRIVETRAIN_PARALLELISM_CONFIG_<NAME>``, which ``ParallelismConfig`` reads.
+PARALLELISM_FLAGS = {
+    "dp_replicate_size": "processes per data-parallel replica group (full copies, gradients all-reduced)",
+    "dp_shard_size": "processes parameters, gradients and optimizer state are sharded over",
+    "tp_size": "processes each weight matrix is split over (tensor parallelism)",
+    "cp_size": "processes each sequence is split over (context parallelism)",
+    "cp_backend": "context-parallel implementation: torch",
+    "cp_comm_strategy": "how context-parallel ranks exchange keys/values: allgather or alltoall",
+    "sp_size": "sequence-parallel size of a backend that runs its own groups",
+    "sp_backend": "sequence-parallel implementation of that backend",
 }
 
 
@@ -182,6 +200,19 @@ def register_parser(parser: argparse.ArgumentParser, plugin_options: bool = True
         default=None,
         help="Accelerate's flag: all machines are on one network (informational)",
     )
+
+    parallelism = parser.add_argument_group(
+        "N-D parallelism (ParallelismConfig; its sizes must multiply to --num_processes)"
+    )
+    add_option(
+        parallelism,
+        "--use_parallelism_config",
+        action="store_true",
+        default=None,
+        help="Accelerate's flag: build a ParallelismConfig in the processes (implied by any flag below)",
+    )
+    for name, help_text in PARALLELISM_FLAGS.items():
+        add_option(parallelism, f"--parallelism_config_{name}", metavar="VALUE", help=help_text)
 
     faults = parser.add_argument_group("fault tolerance and logs")
     add_option(
@@ -497,6 +528,20 @@ def resolve_plan(args: argparse.Namespace, environ: dict[str, str] | None = None
     if gpu_ids not in (None, "all") and not cpu:
         env.setdefault("CUDA_VISIBLE_DEVICES", str(gpu_ids))
 
+    parallelism = _parallelism_settings(args, config)
+    if parallelism:
+        from drivetrain.config.parallelism import section_product
+
+        if section_product(parallelism) != num_processes:
+            sizes = ", ".join(f"{key}={value}" for key, value in parallelism.items() if key.endswith("_size"))
+            raise UsageError(
+                f"parallelism sizes ({sizes}) multiply to {section_product(parallelism)} but --num_processes is "
+                f"{num_processes}; make the product equal to the number of processes"
+            )
+        chosen["parallelism_config"] = parallelism
+    elif getattr(args, "use_parallelism_config", None):
+        chosen["parallelism_config"] = {}
+
     backend = chosen.get("backend")
     plugin_options = _merged(config.get("plugin_options") or {}, _plugin_option_values(args))
     if backend is not None:
@@ -549,6 +594,22 @@ def resolve_plan(args: argparse.Namespace, environ: dict[str, str] | None = None
     )
 
 
+def _parallelism_settings(args: argparse.Namespace, config: ConfigFile) -> dict[str, Any]:
+    """The ParallelismConfig settings: each ``--parallelism_config_*`` flag over the config file's section."""
+    from drivetrain.config.parallelism import check_section
+
+    flags = {
+        name: getattr(args, f"parallelism_config_{name}", None)
+        for name in PARALLELISM_FLAGS
+        if getattr(args, f"parallelism_config_{name}", None) is not None
+    }
+    try:
+        from_flags = check_section(flags)
+    except ValueError as exc:
+        raise UsageError(f"--parallelism_config_*: {exc}") from None
+    return {**(config.get("parallelism_config") or {}), **from_flags}
+
+
 def _plugin_option_values(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Values the user set for options that plugins added, by plugin."""
     found: dict[str, dict[str, Any]] = {}
@@ -589,6 +650,10 @@ def environment_for(plan: LaunchPlan) -> dict[str, str]:
         if key in plan.chosen:
             value = plan.chosen[key]
             env[variable] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+    if "parallelism_config" in plan.chosen:
+        env[USE_PARALLELISM_ENV] = "1"
+        for name, value in plan.chosen["parallelism_config"].items():
+            env[PARALLELISM_ENV_PREFIX + name.upper()] = str(value)
     if "backend_config" in plan.chosen:
         env[BACKEND_CONFIG_ENV] = json.dumps(plan.chosen["backend_config"], sort_keys=True)
     if plan.plugin_options:

@@ -38,6 +38,22 @@ PLUGIN_EXPORTS = {
     "merge_fsdp_weights": "drivetrain-fsdp",
     "enable_fsdp_ram_efficient_loading": "drivetrain-fsdp",
     "disable_fsdp_ram_efficient_loading": "drivetrain-fsdp",
+    **{
+        name: "drivetrain-fsdp"
+        for name in (
+            "save_fsdp_model",
+            "load_fsdp_model",
+            "save_fsdp_optimizer",
+            "load_fsdp_optimizer",
+            "fsdp2_prepare_model",
+            "fsdp2_load_full_state_dict",
+            "fsdp2_switch_optimizer_parameters",
+            "fsdp2_apply_ac",
+            "fsdp2_prepare_auto_wrap_policy",
+            "fsdp2_canonicalize_names",
+            "get_fsdp2_grad_scaler",
+        )
+    },
     "DeepSpeedPlugin": "drivetrain-deepspeed",
     "DummyOptim": "drivetrain-deepspeed",
     "DummyScheduler": "drivetrain-deepspeed",
@@ -84,9 +100,12 @@ ACCELERATE_SECTIONS = {
     "ipex_config": "drivetrain-ipex",
     "mpirun_config": "drivetrain-ipex",
     "fp8_config": "drivetrain-fp8",
-    "parallelism_config": "drivetrain-fsdp",
     "dynamo_config": "drivetrain",
 }
+
+#: Accelerate's ``ParallelismConfig.sp_backend`` values (sequence parallelism run by a backend's own groups);
+#: the first is the default, as in Accelerate.
+SEQUENCE_PARALLEL_BACKENDS = ("deepspeed",)
 
 #: Accelerate's ``distributed_type`` values answered by a backend plugin -> the distribution to install.
 ACCELERATE_DISTRIBUTED_TYPES = {

@@ -106,6 +106,12 @@ def _mapping(value: Any) -> dict:
     return dict(value)
 
 
+def _parallelism(value: Any) -> dict:
+    from drivetrain.config.parallelism import check_section
+
+    return check_section(value)
+
+
 def _dynamo(value: Any) -> str:
     from drivetrain.config.enums import DynamoBackend
 
@@ -133,6 +139,7 @@ KEYS: dict[str, Callable[[Any], Any]] = {
     "dynamo_backend": _dynamo,
     "debug": _bool,
     "backend_config": _mapping,
+    "parallelism_config": _parallelism,
     "env": _mapping,
 }
 
@@ -272,6 +279,7 @@ def _from_accelerate(data: dict, origin: str, plugins: PluginDeclarations) -> di
         *ACCELERATE_SHARED_KEYS,
         *ACCELERATE_IGNORED_KEYS,
         *ACCELERATE_SECTIONS,
+        "parallelism_config",
         *sections,
         *plugins.keys,
     )
@@ -305,6 +313,8 @@ def _from_accelerate(data: dict, origin: str, plugins: PluginDeclarations) -> di
         values["backend"] = backend
         if section and data.get(section):
             values["backend_config"] = _checked("backend_config", data[section], origin)
+    if data.get("parallelism_config"):
+        values["parallelism_config"] = _checked("parallelism_config", data["parallelism_config"], origin)
     dynamo = (data.get("dynamo_config") or {}).get("dynamo_backend")
     if dynamo and str(dynamo).upper() != "NO":
         values["dynamo_backend"] = _checked("dynamo_backend", dynamo, origin)

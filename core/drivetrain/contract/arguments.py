@@ -138,6 +138,10 @@ class PluginAccelerator(Protocol):
     def torch_device_mesh(self) -> Any:
         """The run's ``DeviceMesh`` when the backend built one, else None"""
 
+    @property
+    def parallelism_config(self) -> Any:
+        """The run's ``ParallelismConfig`` (sizes and handlers of the parallel dimensions), or None"""
+
     #: the step counter that checkpoints save and restore (``load_state`` sets it)
     step: int
 

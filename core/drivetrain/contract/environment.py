@@ -74,6 +74,10 @@ class DistributedEnvironment:
     #: (``num_processes`` / ``process_index``).
     data_parallel_size: int | None = None
     data_parallel_rank: int | None = None
+    #: Context parallelism, when the backend runs a ``cp`` dimension: ``context_parallel(buffers=,
+    #: buffer_seq_dims=, no_restore_buffers=)`` returns the context manager under which a step's sequences are
+    #: sharded (``Accelerator.maybe_context_parallel`` enters it). ``None``: no context parallelism.
+    context_parallel: Callable[..., Any] | None = None
 
     @property
     def data_shards(self) -> tuple[int, int]:

@@ -123,8 +123,10 @@ def setup_process_group(
     :param init_kwargs: non-default fields of ``InitProcessGroupKwargs`` (``backend``, ``timeout``, ...).
     :param parallelism: the run's :class:`~drivetrain.config.parallelism.ParallelismConfig` (sizes of the
         data-parallel, tensor and context dimensions), or ``None``. A backend that supports several
-        dimensions builds the mesh (``plugin_api.build_device_mesh``) and returns it in the environment;
-        one that does not raises a :class:`~drivetrain.errors.ConfigurationError` naming the dimension.
+        dimensions builds the mesh (``parallelism.build_device_mesh(device.type)``) and returns it in the
+        environment with the data-parallel coordinates (and ``context_parallel`` for a ``cp`` dimension).
+        The kernel has already refused dimensions outside ``Capabilities.mesh_dimensions``; a backend that
+        declares none raises a :class:`~drivetrain.errors.ConfigurationError` naming what it cannot do.
     :return: a :class:`~drivetrain.contract.environment.DistributedEnvironment` (ranks, world size,
         distributed type, data-parallel coordinates, device mesh, and the
         :class:`~drivetrain.contract.environment.Collectives` the kernel uses for gather/broadcast/reduce).

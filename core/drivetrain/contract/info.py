@@ -49,6 +49,11 @@ class Capabilities:
     #: Weights themselves are kept in the 16-bit compute precision (DeepSpeed bf16), so training drifts
     #: further from fp32 weights than autocast does; the conformance suite uses its looser tolerance.
     low_precision_weights: bool = False
+    #: The ``ParallelismConfig`` dimensions the backend can split (``("dp_replicate", "dp_shard", "tp")``), the
+    #: data-parallel one a ``ParallelismConfig()`` of all ones fills first. The kernel refuses a run that
+    #: enables another dimension, with an error naming it and the backend. ``None`` (contract 1.1 plugins):
+    #: not declared, the backend checks what it receives in ``setup_process_group`` itself.
+    mesh_dimensions: tuple[str, ...] | None = None
 
 
 @attrs.define(frozen=True)

@@ -309,6 +309,10 @@ def gather_for_metrics(
     """Gather ``input_data`` from every process for computing metrics, dropping the samples that were
     duplicated to make the last batch divide evenly across processes.
 
+    Under N-D parallelism (a tensor- or context-parallel dimension, whose ranks see the same batches) it
+    gathers one copy per data-parallel share, in share order: each sample once, as in plain data
+    parallelism (Accelerate gathers every rank's copy there).
+
     Tensors are gathered with :func:`gather` (concatenated along dimension 0); anything else, or everything
     when ``use_gather_object``, goes through :func:`gather_object` (a flat list). On the last batch of the
     active data loader (``gradient_state.end_of_dataloader``) the result is cut to
@@ -321,7 +325,13 @@ def gather_for_metrics(
 
         gradient_state = GradientState()
     use_gather_object = use_gather_object or not _holds_only_tensors(input_data)
-    data = gather_object(input_data, state=state) if use_gather_object else gather(input_data, state=state)
+    shares = _data_parallel_representatives(state)
+    if shares is not None:
+        data = _gather_shares(input_data, state, shares, use_gather_object)
+    elif use_gather_object:
+        data = gather_object(input_data, state=state)
+    else:
+        data = gather(input_data, state=state)
     if not gradient_state.end_of_dataloader:
         return data
     remainder = gradient_state.remainder
@@ -336,3 +346,42 @@ def gather_for_metrics(
             return data[:remainder]
         return recursively_apply(lambda leaf: leaf[:remainder], data)
     return data
+
+
+# -- N-D layouts: one copy per data-parallel share ------------------------------------------------------------
+#: environment -> the world rank holding each data-parallel share (computed once per process group)
+_representatives: dict[int, tuple[Any, list[int]]] = {}
+
+
+def _data_parallel_representatives(state: PartialState) -> list[int] | None:
+    """For each data-parallel share, in share order, the lowest world rank that holds it; None when every
+    process is its own share (no tensor/context-parallel dimension)."""
+    environment = state.environment
+    size, rank = environment.data_shards
+    if size == state.num_processes:
+        return None
+    cached = _representatives.get(id(environment))
+    if cached is None or cached[0] is not environment:
+        shares = state.collectives.all_gather_object(rank)
+        first = {share: shares.index(share) for share in range(size)}
+        cached = (environment, [first[share] for share in range(size)])
+        _representatives.clear()
+        _representatives[id(environment)] = cached
+    return cached[1]
+
+
+def _gather_shares(data: Any, state: PartialState, shares: list[int], use_gather_object: bool) -> Any:
+    collectives = state.collectives
+    if use_gather_object:
+        gathered = collectives.all_gather_object(data)
+        return _flatten_gathered([gathered[rank] for rank in shares])
+    if state.debug:
+        verify_across_processes("gather_for_metrics", data, state)
+
+    def gather_one(leaf: torch.Tensor) -> torch.Tensor:
+        if leaf.dim() == 0:
+            leaf = leaf.reshape(1)
+        gathered = collectives.all_gather(leaf)
+        return torch.cat([gathered[rank] for rank in shares], dim=0)
+
+    return recursively_apply(gather_one, data, error_on_other_type=True)

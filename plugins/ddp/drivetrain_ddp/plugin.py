@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import torch
 
 from drivetrain import hookimpl
@@ -20,15 +21,27 @@ PLUGIN_INFO = PluginInfo(
     kind="backend",
     description="torch DistributedDataParallel: one model replica per process, gradients all-reduced",
     capabilities=Capabilities(
-        multi_process=True, precisions=("no", "bf16", "fp16"), devices=("cpu", "cuda", "xpu")
+        multi_process=True,
+        precisions=("no", "bf16", "fp16"),
+        devices=("cpu", "cuda", "xpu"),
+        # Plain data parallelism: a ParallelismConfig may only replicate (tp/cp/sharding: the fsdp backend).
+        mesh_dimensions=("dp_replicate",),
     ),
     select_for_multiprocess=True,
 )
 
 
 @hookimpl
-def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]):
-    return join_process_group(device, init_kwargs)
+def setup_process_group(device: torch.device, init_kwargs: dict[str, Any], parallelism: Any):
+    environment = join_process_group(device, init_kwargs)
+    if (
+        parallelism is None
+        or parallelism.total_size != environment.num_processes
+        or environment.num_processes == 1
+    ):
+        return environment  # the kernel reports a size mismatch, naming both values
+    # dp_replicate over every process: the same shares as without a config, and the mesh scripts may ask for.
+    return attrs.evolve(environment, device_mesh=parallelism.build_device_mesh(device.type))
 
 
 def ddp_kwargs_handler(accelerator: Any) -> Any:

@@ -26,8 +26,8 @@ from drivetrain.plugin_api import (
     write_model_weights,
     writes_shared_files,
 )
+from drivetrain_fsdp.bookkeeping import CONFIG_ATTRIBUTE
 from drivetrain_fsdp.config import FullyShardedDataParallelPlugin, StateDictType
-from drivetrain_fsdp.wrapping import CONFIG_ATTRIBUTE
 
 MODEL_FOLDER = "pytorch_model_fsdp"
 OPTIMIZER_FOLDER = "optimizer"
@@ -51,7 +51,13 @@ def _options(full: bool, **kwargs: Any) -> Any:
 
 
 def _module(model: torch.nn.Module, accelerator: Any) -> torch.nn.Module:
-    """The sharded module itself (fully_shard works in place; torch.compile wraps it)."""
+    """The sharded module itself: fully_shard works in place (torch.compile wraps it); FSDP1's wrapper is
+    the module torch's state-dict functions take."""
+    from drivetrain_fsdp.fsdp1 import is_fsdp1
+
+    inner = getattr(model, "_orig_mod", model)
+    if is_fsdp1(inner):
+        return inner
     return accelerator.unwrap_model(model, keep_torch_compile=False)
 
 
@@ -89,13 +95,16 @@ def save(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
+    from drivetrain_fsdp.fsdp1 import is_fsdp1, offload_to_cpu, optimizer_state
+
     writer = writes_shared_files(accelerator)
     modules = [_module(model, accelerator) for model in models]
     for index, module in enumerate(modules):
         if _config(module, config).state_dict_type == StateDictType.SHARDED_STATE_DICT:
             dcp.save({MODEL_KEY: get_model_state_dict(module)}, checkpoint_id=model_folder(output_dir, index))
         else:
-            state = get_model_state_dict(module, options=_options(True, cpu_offload=True))
+            offload = offload_to_cpu(module, _config(module, config))
+            state = get_model_state_dict(module, options=_options(True, cpu_offload=offload))
             if writer:
                 write_model_weights(
                     state,
@@ -106,11 +115,17 @@ def save(
     for index, optimizer in enumerate(optimizers):
         inner = _inner(optimizer)
         module = owner_of(inner, all_modules)
-        if _config(module, config).state_dict_type == StateDictType.SHARDED_STATE_DICT:
+        full = _config(module, config).state_dict_type != StateDictType.SHARDED_STATE_DICT
+        offload = offload_to_cpu(module, _config(module, config))
+        if is_fsdp1(module):
+            state = optimizer_state(module, inner, full=full, offload=offload)
+        elif full:
+            state = get_optimizer_state_dict(module, inner, options=_options(True, cpu_offload=offload))
+        else:
             state = get_optimizer_state_dict(module, inner)
+        if not full:
             dcp.save({OPTIMIZER_KEY: state}, checkpoint_id=optimizer_folder(output_dir, index))
         else:
-            state = get_optimizer_state_dict(module, inner, options=_options(True, cpu_offload=True))
             if writer:
                 torch_save_into_checkpoint(state, os.path.join(output_dir, optimizer_file_name(index)))
     if writer:
@@ -146,6 +161,8 @@ def load(
         set_optimizer_state_dict,
     )
 
+    from drivetrain_fsdp.fsdp1 import is_fsdp1, load_sharded_optimizer_state
+
     is_rank0 = dist.get_rank() == 0
     modules = [_module(model, accelerator) for model in models]
     for index, module in enumerate(modules):
@@ -176,6 +193,9 @@ def load(
         inner = _inner(optimizer)
         module = owner_of(inner, all_modules)
         folder = optimizer_folder(input_dir, index)
+        if os.path.isdir(folder) and is_fsdp1(module):
+            load_sharded_optimizer_state(module, inner, folder, OPTIMIZER_KEY)
+            continue
         if os.path.isdir(folder):
             state = {OPTIMIZER_KEY: get_optimizer_state_dict(module, inner)}
             dcp.load(state, checkpoint_id=folder)

@@ -11,7 +11,6 @@ set both in code and in the environment must agree, or construction fails naming
 
 from __future__ import annotations
 
-import enum
 import os
 import re
 import warnings
@@ -22,41 +21,16 @@ import attrs
 import torch
 
 from drivetrain.plugin_api import ConfigurationError, backend_settings, to_bool
+from drivetrain_fsdp.enums import (  # re-exported: users import them from here
+    AutoWrapPolicy,
+    BackwardPrefetch,
+    ShardingStrategy,
+    StateDictType,
+    _NamedEnum,
+)
 
 #: Accelerate's switch for RAM-efficient loading (set by ``enable_fsdp_ram_efficient_loading``).
 RAM_EFFICIENT_LOADING_ENV = "FSDP_CPU_RAM_EFFICIENT_LOADING"
-
-
-class _NamedEnum(str, enum.Enum):
-    def __str__(self) -> str:
-        return str(self.value)
-
-
-class ShardingStrategy(_NamedEnum):
-    """FSDP1's strategy names; see docs/fsdp.md for what each becomes under FSDP2."""
-
-    FULL_SHARD = "FULL_SHARD"
-    SHARD_GRAD_OP = "SHARD_GRAD_OP"
-    NO_SHARD = "NO_SHARD"
-    HYBRID_SHARD = "HYBRID_SHARD"
-    HYBRID_SHARD_ZERO2 = "HYBRID_SHARD_ZERO2"
-
-
-class StateDictType(_NamedEnum):
-    FULL_STATE_DICT = "FULL_STATE_DICT"
-    SHARDED_STATE_DICT = "SHARDED_STATE_DICT"
-
-
-class AutoWrapPolicy(_NamedEnum):
-    TRANSFORMER_BASED_WRAP = "TRANSFORMER_BASED_WRAP"
-    SIZE_BASED_WRAP = "SIZE_BASED_WRAP"
-    NO_WRAP = "NO_WRAP"
-
-
-class BackwardPrefetch(_NamedEnum):
-    BACKWARD_PRE = "BACKWARD_PRE"
-    BACKWARD_POST = "BACKWARD_POST"
-    NO_PREFETCH = "NO_PREFETCH"
 
 
 def _enum_converter(enum_class: type[_NamedEnum], field_name: str) -> Callable[[Any], Any]:
@@ -112,17 +86,21 @@ def _to_int(field_name: str, minimum: int) -> Callable[[Any], int]:
     return convert
 
 
-def _reshard_after_forward(value: Any) -> bool | int | None:
-    if value is None or isinstance(value, bool):
+def _reshard_after_forward(value: Any) -> bool | int | ShardingStrategy | None:
+    """A bool, a number of ranks, or a sharding strategy name (Accelerate's FSDP1 configs write
+    ``fsdp_reshard_after_forward: FULL_SHARD``; the plugin moves it to ``sharding_strategy``)."""
+    if value is None or isinstance(value, (bool, ShardingStrategy)):
         return value
     text = str(value).strip().lower()
     if text in ("true", "false"):
         return text == "true"
     if text.isdigit() and int(text) >= 1:
         return int(text)
+    if text.upper() in ShardingStrategy.__members__:
+        return ShardingStrategy(text.upper())
     raise ConfigurationError(
-        f"FullyShardedDataParallelPlugin.reshard_after_forward must be true, false or a positive number of "
-        f"ranks to reshard to, got {value!r}"
+        f"FullyShardedDataParallelPlugin.reshard_after_forward must be true, false, a positive number of "
+        f"ranks to reshard to or a sharding strategy name, got {value!r}"
     )
 
 
@@ -177,15 +155,16 @@ def _dtype(value: Any, field_name: str) -> torch.dtype | None:
 def _mixed_precision_policy(value: Any) -> Any:
     """A ``MixedPrecisionPolicy``, a dtype name (``"bf16"``: parameters and gradient reduction in bf16) or a
     dict of MixedPrecisionPolicy fields with dtype names."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
 
-    if value is None or isinstance(value, MixedPrecisionPolicy):
+    if value is None or isinstance(value, (MixedPrecisionPolicy, MixedPrecision)):
         return value
     if isinstance(value, (str, torch.dtype)):
         dtype = _dtype(value, "dtype")
         return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
     if isinstance(value, dict):
-        allowed = ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs")
+        # buffer_dtype is FSDP1's (MixedPrecision); the plugin builds that class when fsdp_version=1.
+        allowed = ("param_dtype", "reduce_dtype", "output_dtype", "buffer_dtype", "cast_forward_inputs")
         unknown = sorted(set(value) - set(allowed))
         if unknown:
             raise ConfigurationError(
@@ -195,6 +174,8 @@ def _mixed_precision_policy(value: Any) -> Any:
         kwargs = {key: _dtype(item, key) for key, item in value.items() if key != "cast_forward_inputs"}
         if "cast_forward_inputs" in value:
             kwargs["cast_forward_inputs"] = to_bool(value["cast_forward_inputs"])
+        if "buffer_dtype" in kwargs:
+            return MixedPrecision(**kwargs)
         return MixedPrecisionPolicy(**kwargs)
     raise ConfigurationError(
         "FullyShardedDataParallelPlugin.mixed_precision_policy must be a torch.distributed.fsdp."
@@ -203,11 +184,35 @@ def _mixed_precision_policy(value: Any) -> Any:
 
 
 def _cpu_offload(value: Any) -> Any:
-    from torch.distributed.fsdp import CPUOffloadPolicy
+    """A bool, FSDP2's ``OffloadPolicy`` / ``CPUOffloadPolicy`` or FSDP1's ``CPUOffload``."""
+    from torch.distributed.fsdp import CPUOffload, OffloadPolicy
 
-    if isinstance(value, CPUOffloadPolicy):
+    if isinstance(value, (OffloadPolicy, CPUOffload)):
         return value
     return _to_bool("cpu_offload")(value)
+
+
+def _param_init_fn(value: Any) -> Any:
+    if value is not None and not callable(value):
+        raise ConfigurationError(
+            f"FullyShardedDataParallelPlugin.param_init_fn must be a callable module -> None, got {value!r}"
+        )
+    return value
+
+
+def _state_dict_config(field_name: str) -> Callable[[Any], Any]:
+    def convert(value: Any) -> Any:
+        from torch.distributed.fsdp import OptimStateDictConfig, StateDictConfig
+
+        expected = OptimStateDictConfig if field_name.startswith("optim") else StateDictConfig
+        if value is not None and not isinstance(value, expected):
+            raise ConfigurationError(
+                f"FullyShardedDataParallelPlugin.{field_name} must be a torch.distributed.fsdp.{expected.__name__} "
+                f"(Full... or Sharded...), got {type(value).__name__}"
+            )
+        return value
+
+    return convert
 
 
 def _ignored_modules(value: Any) -> Any:
@@ -233,14 +238,11 @@ def _ignored_modules(value: Any) -> Any:
 
 def _fsdp_version(value: Any) -> int:
     version = _to_int("fsdp_version", 1)(value)
-    if version == 1:
+    if version not in (1, 2):
         raise ConfigurationError(
-            "FullyShardedDataParallelPlugin.fsdp_version=1 is not supported: drivetrain-fsdp is built on FSDP2 "
-            "(torch.distributed.fsdp.fully_shard). Use fsdp_version=2; the FSDP1 settings map onto it as "
-            "docs/fsdp.md shows"
+            f"FullyShardedDataParallelPlugin.fsdp_version must be 1 (FullyShardedDataParallel) or 2 (fully_shard), "
+            f"got {value!r}"
         )
-    if version != 2:
-        raise ConfigurationError(f"FullyShardedDataParallelPlugin.fsdp_version must be 2, got {value!r}")
     return version
 
 
@@ -252,8 +254,9 @@ def _env_ram_efficient_loading() -> bool:
 class FullyShardedDataParallelPlugin:
     """Settings of the fsdp backend. Pass it as ``Accelerator(fsdp_plugin=...)`` (or ``backend_config=``).
 
-    Every field has the meaning of Accelerate's plugin of the same name; docs/fsdp.md says what each
-    becomes under FSDP2.
+    Every field and method has the meaning of Accelerate's plugin of the same name; docs/fsdp.md says what
+    each becomes under FSDP2 (``fsdp_version=2``, the default) and FSDP1 (``fsdp_version=1``, torch's
+    ``FullyShardedDataParallel``).
     """
 
     #: The kernel selects the backend from a configuration object's ``backend_name``.
@@ -262,7 +265,8 @@ class FullyShardedDataParallelPlugin:
     sharding_strategy: ShardingStrategy = attrs.field(
         default=ShardingStrategy.FULL_SHARD, converter=_enum_converter(ShardingStrategy, "sharding_strategy")
     )
-    #: FSDP2's own knob; None derives it from ``sharding_strategy``; an int reshards to that many ranks.
+    #: FSDP2's own knob; None derives it from ``sharding_strategy``; an int reshards to that many ranks; a
+    #: strategy name (Accelerate's FSDP1 configs) is moved to ``sharding_strategy``.
     reshard_after_forward: bool | int | None = attrs.field(default=None, converter=_reshard_after_forward)
     #: HYBRID_SHARD: processes in one shard group (default: the processes on one machine).
     hybrid_shard_size: int | None = attrs.field(
@@ -276,30 +280,59 @@ class FullyShardedDataParallelPlugin:
     activation_checkpointing: bool = attrs.field(
         default=False, converter=_to_bool("activation_checkpointing")
     )
+    #: With activation checkpointing, keep what each checkpointed unit saves for its recompute in host memory
+    #: (FSDP2 only, as in Accelerate).
+    activation_checkpointing_offload: bool = attrs.field(
+        default=False, converter=_to_bool("activation_checkpointing_offload")
+    )
     #: None reads FSDP_CPU_RAM_EFFICIENT_LOADING (see enable_fsdp_ram_efficient_loading).
     cpu_ram_efficient_loading: bool | None = attrs.field(
         default=None, converter=_optional(_to_bool("cpu_ram_efficient_loading"))
     )
-    state_dict_type: StateDictType = attrs.field(
-        default=StateDictType.SHARDED_STATE_DICT, converter=_enum_converter(StateDictType, "state_dict_type")
+    #: None: SHARDED_STATE_DICT with FSDP2, FULL_STATE_DICT with FSDP1 (Accelerate's defaults).
+    state_dict_type: StateDictType | None = attrs.field(
+        default=None, converter=_optional(_enum_converter(StateDictType, "state_dict_type"))
+    )
+    #: FSDP1's state dict configuration objects; None derives them from ``state_dict_type`` (full: gathered to
+    #: rank 0 on CPU; sharded: on CPU). Under FSDP2 their ``offload_to_cpu`` is what counts.
+    state_dict_config: Any = attrs.field(default=None, converter=_state_dict_config("state_dict_config"))
+    optim_state_dict_config: Any = attrs.field(
+        default=None, converter=_state_dict_config("optim_state_dict_config")
     )
     ignored_modules: Any = attrs.field(default=None, converter=_ignored_modules)
     #: None: true exactly when cpu_ram_efficient_loading is on.
     sync_module_states: bool | None = attrs.field(
         default=None, converter=_optional(_to_bool("sync_module_states"))
     )
-    #: FSDP2 always exposes the original parameters; False is accepted for Accelerate configs and warned about.
+    #: How a rank materialises modules it holds on the meta device (``module -> None``); None: ``to_empty`` on
+    #: the device. Used by FSDP1, and by FSDP2 when ``sync_module_states`` broadcasts rank 0's weights.
+    param_init_fn: Any = attrs.field(default=None, converter=_param_init_fn)
+    #: FSDP2 always exposes the original parameters; False is accepted for Accelerate configs and warned about
+    #: (with FSDP1 it is passed on).
     use_orig_params: bool = attrs.field(default=True, converter=_to_bool("use_orig_params"))
     backward_prefetch: BackwardPrefetch = attrs.field(
         default=BackwardPrefetch.BACKWARD_PRE,
         converter=_enum_converter(BackwardPrefetch, "backward_prefetch"),
     )
     forward_prefetch: bool = attrs.field(default=False, converter=_to_bool("forward_prefetch"))
+    #: FSDP1: throttle in-flight all-gathers (FSDP2 always does, through its own stream synchronisation).
+    limit_all_gathers: bool = attrs.field(default=True, converter=_to_bool("limit_all_gathers"))
     fsdp_version: int = attrs.field(default=2, converter=_fsdp_version)
+    #: Fields this object derived rather than received (re-derived when what they derive from changes).
+    _derived: set[str] = attrs.field(init=False, factory=set, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        # Derived values stay None in the fields (see the properties below), so that evolve() and the merge
-        # with the environment see what the user set, not what was derived from it.
+        # Other derived values stay None in the fields (see the properties below), so that evolve() and the
+        # merge with the environment see what the user set, not what was derived from it.
+        if isinstance(self.reshard_after_forward, ShardingStrategy):
+            # Accelerate's FSDP1 configs name the strategy under reshard_after_forward.
+            strategy, self.reshard_after_forward = self.reshard_after_forward, None
+            if self.sharding_strategy not in (ShardingStrategy.FULL_SHARD, strategy):
+                raise ConfigurationError(
+                    f"FullyShardedDataParallelPlugin: reshard_after_forward={strategy.value} but sharding_strategy="
+                    f"{self.sharding_strategy.value}; set only one"
+                )
+            self.sharding_strategy = strategy
         if self.cpu_ram_efficient_loading_enabled and self.sync_module_states is False:
             raise ConfigurationError(
                 "FullyShardedDataParallelPlugin.cpu_ram_efficient_loading=True needs sync_module_states=True: only "
@@ -322,13 +355,193 @@ class FullyShardedDataParallelPlugin:
                 "FullyShardedDataParallelPlugin.hybrid_shard_size only applies to sharding_strategy HYBRID_SHARD or "
                 f"HYBRID_SHARD_ZERO2, not {self.sharding_strategy.value}"
             )
-        if not self.use_orig_params:
+        if self.activation_checkpointing_offload and not self.activation_checkpointing:
+            raise ConfigurationError(
+                "FullyShardedDataParallelPlugin.activation_checkpointing_offload=True needs "
+                "activation_checkpointing=True"
+            )
+        if self.activation_checkpointing_offload and self.fsdp_version != 2:
+            raise ConfigurationError(
+                "FullyShardedDataParallelPlugin.activation_checkpointing_offload=True needs fsdp_version=2"
+            )
+        if self.fsdp_version == 1 and isinstance(self.reshard_after_forward, int):
+            raise ConfigurationError(
+                "FullyShardedDataParallelPlugin.reshard_after_forward is FSDP2's; with fsdp_version=1 choose "
+                "sharding_strategy (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2)"
+            )
+        if not self.use_orig_params and self.fsdp_version == 2:
             warnings.warn(
                 "FullyShardedDataParallelPlugin.use_orig_params=False has no effect: FSDP2 always keeps the "
                 "original parameters (sharded per parameter)",
                 UserWarning,
                 stacklevel=3,
             )
+        self.set_cpu_offload()
+        self.validate_cpu_offload()
+        if self.mixed_precision_policy is not None:
+            self.set_mixed_precision(self.mixed_precision_policy)
+            self.validate_mixed_precision_policy()
+        self.set_state_dict_type()
+
+    # -- Accelerate's methods ------------------------------------------------------------------------------------
+    def set_state_dict_type(self, state_dict_type: Any = None) -> None:
+        """Set ``state_dict_type`` (e.g. switch to ``FULL_STATE_DICT`` for the final save) and derive the
+        state dict configuration objects that were not given."""
+        from torch.distributed.fsdp import (
+            FullOptimStateDictConfig,
+            FullStateDictConfig,
+            ShardedOptimStateDictConfig,
+            ShardedStateDictConfig,
+        )
+
+        if state_dict_type is not None:
+            self.state_dict_type = state_dict_type
+            self._derived.discard("state_dict_type")
+        if self.state_dict_type is None or "state_dict_type" in self._derived:
+            default = (
+                StateDictType.FULL_STATE_DICT if self.fsdp_version == 1 else StateDictType.SHARDED_STATE_DICT
+            )
+            self.state_dict_type = default
+            self._derived.add("state_dict_type")
+        if self.state_dict_type == StateDictType.LOCAL_STATE_DICT:
+            raise ConfigurationError(
+                "FullyShardedDataParallelPlugin.state_dict_type=LOCAL_STATE_DICT is not supported (FSDP2 has no "
+                "local state dict, as in Accelerate; drivetrain-fsdp refuses it with FSDP1 too): use "
+                "SHARDED_STATE_DICT (reshardable) or FULL_STATE_DICT"
+            )
+        full = self.state_dict_type == StateDictType.FULL_STATE_DICT
+        configs = {
+            "state_dict_config": FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+            if full
+            else ShardedStateDictConfig(offload_to_cpu=True),
+            "optim_state_dict_config": FullOptimStateDictConfig(offload_to_cpu=True, rank0_only=True)
+            if full
+            else ShardedOptimStateDictConfig(offload_to_cpu=True),
+        }
+        for name, derived in configs.items():
+            if getattr(self, name) is None or name in self._derived:
+                setattr(self, name, derived)
+                self._derived.add(name)
+
+    def set_auto_wrap_policy(self, model: torch.nn.Module) -> None:
+        """Turn the wrap policy into the callable torch's FSDP1 takes (``module, recurse, nonwrapped_numel ->
+        bool``), for ``model``: by class names (the field, else the model's ``_no_split_modules``) or by size.
+        The backend's own wrapping reads the policy as configured; this is for scripts that wrap by hand."""
+        import functools
+
+        from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+        if callable(self.auto_wrap_policy) and not isinstance(self.auto_wrap_policy, AutoWrapPolicy):
+            return
+        from drivetrain_fsdp.units import modules_to_wrap
+
+        chosen = {id(module) for module in modules_to_wrap(model, self, [])}
+        if self.resolved_auto_wrap_policy(model) == AutoWrapPolicy.NO_WRAP:
+            self.auto_wrap_policy = None
+            return
+        self.auto_wrap_policy = functools.partial(
+            lambda_auto_wrap_policy, lambda_fn=lambda m: id(m) in chosen
+        )
+
+    def set_mixed_precision(
+        self, mixed_precision: Any, buffer_autocast: bool = False, override: bool = False
+    ) -> None:
+        """Set the mixed precision policy from a precision name (``"bf16"``, ``"fp16"``, ``"fp32"``, ``"fp8"``
+        computes in bf16) or dtype: parameters and gradient reduction in that dtype (``buffer_autocast`` keeps
+        FSDP1's buffers fp32). A policy already set is kept unless ``override``; one given as a dict or a
+        name becomes the class this ``fsdp_version`` takes."""
+        from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+
+        names = {"fp8": torch.bfloat16, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+        policy = self.mixed_precision_policy
+        if override or policy is None:
+            dtype = names.get(mixed_precision) if isinstance(mixed_precision, str) else mixed_precision
+            if dtype not in names.values():
+                raise ConfigurationError(
+                    f"FullyShardedDataParallelPlugin.set_mixed_precision({mixed_precision!r}): choose one of "
+                    f"{', '.join(names)} (or the torch dtype)"
+                )
+            if self.fsdp_version == 1:
+                buffer = torch.float32 if buffer_autocast else dtype
+                self.mixed_precision_policy = MixedPrecision(
+                    param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=buffer
+                )
+            else:
+                self.mixed_precision_policy = MixedPrecisionPolicy(
+                    param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype
+                )
+            return
+        # A policy of the other FSDP version's class carries over field by field.
+        if self.fsdp_version == 1 and isinstance(policy, MixedPrecisionPolicy):
+            self.mixed_precision_policy = MixedPrecision(
+                param_dtype=policy.param_dtype,
+                reduce_dtype=policy.reduce_dtype,
+                buffer_dtype=policy.param_dtype,
+                cast_forward_inputs=policy.cast_forward_inputs,
+            )
+        elif self.fsdp_version == 2 and isinstance(policy, MixedPrecision):
+            self.mixed_precision_policy = MixedPrecisionPolicy(
+                param_dtype=policy.param_dtype,
+                reduce_dtype=policy.reduce_dtype,
+                cast_forward_inputs=policy.cast_forward_inputs,
+            )
+
+    def validate_mixed_precision_policy(self) -> None:
+        """Raise unless the policy is the class this ``fsdp_version`` takes (``MixedPrecisionPolicy`` for
+        FSDP2, ``MixedPrecision`` for FSDP1)."""
+        from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+
+        expected = MixedPrecisionPolicy if self.fsdp_version == 2 else MixedPrecision
+        if not isinstance(self.mixed_precision_policy, expected):
+            raise ConfigurationError(
+                f"FullyShardedDataParallelPlugin.mixed_precision_policy must be a torch.distributed.fsdp."
+                f"{expected.__name__} with fsdp_version={self.fsdp_version}, got "
+                f"{type(self.mixed_precision_policy).__name__}"
+            )
+
+    def set_cpu_offload(self) -> None:
+        """Turn a bool ``cpu_offload`` into the object this ``fsdp_version`` takes: FSDP2's
+        ``CPUOffloadPolicy`` (``OffloadPolicy()`` for False), FSDP1's ``CPUOffload(offload_params=...)``."""
+        from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, OffloadPolicy
+
+        value = self.cpu_offload
+        if isinstance(value, bool):
+            if self.fsdp_version == 1:
+                self.cpu_offload = CPUOffload(offload_params=value)
+            else:
+                # Pinned host memory needs an accelerator; on a CPU-only machine it cannot be allocated.
+                self.cpu_offload = (
+                    CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if value else OffloadPolicy()
+                )
+        elif self.fsdp_version == 1 and isinstance(value, OffloadPolicy):
+            self.cpu_offload = CPUOffload(offload_params=isinstance(value, CPUOffloadPolicy))
+        elif self.fsdp_version == 2 and isinstance(value, CPUOffload):
+            self.cpu_offload = (
+                CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+                if value.offload_params
+                else OffloadPolicy()
+            )
+
+    def validate_cpu_offload(self) -> None:
+        """Raise unless ``cpu_offload`` is the object this ``fsdp_version`` takes."""
+        from torch.distributed.fsdp import CPUOffload, OffloadPolicy
+
+        expected = OffloadPolicy if self.fsdp_version == 2 else CPUOffload
+        if not isinstance(self.cpu_offload, expected):
+            raise ConfigurationError(
+                f"FullyShardedDataParallelPlugin.cpu_offload must be a torch.distributed.fsdp.{expected.__name__} "
+                f"with fsdp_version={self.fsdp_version}, got {self.cpu_offload!r}"
+            )
+
+    # -- derived values ------------------------------------------------------------------------------------------
+    @property
+    def offloads_params(self) -> bool:
+        """Whether parameters (and gradients, and the optimizer step) live on the host."""
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        return isinstance(self.cpu_offload, CPUOffloadPolicy) or bool(
+            getattr(self.cpu_offload, "offload_params", False)
+        )
 
     @property
     def cpu_ram_efficient_loading_enabled(self) -> bool:
@@ -367,7 +580,7 @@ class FullyShardedDataParallelPlugin:
 
 
 # -- building from the environment ---------------------------------------------------------------------------
-FIELD_NAMES = tuple(field.name for field in attrs.fields(FullyShardedDataParallelPlugin))
+FIELD_NAMES = tuple(field.name for field in attrs.fields(FullyShardedDataParallelPlugin) if field.init)
 #: Accelerate's config keys (after the ``fsdp_`` prefix is removed) whose field has another name.
 ALIASES = {
     "offload_params": "cpu_offload",
@@ -427,7 +640,11 @@ def merged_with_environment(config: FullyShardedDataParallelPlugin) -> FullyShar
                 f"conflicting fsdp setting {name!r}: FullyShardedDataParallelPlugin({name}={ours!r}) in the script "
                 f"but {theirs!r} from {origin}; remove one of them or make them agree"
             )
-    return attrs.evolve(config, **changes) if changes else config
+    if not changes:
+        return config
+    # What the script's object derived (state dict configs from its state_dict_type) is derived again.
+    changes.update({name: None for name in config._derived if name not in changes})
+    return attrs.evolve(config, **changes)
 
 
 def enable_fsdp_ram_efficient_loading() -> None:

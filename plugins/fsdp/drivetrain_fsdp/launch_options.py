@@ -7,7 +7,7 @@ import argparse
 
 #: flag -> help. Every flag takes one value; unset flags are not passed on.
 FLAGS = {
-    "fsdp_version": "2 (FSDP2, fully_shard); 1 is not supported",
+    "fsdp_version": "2 (FSDP2, fully_shard; the default) or 1 (FullyShardedDataParallel)",
     "fsdp_sharding_strategy": "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2",
     "fsdp_reshard_after_forward": "true/false (FSDP2's name for FULL_SHARD vs SHARD_GRAD_OP)",
     "fsdp_hybrid_shard_size": "HYBRID_SHARD: processes per shard group (default: processes per machine)",
@@ -16,6 +16,7 @@ FLAGS = {
     "fsdp_min_num_params": "SIZE_BASED_WRAP: smallest number of parameters of a unit",
     "fsdp_offload_params": "true/false: keep parameters, gradients and optimizer state on CPU",
     "fsdp_activation_checkpointing": "true/false: recompute each unit's activations in backward",
+    "fsdp_activation_checkpointing_offload": "true/false: keep what checkpointed units save in host memory",
     "fsdp_cpu_ram_efficient_loading": "true/false: only rank 0 holds the loaded weights",
     "fsdp_state_dict_type": "SHARDED_STATE_DICT or FULL_STATE_DICT (what save_state writes)",
     "fsdp_sync_module_states": "true/false: broadcast rank 0's weights when sharding",

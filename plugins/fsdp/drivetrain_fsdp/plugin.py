@@ -8,14 +8,18 @@ whole model to rank 0 on CPU.
 from __future__ import annotations
 
 import contextlib
-import weakref
 from typing import Any
 
 import torch
 
 from drivetrain import hookimpl
-from drivetrain.plugin_api import Capabilities, ConfigurationError, PluginInfo
-from drivetrain_fsdp.config import FullyShardedDataParallelPlugin, from_environment, merged_with_environment
+from drivetrain.plugin_api import Capabilities, ConfigurationError, DistributedType, PluginInfo
+from drivetrain_fsdp.config import (
+    FullyShardedDataParallelPlugin,
+    environment_settings,
+    from_environment,
+    merged_with_environment,
+)
 
 PLUGIN_INFO = PluginInfo(
     kind="backend",
@@ -28,6 +32,8 @@ PLUGIN_INFO = PluginInfo(
         precisions=("no", "bf16", "fp16"),
         devices=("cpu", "cuda"),
         local_gradients=False,
+        # dp_shard first: a ParallelismConfig() of all ones shards over every process. sp is DeepSpeed's.
+        mesh_dimensions=("dp_shard", "dp_replicate", "tp", "cp"),
     ),
     distributed_type="FSDP",
     config_section="fsdp_config",
@@ -37,30 +43,49 @@ PLUGIN_INFO = PluginInfo(
     places_model=True,
 )
 
-_configs: weakref.WeakKeyDictionary[Any, FullyShardedDataParallelPlugin] = weakref.WeakKeyDictionary()
+#: Resolved configurations: (id of the script's plugin object or of None, the environment's settings) ->
+#: (that object, the resolved one). One resolution per object and environment, so that the Accelerator, its
+#: checkpoints and ``AcceleratorState().fsdp_plugin`` share it (``set_state_dict_type`` on it changes what
+#: the next save writes).
+_resolved: dict[tuple[int, str], tuple[Any, FullyShardedDataParallelPlugin]] = {}
+
+
+def resolve_config(given: Any) -> FullyShardedDataParallelPlugin:
+    """The script's FullyShardedDataParallelPlugin merged with launch flags / the config file, or the one built
+    from those alone when the script passed none."""
+    key = (id(given), repr(environment_settings()))
+    entry = _resolved.get(key)
+    if entry is not None and entry[0] is given:
+        return entry[1]
+    if given is None:
+        config = from_environment()
+    elif isinstance(given, FullyShardedDataParallelPlugin):
+        config = merged_with_environment(given)
+    else:
+        raise ConfigurationError(
+            f"the fsdp backend takes a FullyShardedDataParallelPlugin as its configuration, got "
+            f"{type(given).__name__}"
+        )
+    _resolved[key] = (given, config)
+    return config
 
 
 def active_config(accelerator: Any) -> FullyShardedDataParallelPlugin:
-    """The Accelerator's FullyShardedDataParallelPlugin merged with launch flags / the config file, or the
-    one built from those alone when the script passed none."""
-    if accelerator not in _configs:
-        given = accelerator.state.backend_config
-        if given is None:
-            config = from_environment()
-        elif isinstance(given, FullyShardedDataParallelPlugin):
-            config = merged_with_environment(given)
-        else:
-            raise ConfigurationError(
-                f"the fsdp backend takes a FullyShardedDataParallelPlugin as its configuration, got "
-                f"{type(given).__name__}"
-            )
-        _configs[accelerator] = config
-    return _configs[accelerator]
+    """The configuration of the Accelerator's run (see :func:`resolve_config`)."""
+    return resolve_config(accelerator.state.backend_config)
+
+
+def _state_fsdp_plugin(state: Any) -> FullyShardedDataParallelPlugin | None:
+    """``AcceleratorState().fsdp_plugin``: the active configuration in an fsdp run, None in others (as in
+    Accelerate)."""
+    if getattr(state, "distributed_type", None) != DistributedType.FSDP:
+        return None
+    return resolve_config(state.backend_config)
 
 
 @hookimpl
 def register_extensions(registry: Any) -> None:
-    from drivetrain_fsdp import launch_options, merge
+    from drivetrain_fsdp import launch_options, merge, to_fsdp2
 
     registry.add_command(
         "merge-weights",
@@ -68,14 +93,21 @@ def register_extensions(registry: Any) -> None:
         merge.run,
         help="merge a sharded FSDP checkpoint into one safetensors model",
     )
+    registry.add_command(
+        "to-fsdp2",
+        to_fsdp2.register_parser,
+        to_fsdp2.run,
+        help="convert a config file's FSDP1 settings to FSDP2",
+    )
     registry.add_launch_options(launch_options.add_arguments)
+    registry.add_state_attribute("fsdp_plugin", _state_fsdp_plugin, on_accelerator=False)
 
 
 @hookimpl
-def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> Any:
+def setup_process_group(device: torch.device, init_kwargs: dict[str, Any], parallelism: Any) -> Any:
     from drivetrain_fsdp.process_group import join
 
-    return join(device, init_kwargs)
+    return join(device, init_kwargs, parallelism)
 
 
 @hookimpl
@@ -83,9 +115,11 @@ def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) 
     # evaluation_mode shards too: FSDP is about fitting the model in memory, which inference needs as well.
     from torch.distributed.fsdp import FSDPModule
 
+    from drivetrain_fsdp.bookkeeping import CONFIG_ATTRIBUTE
+    from drivetrain_fsdp.fsdp1 import is_fsdp1
     from drivetrain_fsdp.wrapping import shard_model
 
-    if isinstance(model, FSDPModule):
+    if isinstance(model, FSDPModule) or is_fsdp1(model) or CONFIG_ATTRIBUTE in model.__dict__:
         return None
     if len(set(getattr(model, "hf_device_map", {}).values())) > 1:
         raise ConfigurationError(
@@ -104,9 +138,18 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.
 
 
 @hookimpl
-def clip_grad_norm(parameters: list, max_norm: float, norm_type: float) -> torch.Tensor | None:
+def clip_grad_norm(
+    parameters: list, max_norm: float, norm_type: float, accelerator: Any
+) -> torch.Tensor | None:
+    from drivetrain_fsdp.fsdp1 import is_fsdp1
     from drivetrain_fsdp.training import clip_grad_norm as clip
 
+    wanted = {id(p) for p in parameters}
+    for model in accelerator.prepared.models:
+        inner = getattr(model, "_orig_mod", model)
+        if is_fsdp1(inner) and wanted & {id(p) for p in inner.parameters()}:
+            # FSDP1 keeps flat shards: only the root wrapper knows the norm across them.
+            return inner.clip_grad_norm_(max_norm, norm_type)
     return clip(parameters, max_norm, norm_type)
 
 

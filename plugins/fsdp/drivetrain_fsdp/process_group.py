@@ -40,18 +40,39 @@ def _join_alone(device: torch.device, init_kwargs: dict[str, Any]) -> None:
     atexit.register(shutdown)
 
 
-def join(device: torch.device, init_kwargs: dict[str, Any]) -> DistributedEnvironment:
-    """``setup_process_group`` of the fsdp backend: ddp's, reported as ``DistributedType.FSDP``."""
+def join(
+    device: torch.device, init_kwargs: dict[str, Any], parallelism: Any = None
+) -> DistributedEnvironment:
+    """``setup_process_group`` of the fsdp backend: ddp's, reported as ``DistributedType.FSDP``; with a
+    ``ParallelismConfig``, also the run's N-D mesh, this process's data-parallel coordinates and (with a
+    ``cp`` dimension) the context-parallel context."""
     import torch.distributed as dist
 
     environment = join_process_group(device, init_kwargs)
     if not dist.is_initialized():
         _join_alone(device, init_kwargs)
-    return attrs.evolve(
+    environment = attrs.evolve(
         environment,
         distributed_type=DistributedType.FSDP,
         torch_backend=dist.get_backend(),
         shutdown=shutdown,
+    )
+    if parallelism is None or parallelism.total_size != environment.num_processes:
+        return environment  # the kernel reports a size mismatch, naming both values
+    mesh = parallelism.build_device_mesh(device.type)
+    if mesh is None:
+        return environment
+    context = None
+    if parallelism.cp_enabled:
+        from drivetrain_fsdp.context_parallel import context_parallel_factory
+
+        context = context_parallel_factory(mesh, parallelism.cp_handler)
+    return attrs.evolve(
+        environment,
+        device_mesh=mesh,
+        data_parallel_size=parallelism.data_parallel_size,
+        data_parallel_rank=mesh["dp"].get_local_rank() if parallelism.dp_dim_names else 0,
+        context_parallel=context,
     )
 
 

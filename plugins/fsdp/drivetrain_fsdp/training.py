@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from drivetrain.plugin_api import ConfigurationError
-from drivetrain_fsdp.wrapping import replaced_parameters
+from drivetrain_fsdp.bookkeeping import FLATTENED, replaced_parameters
 
 
 def rebind_optimizer(optimizer: torch.optim.Optimizer) -> bool:
@@ -28,6 +28,14 @@ def rebind_optimizer(optimizer: torch.optim.Optimizer) -> bool:
             "parameter(s) that the fsdp backend replaced by sharded ones; that state cannot be re-bound. Create "
             "the optimizer before any step and pass it to prepare() with the model, or create it after "
             "prepare(model) from model.parameters()"
+        )
+    if any(
+        replaced_parameters.get(p) is FLATTENED for group in optimizer.param_groups for p in group["params"]
+    ):
+        raise ConfigurationError(
+            f"{type(optimizer).__name__} was built on the model's parameters before prepare, but FSDP1 with "
+            "use_orig_params=False flattens them: create the optimizer after prepare(model) from "
+            "model.parameters(), or set use_orig_params=True"
         )
     for group in optimizer.param_groups:
         params = group["params"]

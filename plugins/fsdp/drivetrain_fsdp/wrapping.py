@@ -4,22 +4,20 @@ bottom-up, and (with ``sync_module_states``) rank 0's weights broadcast into eve
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from drivetrain.plugin_api import ConfigurationError
-from drivetrain_fsdp.config import AutoWrapPolicy, BackwardPrefetch, FullyShardedDataParallelPlugin
+from drivetrain_fsdp.bookkeeping import CONFIG_ATTRIBUTE, replaced_parameters
+from drivetrain_fsdp.config import (
+    BackwardPrefetch,
+    FullyShardedDataParallelPlugin,
+    ShardingStrategy,
+)
 from drivetrain_fsdp.process_group import device_mesh
-
-#: The configuration a model was sharded with (checkpoints follow it, not a later Accelerator's).
-CONFIG_ATTRIBUTE = "_drivetrain_fsdp_config"
-
-#: Parameter the user's optimizer may still hold -> the sharded parameter that replaced it.
-replaced_parameters: WeakIdKeyDictionary = WeakIdKeyDictionary()
+from drivetrain_fsdp.units import ignored_modules, modules_to_wrap
 
 
 class DrivetrainFSDPModule:
@@ -32,20 +30,28 @@ class DrivetrainFSDPModule:
         Memory caveat: inside the block each rank keeps **unsharded** gradients (the full size of every
         parameter), so accumulating under ``no_sync`` costs as much gradient memory as DDP.
         """
-        self.set_requires_gradient_sync(False)  # type: ignore[attr-defined]
+        toggle = getattr(self, "set_requires_gradient_sync", None)  # absent with tensor parallelism alone
+        if toggle is None:
+            yield
+            return
+        toggle(False)
         try:
             yield
         finally:
-            self.set_requires_gradient_sync(True)  # type: ignore[attr-defined]
+            toggle(True)
 
     @contextlib.contextmanager
     def trigger_sync_in_backward(self) -> Iterator[None]:
         """Reduce gradients in the next backward even inside ``no_sync`` (FSDP2 decides at backward time)."""
-        self.set_requires_gradient_sync(True)  # type: ignore[attr-defined]
+        toggle = getattr(self, "set_requires_gradient_sync", None)
+        if toggle is None:
+            yield
+            return
+        toggle(True)
         try:
             yield
         finally:
-            self.set_requires_gradient_sync(False)  # type: ignore[attr-defined]
+            toggle(False)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer gathered to rank 0 on CPU (other ranks get ``{}``). Collective: call
@@ -66,64 +72,6 @@ def _add_drivetrain_methods(model: torch.nn.Module) -> None:
     model.__class__ = _mixed_classes[cls]
 
 
-# -- which modules become FSDP units ------------------------------------------------------------------------
-def ignored_modules(model: torch.nn.Module, config: FullyShardedDataParallelPlugin) -> list[torch.nn.Module]:
-    if config.ignored_modules is None:
-        return []
-    if isinstance(config.ignored_modules, str):
-        pattern = re.compile(config.ignored_modules)
-        return [module for name, module in model.named_modules() if name and pattern.fullmatch(name)]
-    owned = {id(module) for module in model.modules()}
-    return [module for module in config.ignored_modules if id(module) in owned]
-
-
-def _bottom_up(model: torch.nn.Module, skip: set[int]) -> list[tuple[str, torch.nn.Module]]:
-    """Submodules (not the root), children before parents, leaving out ``skip`` and their descendants."""
-    ordered = []
-    skipped_prefixes: list[str] = []
-    for name, module in model.named_modules():
-        if not name:
-            continue
-        if any(name.startswith(prefix) for prefix in skipped_prefixes):
-            continue
-        if id(module) in skip:
-            skipped_prefixes.append(name + ".")
-            continue
-        ordered.append((name, module))
-    return ordered[::-1]
-
-
-def modules_to_wrap(
-    model: torch.nn.Module, config: FullyShardedDataParallelPlugin, ignored: list[torch.nn.Module]
-) -> list[torch.nn.Module]:
-    """The submodules that become FSDP units of their own, children before parents (the root is always one)."""
-    policy = config.resolved_auto_wrap_policy(model)
-    candidates = _bottom_up(model, {id(module) for module in ignored})
-    if policy == AutoWrapPolicy.NO_WRAP:
-        return []
-    if policy == AutoWrapPolicy.TRANSFORMER_BASED_WRAP:
-        names = set(config.transformer_cls_names_to_wrap or getattr(model, "_no_split_modules", None) or [])
-        present = {type(module).__name__ for module in model.modules()}
-        missing = sorted(names - present)
-        if missing:
-            raise ConfigurationError(
-                f"FullyShardedDataParallelPlugin.transformer_cls_names_to_wrap: no module of class "
-                f"{', '.join(missing)} in the model {type(model).__name__}; classes present: "
-                f"{', '.join(sorted(present))}"
-            )
-        return [module for _, module in candidates if type(module).__name__ in names]
-    if policy == AutoWrapPolicy.SIZE_BASED_WRAP:
-        wrapped: list[torch.nn.Module] = []
-        counted: set[int] = set()  # parameters already inside a chosen unit
-        for _, module in candidates:
-            own = [p for p in module.parameters() if id(p) not in counted]
-            if sum(p.numel() for p in own) >= config.min_num_params:
-                wrapped.append(module)
-                counted.update(id(p) for p in own)
-        return wrapped
-    return [module for _, module in candidates if policy(module)]
-
-
 # -- sharding --------------------------------------------------------------------------------------------------
 def _fully_shard_kwargs(
     config: FullyShardedDataParallelPlugin, mesh: Any, ignored_params: set
@@ -137,8 +85,6 @@ def _fully_shard_kwargs(
         kwargs["mp_policy"] = MixedPrecisionPolicy()
     if isinstance(config.cpu_offload, CPUOffloadPolicy):
         kwargs["offload_policy"] = config.cpu_offload
-    elif config.cpu_offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     if ignored_params:
         kwargs["ignored_params"] = ignored_params
     return kwargs
@@ -157,14 +103,46 @@ def _set_prefetching(units: list[torch.nn.Module], config: FullyShardedDataParal
             unit.set_modules_to_backward_prefetch([])  # type: ignore[operator]
 
 
+def data_parallel_layout(config: FullyShardedDataParallelPlugin, accelerator: Any) -> tuple[str | None, Any]:
+    """How the model is spread over the data-parallel processes: ``("shard", mesh)`` (FSDP, or HSDP over a
+    2-D mesh), ``("replicate", mesh)`` (full copies, gradients all-reduced) or ``(None, None)`` (no
+    data-parallel dimension: tensor parallelism alone).
+
+    With a ``ParallelismConfig`` the mesh is the run's (``dp_replicate`` x ``dp_shard_cp``); without one it
+    follows ``sharding_strategy`` as in Accelerate."""
+    parallelism = accelerator.parallelism_config
+    mesh = accelerator.torch_device_mesh
+    if parallelism is None or mesh is None:
+        return "shard", device_mesh(config, accelerator)
+    if config.is_hybrid or config.sharding_strategy == ShardingStrategy.NO_SHARD:
+        raise ConfigurationError(
+            f"FullyShardedDataParallelPlugin.sharding_strategy={config.sharding_strategy.value} and a "
+            "ParallelismConfig both describe the mesh; with a ParallelismConfig set dp_replicate_size / "
+            "dp_shard_size instead (HYBRID_SHARD is dp_replicate x dp_shard, NO_SHARD is dp_replicate)"
+        )
+    if parallelism.dp_shard_cp_dim_names:
+        names = tuple(parallelism.fsdp_dim_names)
+        return "shard", mesh[names] if len(names) > 1 else mesh[names[0]]
+    if parallelism.dp_replicate_enabled:
+        return "replicate", mesh["dp_replicate"]
+    return None, None
+
+
 def shard_model(
     model: torch.nn.Module, config: FullyShardedDataParallelPlugin, accelerator: Any
 ) -> torch.nn.Module:
-    """Apply ``config`` to ``model`` in place and return it (it is now an ``FSDPModule``)."""
+    """Apply ``config`` (and the run's ``ParallelismConfig``) to ``model`` in place and return it: tensor
+    parallelism over ``tp``, then FSDP2 over the data-parallel dimensions (an ``FSDPModule``)."""
     from torch.distributed._composable import checkpoint
     from torch.distributed.fsdp import fully_shard
 
-    mesh = device_mesh(config, accelerator)
+    if config.fsdp_version == 1:
+        from drivetrain_fsdp.fsdp1 import wrap_fsdp1
+
+        return wrap_fsdp1(model, config, accelerator)
+    kind, mesh = data_parallel_layout(config, accelerator)
+    parallelism = accelerator.parallelism_config
+    tensor_parallel = parallelism is not None and parallelism.tp_enabled
     ignored = ignored_modules(model, config)
     ignored_params = {p for module in ignored for p in module.parameters()}
     units = modules_to_wrap(model, config, ignored)
@@ -172,11 +150,18 @@ def shard_model(
         # Composable checkpointing keeps parameter names unchanged (no wrapper module in the state dict).
         targets = units or [child for child in model.children() if any(True for _ in child.parameters())]
         for module in targets:
+            if config.activation_checkpointing_offload:
+                _offload_saved_inputs(module)  # registered first: it must enclose checkpoint's own hooks
             checkpoint(module)
 
     original_parameters = {name: parameter for name, parameter in model.named_parameters()}
     device = accelerator.device
     broadcast = config.sync_module_states_enabled and accelerator.num_processes > 1
+    if broadcast and tensor_parallel:
+        raise ConfigurationError(
+            "FullyShardedDataParallelPlugin.sync_module_states / cpu_ram_efficient_loading with ParallelismConfig."
+            "tp_size > 1 is not supported: build the model on every rank"
+        )
     source_state: dict[str, torch.Tensor] = {}
     source_buffers: dict[str, torch.Tensor] = {}
     if broadcast:
@@ -189,14 +174,32 @@ def shard_model(
     else:
         model.to(device)
 
-    kwargs = _fully_shard_kwargs(config, mesh, ignored_params)
-    for unit in units:
-        fully_shard(unit, **kwargs)
-    fully_shard(model, **kwargs)
-    _set_prefetching(units, config)
+    if tensor_parallel:
+        from drivetrain_fsdp.tensor_parallel import apply_tensor_parallel
+
+        apply_tensor_parallel(model, accelerator.torch_device_mesh, parallelism.tp_handler)
+    if parallelism is not None and parallelism.cp_enabled:
+        from drivetrain_fsdp.context_parallel import attach_attention_mask_hooks
+
+        attach_attention_mask_hooks(model)
+
+    if kind == "shard":
+        kwargs = _fully_shard_kwargs(config, mesh, ignored_params)
+        for unit in units:
+            fully_shard(unit, **kwargs)
+        fully_shard(model, **kwargs)
+        _set_prefetching(units, config)
+    elif kind == "replicate":
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        kwargs = _fully_shard_kwargs(config, mesh, ignored_params)
+        kwargs.pop("reshard_after_forward")
+        for unit in units:
+            replicate(unit, **kwargs)
+        replicate(model, **kwargs)
 
     if broadcast:
-        _broadcast_from_rank0(model, source_state, source_buffers, device)
+        _broadcast_from_rank0(model, source_state, source_buffers, device, config.param_init_fn)
         del source_state, source_buffers
 
     sharded = dict(model.named_parameters())
@@ -208,16 +211,49 @@ def shard_model(
     return model
 
 
+def _offload_saved_inputs(module: torch.nn.Module) -> None:
+    """While ``module`` runs forward, tensors saved for backward outside its checkpoint (the inputs the
+    checkpoint keeps for its recompute) go to host memory (``save_on_cpu``), pinned when there is an
+    accelerator: Accelerate's ``activation_checkpointing_offload``."""
+    from torch.distributed._composable import checkpoint
+
+    entered: list[Any] = []
+
+    def enter(_module: torch.nn.Module, _args: Any) -> None:
+        # Not while backward recomputes the unit (checkpoint turns its own hooks off then): the recompute
+        # must save exactly what the first forward saved.
+        context = None
+        if checkpoint.state(module).enable_hook:
+            context = torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available())
+            context.__enter__()
+        entered.append(context)
+
+    def leave(_module: torch.nn.Module, _args: Any, _output: Any) -> None:
+        context = entered.pop()
+        if context is not None:
+            context.__exit__(None, None, None)
+
+    module.register_forward_pre_hook(enter, prepend=True)
+    module.register_forward_hook(leave, always_call=True)
+
+
 def _broadcast_from_rank0(
     model: torch.nn.Module,
     state: dict[str, torch.Tensor],
     buffers: dict[str, torch.Tensor],
     device: torch.device,
+    param_init_fn: Any = None,
 ) -> None:
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    model.to_empty(device=device)
+    if param_init_fn is None:
+        model.to_empty(device=device)
+    else:
+        # The user's materialisation, module by module, as FSDP1 applies param_init_fn.
+        for module in model.modules():
+            if any(t.is_meta for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]):
+                param_init_fn(module)
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(model, state, options=options)
     # Non-persistent buffers (rotary tables, masks) are not in the state dict; they are not sharded either.

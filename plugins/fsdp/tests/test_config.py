@@ -46,7 +46,7 @@ def test_strategy_spellings(value):
     [
         ({"sharding_strategy": "ZERO3"}, ["sharding_strategy", "FULL_SHARD"]),
         ({"state_dict_type": "LOCAL_STATE_DICT"}, ["state_dict_type", "SHARDED_STATE_DICT"]),
-        ({"fsdp_version": 1}, ["fsdp_version=1", "FSDP2"]),
+        ({"fsdp_version": 3}, ["fsdp_version", "1 (FullyShardedDataParallel)"]),
         ({"cpu_ram_efficient_loading": True, "sync_module_states": False}, ["sync_module_states=True"]),
         ({"sharding_strategy": "SHARD_GRAD_OP", "reshard_after_forward": True}, ["reshard_after_forward"]),
         ({"auto_wrap_policy": "SIZE_BASED_WRAP"}, ["min_num_params"]),
@@ -123,7 +123,7 @@ def test_from_launch_environment_with_accelerate_names(monkeypatch):
     plugin = from_environment()
     assert plugin.sharding_strategy == ShardingStrategy.HYBRID_SHARD
     assert plugin.transformer_cls_names_to_wrap == ["BertLayer"] and plugin.activation_checkpointing is True
-    assert plugin.state_dict_type == StateDictType.FULL_STATE_DICT and plugin.cpu_offload is False
+    assert plugin.state_dict_type == StateDictType.FULL_STATE_DICT and plugin.offloads_params is False
 
 
 def test_environment_errors_name_the_source(monkeypatch):
@@ -181,3 +181,179 @@ def test_exports_and_cli_command():
 def test_merge_refuses_a_folder_that_is_not_sharded(tmp_path):
     with pytest.raises(CheckpointError, match="not a sharded FSDP checkpoint"):
         merge_fsdp_weights(str(tmp_path), str(tmp_path / "out"))
+
+
+# -- Accelerate's remaining fields and methods -------------------------------------------------------------------
+def test_state_dict_configs_follow_the_type_and_set_state_dict_type_switches_them():
+    from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, ShardedStateDictConfig
+
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.state_dict_type == StateDictType.SHARDED_STATE_DICT
+    assert (
+        isinstance(plugin.state_dict_config, ShardedStateDictConfig)
+        and plugin.state_dict_config.offload_to_cpu
+    )
+    plugin.set_state_dict_type("FULL_STATE_DICT")  # train sharded, save the final model whole
+    assert plugin.state_dict_type == StateDictType.FULL_STATE_DICT
+    assert plugin.state_dict_config == FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+    assert isinstance(plugin.optim_state_dict_config, FullOptimStateDictConfig)
+    # FSDP1 defaults to a full state dict, as in Accelerate; a config the user gives is kept.
+    assert FullyShardedDataParallelPlugin(fsdp_version=1).state_dict_type == StateDictType.FULL_STATE_DICT
+    mine = FullStateDictConfig(offload_to_cpu=False, rank0_only=False)
+    kept = FullyShardedDataParallelPlugin(state_dict_type="FULL_STATE_DICT", state_dict_config=mine)
+    assert kept.state_dict_config is mine
+
+
+def test_merging_the_environment_rederives_the_state_dict_configs(monkeypatch):
+    from torch.distributed.fsdp import FullStateDictConfig
+
+    monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({"fsdp_state_dict_type": "FULL_STATE_DICT"}))
+    merged = merged_with_environment(FullyShardedDataParallelPlugin(min_num_params=10))
+    assert isinstance(merged.state_dict_config, FullStateDictConfig)
+
+
+def test_cpu_offload_and_mixed_precision_become_each_versions_objects():
+    from torch.distributed.fsdp import (
+        CPUOffload,
+        CPUOffloadPolicy,
+        MixedPrecision,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+    )
+
+    two = FullyShardedDataParallelPlugin(cpu_offload=True, mixed_precision_policy="bf16")
+    assert isinstance(two.cpu_offload, CPUOffloadPolicy) and two.offloads_params
+    assert isinstance(two.mixed_precision_policy, MixedPrecisionPolicy)
+    assert type(FullyShardedDataParallelPlugin().cpu_offload) is OffloadPolicy
+    one = FullyShardedDataParallelPlugin(fsdp_version=1, cpu_offload=True, mixed_precision_policy="bf16")
+    assert one.cpu_offload == CPUOffload(offload_params=True) and one.offloads_params
+    assert isinstance(one.mixed_precision_policy, MixedPrecision)
+    assert one.mixed_precision_policy.buffer_dtype == torch.bfloat16
+    one.validate_cpu_offload()
+    one.validate_mixed_precision_policy()
+    # set_mixed_precision keeps a policy unless override, as Accelerate's does.
+    one.set_mixed_precision("fp16")
+    assert one.mixed_precision_policy.param_dtype == torch.bfloat16
+    one.set_mixed_precision("fp16", buffer_autocast=True, override=True)
+    assert (one.mixed_precision_policy.param_dtype, one.mixed_precision_policy.buffer_dtype) == (
+        torch.float16,
+        torch.float32,
+    )
+    with pytest.raises(ConfigurationError, match="set_mixed_precision\\('int8'\\)"):
+        one.set_mixed_precision("int8", override=True)
+    one.cpu_offload = True
+    with pytest.raises(ConfigurationError, match="cpu_offload must be a torch.distributed.fsdp.CPUOffload"):
+        one.validate_cpu_offload()
+    one.set_cpu_offload()
+    assert one.cpu_offload == CPUOffload(offload_params=True)
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        (
+            {"activation_checkpointing_offload": True},
+            ["activation_checkpointing_offload", "activation_checkpointing=True"],
+        ),
+        (
+            {"activation_checkpointing": True, "activation_checkpointing_offload": True, "fsdp_version": 1},
+            ["activation_checkpointing_offload", "fsdp_version=2"],
+        ),
+        ({"state_dict_type": "LOCAL_STATE_DICT"}, ["LOCAL_STATE_DICT", "SHARDED_STATE_DICT"]),
+        ({"param_init_fn": 3}, ["param_init_fn", "callable"]),
+        ({"state_dict_config": "full"}, ["state_dict_config", "StateDictConfig"]),
+        ({"reshard_after_forward": "HYBRID_SHARD", "sharding_strategy": "SHARD_GRAD_OP"}, ["set only one"]),
+        ({"limit_all_gathers": "sometimes"}, ["limit_all_gathers"]),
+    ],
+)
+def test_new_fields_are_checked(fields, words):
+    with pytest.raises(ConfigurationError) as raised:
+        FullyShardedDataParallelPlugin(**fields)
+    assert all(word in str(raised.value) for word in words), str(raised.value)
+
+
+def test_reshard_after_forward_naming_a_strategy_is_accelerates_fsdp1_spelling():
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=1, reshard_after_forward="SHARD_GRAD_OP")
+    assert plugin.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP and plugin.reshard_after_forward is None
+
+
+def test_set_auto_wrap_policy_gives_torchs_fsdp1_callable():
+    class Layer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(2, 2)
+
+    model = torch.nn.Sequential(Layer(), Layer(), torch.nn.Linear(2, 1))
+    plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Layer"])
+    plugin.set_auto_wrap_policy(model)
+    policy = plugin.auto_wrap_policy
+    assert policy(module=model[0], recurse=False, nonwrapped_numel=6)
+    assert not policy(module=model[2], recurse=False, nonwrapped_numel=3)
+
+
+def test_to_fsdp2_converts_accelerate_and_drivetrain_files(tmp_path, capsys):
+    import yaml
+
+    from drivetrain.commands.main import main as drivetrain_main
+
+    accelerate = tmp_path / "accelerate.yaml"
+    accelerate.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n"
+        "  fsdp_sharding_strategy: SHARD_GRAD_OP\n  fsdp_use_orig_params: true\n  fsdp_backward_prefetch: BACKWARD_PRE\n"
+        "  fsdp_transformer_layer_cls_to_wrap: BertLayer\n  fsdp_version: 1\n"
+    )
+    assert (
+        drivetrain_main(
+            ["to-fsdp2", "--config_file", str(accelerate), "--output_file", str(tmp_path / "a2.yaml")]
+        )
+        == 0
+    )
+    converted = yaml.safe_load((tmp_path / "a2.yaml").read_text())["fsdp_config"]
+    assert converted == {
+        "fsdp_reshard_after_forward": False,
+        "fsdp_transformer_layer_cls_to_wrap": "BertLayer",
+        "fsdp_version": 2,
+    }
+    assert "fsdp_use_orig_params dropped" in capsys.readouterr().err
+    # The converted file builds an FSDP2 plugin.
+    import os
+
+    from drivetrain.config.sources import CONFIG_FILE_ENV
+
+    os.environ[CONFIG_FILE_ENV] = str(tmp_path / "a2.yaml")
+    try:
+        plugin = from_environment()
+    finally:
+        del os.environ[CONFIG_FILE_ENV]
+    assert plugin.fsdp_version == 2 and plugin.effective_reshard_after_forward is False
+
+    native = tmp_path / "drivetrain.yaml"
+    native.write_text(
+        "backend: fsdp\nbackend_config:\n  sharding_strategy: FULL_SHARD\n  sync_module_states: true\n"
+    )
+    assert drivetrain_main(["to-fsdp2", "--config_file", str(native), "--overwrite"]) == 0
+    assert yaml.safe_load(native.read_text())["backend_config"] == {
+        "reshard_after_forward": True,
+        "fsdp_version": 2,
+    }
+    assert (
+        drivetrain_main(["to-fsdp2", "--config_file", str(native)]) == 2
+    )  # neither --output_file nor --overwrite
+
+
+def test_accelerates_fsdp_helpers_are_exported():
+    from drivetrain_fsdp import helpers
+
+    import drivetrain.utils as utils
+    from drivetrain.compat.names import PLUGIN_EXPORTS
+
+    for name in helpers.__all__:
+        assert getattr(utils, name) is getattr(helpers, name)
+        assert PLUGIN_EXPORTS[name] == "drivetrain-fsdp"  # the hint when the plugin is not installed
+
+
+def test_state_fsdp_plugin_is_none_outside_fsdp_runs():
+    from drivetrain import Accelerator, AcceleratorState
+
+    Accelerator(cpu=True)
+    assert AcceleratorState().fsdp_plugin is None
