@@ -251,6 +251,8 @@ class ParallelismConfig:
             else:
                 value = {"cp_backend": "torch", "sp_backend": SEQUENCE_PARALLEL_BACKENDS[0]}.get(name, 1)
             setattr(self, name, value)
+        # every size is a whole number from here on (the loop above filled the Nones)
+        assert self.tp_size is not None and self.cp_size is not None and self.sp_size is not None
         if self.tp_size > 1 and self.tp_handler is None:
             self.tp_handler = TorchTensorParallelConfig()
         if self.cp_size > 1 and self.cp_handler is None:
