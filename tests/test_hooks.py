@@ -98,6 +98,48 @@ def test_hook_detect_device_device_plugin_answers_before_the_backend():
     assert seen == [(0, True)]
 
 
+def test_hook_detect_device_selects_the_backend_that_declares_the_device():
+    """A device plugin's device picks the backend declaring it in ``select_for_devices`` when no backend was
+    asked for (an XLA device needs the xla backend); a backend asked for by name keeps the choice."""
+    from drivetrain import Accelerator
+
+    seen = []
+
+    def setup_process_group(device, backend_config):
+        seen.append((device.type, backend_config))
+        return DistributedEnvironment()
+
+    manager = get_plugin_manager()
+    manager.register(
+        "fake_device", _plugin("device", detect_device=lambda cpu: None if cpu else torch.device("meta"))
+    )
+    backend = types.SimpleNamespace(
+        PLUGIN_INFO=PluginInfo(kind="backend", select_for_devices=("meta",)),
+        setup_process_group=hookimpl(setup_process_group),
+    )
+    manager.register("meta_backend", backend)
+    accelerator = Accelerator()
+    assert accelerator.backend == "meta_backend" and accelerator.device.type == "meta"
+    assert accelerator.state.backend_source == "automatic (device meta)"
+    assert seen == [("meta", None)]
+
+    from drivetrain.state import reset_state
+
+    reset_state()
+    assert Accelerator(cpu=True).backend == "local"  # a CPU device: the automatic choice stays
+
+    reset_state()
+
+    class MetaConfig:
+        backend_name = "meta_backend"
+
+    config = MetaConfig()
+    Accelerator(backend_config=config)
+    assert seen[-1] == ("meta", config)  # setup_process_group receives the script's configuration object
+    reset_state()
+    assert Accelerator(backend="local").backend == "local"  # asked by name: kept
+
+
 def test_hook_detect_device_local_picks_cpu_when_forced():
     from drivetrain.state import PartialState
 

@@ -24,7 +24,12 @@ from drivetrain.contract.calling import PluginStack
 from drivetrain.contract.environment import Collectives, DistributedEnvironment, environment_world_size
 from drivetrain.contract.info import PluginInfo
 from drivetrain.contract.manager import get_plugin_manager
-from drivetrain.contract.selection import backend_of_config, precision_plugin, select_backend
+from drivetrain.contract.selection import (
+    AUTOMATIC_SOURCES,
+    backend_of_config,
+    precision_plugin,
+    select_backend,
+)
 from drivetrain.errors import ConfigurationError, PluginError
 
 __all__ = [
@@ -76,8 +81,15 @@ class PartialState:
         process_stack = manager.stack([*device_plugins, selection.value])
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         device = process_stack.call("detect_device", local_process_index=local_rank, cpu=cpu_setting.value)
+        if selection.source.startswith(AUTOMATIC_SOURCES):
+            selection = _backend_for_device(manager, selection, torch.device(device).type)
+            process_stack = manager.stack([*device_plugins, selection.value])
         environment = process_stack.call(
-            "setup_process_group", device=device, init_kwargs=dict(init_kwargs), parallelism=parallelism
+            "setup_process_group",
+            device=device,
+            init_kwargs=dict(init_kwargs),
+            parallelism=parallelism,
+            backend_config=backend_config,
         )
         if environment is None:
             raise PluginError(f"backend {selection.value!r} returned nothing from setup_process_group")
@@ -265,6 +277,17 @@ class PartialState:
         """``print`` once per machine (on the local main process)."""
         if self.is_local_main_process:
             print(*args, **kwargs)
+
+
+def _backend_for_device(manager: Any, selection: sources.Setting, device_type: str) -> sources.Setting:
+    """The backend that runs ``device_type`` when none was asked for: the automatic choice if it declares the
+    device, else a backend that asks for it (``PluginInfo.select_for_devices``, an XLA device's backend)."""
+    if device_type in manager.info(selection.value).capabilities.devices:
+        return selection
+    backend = manager.backend_for_device(device_type)
+    if backend is None:
+        return selection
+    return sources.Setting(backend, f"automatic (device {device_type})")
 
 
 def _fit_parallelism(parallelism: ParallelismConfig, backend: str, info: PluginInfo) -> None:

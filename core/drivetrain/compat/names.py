@@ -54,6 +54,8 @@ PLUGIN_EXPORTS = {
             "get_fsdp2_grad_scaler",
         )
     },
+    "XlaConfig": "drivetrain-xla",
+    "is_torch_xla_available": "drivetrain-xla",
     "DeepSpeedPlugin": "drivetrain-deepspeed",
     "DummyOptim": "drivetrain-deepspeed",
     "DummyScheduler": "drivetrain-deepspeed",

@@ -86,6 +86,9 @@ class PluginInfo:
     precisions: tuple[str, ...] = ()
     #: For backends: chosen automatically when a script runs in several processes and nothing else is asked.
     select_for_multiprocess: bool = False
+    #: For backends: chosen automatically when no backend was asked for and the device ``detect_device``
+    #: returned is of one of these types (``("xla",)``): a device runtime that needs its own backend.
+    select_for_devices: tuple[str, ...] = ()
     #: For backends that place parameters themselves (DeepSpeed, FSDP meta-device loading).
     places_model: bool = False
     #: For backends whose engine handles mixed precision and loss scaling itself (DeepSpeed): no GradScaler.

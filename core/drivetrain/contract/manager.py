@@ -323,6 +323,17 @@ class PluginManager:
             install_hints=dict(ACCELERATE_DISTRIBUTED_TYPES),
         )
 
+    def backend_for_device(self, device_type: str) -> str | None:
+        """The backend that declares ``device_type`` in ``select_for_devices`` (the first by name), or None."""
+        return next(
+            (
+                name
+                for name, info in self.loadable()
+                if info.kind == "backend" and device_type in info.select_for_devices
+            ),
+            None,
+        )
+
     def backend_for_flag(self, flag: str) -> str | None:
         """The installed backend that declares Accelerate's launch flag ``flag`` (``"use_fsdp"``), or None."""
         return self.find_plugin(kind="backend", launch_flag=flag)

@@ -15,6 +15,8 @@ from drivetrain.contract.info import REFERENCE_BACKEND
 from drivetrain.contract.manager import PluginManager
 from drivetrain.errors import ConfigurationError, PluginError
 
+#: How ``select_backend`` describes a backend nobody asked for (the device may still pick another one).
+AUTOMATIC_SOURCES = ("default", "automatic")
 #: precisions every backend handles through torch's autocast; others need a precision plugin
 BUILTIN_PRECISIONS = ("no", "fp16", "bf16")
 
@@ -57,7 +59,7 @@ def _chosen_backend(manager: PluginManager, backend: str | None, backend_config:
         return chosen
     world_size = environment_world_size()
     if world_size <= 1:
-        return sources.Setting(REFERENCE_BACKEND, "default (one process)")
+        return sources.Setting(REFERENCE_BACKEND, f"{AUTOMATIC_SOURCES[0]} (one process)")
     automatic = manager.multiprocess_backend()
     if automatic is None:
         raise PluginError(
@@ -65,7 +67,7 @@ def _chosen_backend(manager: PluginManager, backend: str | None, backend_config:
             f"handles several processes (installed: {', '.join(manager.names())}); "
             f"install one with: pip install {MULTIPROCESS_BACKEND_DISTRIBUTION}"
         )
-    return sources.Setting(automatic, f"automatic ({world_size} processes)")
+    return sources.Setting(automatic, f"{AUTOMATIC_SOURCES[1]} ({world_size} processes)")
 
 
 def precision_plugin(manager: PluginManager, mixed_precision: str) -> str | None:

@@ -241,7 +241,8 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     """
     if num_batches < 0:
         raise ValueError(f"num_batches must be >= 0, got {num_batches}")
-    if isinstance(dataloader, _PreparedDataLoader):
+    if isinstance(dataloader, _PreparedDataLoader) or callable(getattr(dataloader, "skipping", None)):
+        # a prepared loader, or a plugin's wrapper of one (the xla backend's device loader)
         return dataloader.skipping(num_batches)
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"skip_first_batches needs a DataLoader, got {type(dataloader).__name__}")
