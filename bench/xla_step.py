@@ -22,7 +22,7 @@ import time
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
-import torch  # noqa: E402
+import torch
 
 BATCH = 32
 
@@ -37,7 +37,11 @@ def dataset(samples: int) -> torch.utils.data.TensorDataset:
 def build(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(seed)
     model = torch.nn.Sequential(
-        torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)
+        torch.nn.Linear(64, 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 1),
     )
     return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
@@ -137,7 +141,9 @@ def main() -> None:
         f"prepared: {statistics.median(prepared_times) * 1e3:7.3f} ms per step; compiles during the timed "
         f"{args.steps - 3} steps: {prepared_compiles}"
     )
-    print(f"ratio prepared / by hand: {statistics.median(ratios):.3f}x (repeats: {', '.join(f'{r:.3f}' for r in ratios)})")
+    print(
+        f"ratio prepared / by hand: {statistics.median(ratios):.3f}x (repeats: {', '.join(f'{r:.3f}' for r in ratios)})"
+    )
 
 
 if __name__ == "__main__":

@@ -19,24 +19,30 @@ import torch
 from drivetrain_xla import runtime
 
 
-def batch_sharding(mesh: Any) -> Any:
-    """A ``ShardingSpec`` splitting the first dimension of every tensor over the mesh's ``data`` axis."""
-    import torch_xla.distributed.spmd as xs
+class BatchSharding:
+    """What ``xm.send_cpu_data_to_device`` takes as ``input_sharding``: each tensor of a batch split on its
+    first dimension over the mesh axis ``axis`` (``"data"``; ``"fsdp"`` with FSDP via SPMD). torch_xla's own
+    ``ShardingSpec`` has one partition spec for every tensor, and batches mix ranks (inputs ``[B, F]``, labels
+    ``[B]``), so one spec per rank is kept."""
 
-    class _FirstDimension(xs.ShardingSpec):
-        # torch_xla's ShardingSpec holds one partition spec for every tensor of the batch; batches mix ranks
-        # (inputs [B, F], labels [B]), so each tensor gets ("data", None, ...) of its own rank.
-        def __init__(self) -> None:
-            super().__init__(mesh, ("data",))
+    #: torch_xla's per-host minibatch mode is not used: the loader yields the global batch
+    minibatch = False
 
-        def xla_spec(self, tensor: torch.Tensor) -> Any:
-            self.partition_spec = ("data",) + (None,) * (tensor.dim() - 1)
-            return super().xla_spec(tensor)
+    def __init__(self, mesh: Any, axis: str) -> None:
+        self.mesh = mesh
+        self.axis = axis
+        self._specs: dict[int, Any] = {}
 
-        def can_apply(self, tensor: torch.Tensor) -> bool:
-            return tensor.dim() >= 1 and super().can_apply(tensor)
+    def xla_spec(self, tensor: torch.Tensor) -> Any:
+        rank = tensor.dim()
+        if rank == 0:
+            return None  # a scalar is replicated
+        spec = self._specs.get(rank)
+        if spec is None:
+            import torch_xla.distributed.spmd as xs
 
-    return _FirstDimension()
+            spec = self._specs[rank] = xs.ShardingSpec(self.mesh, (self.axis,) + (None,) * (rank - 1))
+        return spec.xla_spec(tensor)
 
 
 class XlaDataLoader:
@@ -62,7 +68,11 @@ class XlaDataLoader:
         send = runtime.modules()[1].send_cpu_data_to_device
         for batch in self._loader:
             runtime.sync()
-            yield send(batch, self._device, self._sharding)
+            if isinstance(batch, torch.Tensor):
+                # torch_xla returns a one-tensor list for a tensor
+                yield send(batch, self._device, self._sharding)[0]
+            else:
+                yield send(batch, self._device, self._sharding)
         runtime.sync()
 
     def __len__(self) -> int:

@@ -109,7 +109,9 @@ def register(registry: Any) -> None:
     registry.add_launch_options(add_launch_options)
     registry.add_config_keys(config_keys())
     registry.add_launcher(PLUGIN, launch)
-    registry.add_command("tpu-config", register_tpu_config, run_tpu_config, help="run commands on every TPU pod worker")
+    registry.add_command(
+        "tpu-config", register_tpu_config, run_tpu_config, help="run commands on every TPU pod worker"
+    )
 
 
 # -- launching ---------------------------------------------------------------------------------------------------
@@ -219,7 +221,9 @@ def tpu_config_command(args: argparse.Namespace) -> list[str]:
     name = args.tpu_name or options.get("tpu_name")
     zone = args.tpu_zone or options.get("tpu_zone")
     if not name or not zone:
-        raise UsageError("tpu-config needs --tpu_name and --tpu_zone (or tpu_name / tpu_zone in the config file)")
+        raise UsageError(
+            "tpu-config needs --tpu_name and --tpu_zone (or tpu_name / tpu_zone in the config file)"
+        )
     commands = list(args.command or [])
     command_file = args.command_file or options.get("command_file")
     if command_file:
@@ -242,7 +246,17 @@ def tpu_config_command(args: argparse.Namespace) -> list[str]:
         )
     gcloud = ["gcloud", "alpha"] if args.use_alpha else ["gcloud"]
     remote = "; ".join(["cd /usr/share", *commands])
-    return [*gcloud, "compute", "tpus", "tpu-vm", "ssh", name, f"--zone={zone}", "--worker=all", f"--command={remote}"]
+    return [
+        *gcloud,
+        "compute",
+        "tpus",
+        "tpu-vm",
+        "ssh",
+        name,
+        f"--zone={zone}",
+        "--worker=all",
+        f"--command={remote}",
+    ]
 
 
 def run_tpu_config(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ automatically when the device plugin ``xla_device`` reports an XLA device (``sel
 
 from __future__ import annotations
 
+import os
 import weakref
 from typing import Any
 
@@ -41,7 +42,7 @@ from drivetrain.plugin_api import (
 from drivetrain_xla import config as xla_config
 from drivetrain_xla import launching, runtime
 from drivetrain_xla.collectives import XlaCollectives
-from drivetrain_xla.data import XlaDataLoader, batch_sharding
+from drivetrain_xla.data import BatchSharding, XlaDataLoader
 
 PLUGIN_INFO = PluginInfo(
     kind="backend",
@@ -75,10 +76,15 @@ def register_extensions(registry: Any) -> None:
 @hookimpl
 def detect_device(cpu: bool) -> torch.device:
     if cpu:
-        raise ConfigurationError(
-            "backend 'xla' computes on an XLA device, but cpu=True (or --cpu) was asked: to run XLA on the CPU "
-            "set PJRT_DEVICE=CPU instead; to train without XLA pick another backend"
-        )
+        # cpu=True is kept when the XLA device is torch_xla's CPU device (the computation stays on the CPU).
+        pjrt = os.environ.get("PJRT_DEVICE")
+        if pjrt not in (None, "", "CPU"):
+            raise ConfigurationError(
+                f"backend 'xla' with cpu=True (or --cpu) but PJRT_DEVICE={pjrt}: the XLA device would not be "
+                "the CPU; set PJRT_DEVICE=CPU for torch_xla's CPU device, or pick another backend to train "
+                "without XLA"
+            )
+        os.environ["PJRT_DEVICE"] = "CPU"
     problem = runtime.torch_xla_problem()
     if problem is not None:
         raise ConfigurationError(f"backend 'xla' cannot run here: {problem}")
@@ -231,7 +237,9 @@ def shard_dataloader(dataloader: Any, accelerator: Any, device_placement: bool, 
     prepared = prepare_data_loader(dataloader, **attrs.evolve(options, put_on_device=False).to_kwargs())
     if not device_placement:
         return prepared
-    sharding = batch_sharding(_Run.mesh) if _Run.mesh is not None else None
+    sharding = None
+    if _Run.mesh is not None:
+        sharding = BatchSharding(_Run.mesh, "fsdp" if _Run.config.fsdp else "data")
     return XlaDataLoader(prepared, accelerator.device, sharding)
 
 

@@ -12,13 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from drivetrain_xla.runtime import torch_xla_problem
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PROBLEM = torch_xla_problem()
 SKIP_REASON = (
-    f"needs torch_xla ({PROBLEM}); run them in the pinned env: scripts/test-xla (docs/xla.md)" if PROBLEM else ""
+    f"needs torch_xla ({PROBLEM}); run them in the pinned env: scripts/test-xla (docs/xla.md)"
+    if PROBLEM
+    else ""
 )
 
 
@@ -61,3 +62,9 @@ def run_check(tmp_path: Path, mode: str, devices: int = 1, timeout: float = 400,
     if completed.returncode != 0:
         raise AssertionError(f"{mode} failed (exit {completed.returncode}):\n{completed.stderr[-4000:]}")
     return json.loads(result_file.read_text())
+
+
+@pytest.fixture(scope="session")
+def xla_check():
+    """:func:`run_check`, for the test modules (conftest is not importable under --import-mode=importlib)."""
+    return run_check

@@ -10,7 +10,6 @@ import sys
 
 import pytest
 import torch
-
 from drivetrain_xla import config, device, launching, plugin, runtime
 
 
@@ -24,13 +23,23 @@ def test_tpu_config_builds_the_gcloud_command_for_every_worker(tmp_path):
     commands = tmp_path / "setup.sh"
     commands.write_text("echo one\n\necho two\n")
     args = _tpu_config(
-        "--tpu_name", "pod", "--tpu_zone", "us-central2-b", "--command_file", str(commands), "--install_drivetrain"
+        "--tpu_name",
+        "pod",
+        "--tpu_zone",
+        "us-central2-b",
+        "--command_file",
+        str(commands),
+        "--install_drivetrain",
     )
     command = launching.tpu_config_command(args)
     assert command[:7] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "pod", "--zone=us-central2-b"]
     assert command[7] == "--worker=all"
-    assert command[8] == "--command=cd /usr/share; pip install -U drivetrain drivetrain-xla; echo one; echo two"
-    alpha = launching.tpu_config_command(_tpu_config("--tpu_name", "p", "--tpu_zone", "z", "--command", "ls", "--use_alpha"))
+    assert (
+        command[8] == "--command=cd /usr/share; pip install -U drivetrain drivetrain-xla; echo one; echo two"
+    )
+    alpha = launching.tpu_config_command(
+        _tpu_config("--tpu_name", "p", "--tpu_zone", "z", "--command", "ls", "--use_alpha")
+    )
     assert alpha[:2] == ["gcloud", "alpha"]
 
 
@@ -41,16 +50,33 @@ def test_tpu_config_reads_name_zone_and_commands_from_the_config_file(tmp_path, 
     )
     monkeypatch.delenv("DRIVETRAIN_CONFIG_FILE", raising=False)
     command = launching.tpu_config_command(_tpu_config("--config_file", str(config_file)))
-    assert command[5:7] == ["mypod", "--zone=europe-west4-a"] and command[-1] == "--command=cd /usr/share; echo hi"
+    assert (
+        command[5:7] == ["mypod", "--zone=europe-west4-a"]
+        and command[-1] == "--command=cd /usr/share; echo hi"
+    )
 
 
 def test_drivetrain_tpu_config_debug_prints_the_command_and_errors_name_what_is_missing(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     env.pop("DRIVETRAIN_CONFIG_FILE", None)
     shown = subprocess.run(
-        [sys.executable, "-m", "drivetrain.commands.main", "tpu-config", "--tpu_name", "p", "--tpu_zone", "z",
-         "--command", "echo hi", "--debug"],
-        capture_output=True, text=True, env=env, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "drivetrain.commands.main",
+            "tpu-config",
+            "--tpu_name",
+            "p",
+            "--tpu_zone",
+            "z",
+            "--command",
+            "echo hi",
+            "--debug",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.strip() == (
@@ -58,7 +84,10 @@ def test_drivetrain_tpu_config_debug_prints_the_command_and_errors_name_what_is_
     )
     missing = subprocess.run(
         [sys.executable, "-m", "drivetrain.commands.main", "tpu-config", "--command", "ls"],
-        capture_output=True, text=True, env=env, timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     assert missing.returncode == 2
     assert "tpu-config needs --tpu_name and --tpu_zone" in missing.stderr
@@ -67,8 +96,14 @@ def test_drivetrain_tpu_config_debug_prints_the_command_and_errors_name_what_is_
 def test_pod_launch_runs_drivetrain_launch_on_every_worker(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     args = argparse.Namespace(
-        tpu_name="pod", tpu_zone="zone", vm=["w0", "w1"], env=["A=1 2"], main_training_function="main",
-        downcast_bf16=True, tpu_use_sudo=True, mixed_precision="bf16",
+        tpu_name="pod",
+        tpu_zone="zone",
+        vm=["w0", "w1"],
+        env=["A=1 2"],
+        main_training_function="main",
+        downcast_bf16=True,
+        tpu_use_sudo=True,
+        mixed_precision="bf16",
     )
     command = launching.pod_command(args, {"tpu_env": ["B=3"]}, ["train.py", "--lr", "0.1"])
     assert command[5:8] == ["pod", "--zone=zone", "--worker=w0,w1"]
@@ -92,7 +127,9 @@ def test_config_keys_are_checked_with_the_key_named(tmp_path, monkeypatch):
     config_file = tmp_path / "config.yaml"
     config_file.write_text("distributed_type: XLA\ntpu_use_sudo: maybe\n")
     monkeypatch.setenv("DRIVETRAIN_CONFIG_FILE", str(config_file))
-    with pytest.raises(ConfigurationError, match="tpu_use_sudo: 'maybe' is not valid \\(expected true or false\\)"):
+    with pytest.raises(
+        ConfigurationError, match="tpu_use_sudo: 'maybe' is not valid \\(expected true or false\\)"
+    ):
         plugin_options("xla")
     config_file.write_text("distributed_type: XLA\nmain_training_function: main\ndowncast_bf16: true\n")
     assert plugin_options("xla") == {"main_training_function": "main", "downcast_bf16": True}
@@ -102,11 +139,22 @@ def test_launch_help_lists_the_tpu_flags(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     shown = subprocess.run(
         [sys.executable, "-m", "drivetrain.commands.main", "launch", "--help"],
-        capture_output=True, text=True, env=env, timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     assert shown.returncode == 0, shown.stderr
-    for flag in ("--tpu ", "--tpu_use_cluster", "--tpu_use_sudo", "--vm", "--env", "--main_training_function",
-                 "--downcast_bf16", "--xla_spmd"):
+    for flag in (
+        "--tpu ",
+        "--tpu_use_cluster",
+        "--tpu_use_sudo",
+        "--vm",
+        "--env",
+        "--main_training_function",
+        "--downcast_bf16",
+        "--xla_spmd",
+    ):
         assert flag in shown.stdout, flag
 
 

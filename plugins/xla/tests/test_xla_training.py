@@ -5,7 +5,6 @@ bf16 within 2e-2 of ``local``'s bf16 on the CPU (XLA and the CPU round bf16 matm
 from __future__ import annotations
 
 import pytest
-from conftest import run_check
 
 pytestmark = pytest.mark.needs_xla
 
@@ -14,13 +13,13 @@ BF16_TOLERANCE = 2e-2
 
 
 @pytest.fixture(scope="module")
-def one_device(tmp_path_factory):
-    return run_check(tmp_path_factory.mktemp("one"), "one")
+def one_device(tmp_path_factory, xla_check):
+    return xla_check(tmp_path_factory.mktemp("one"), "one")
 
 
 @pytest.fixture(scope="module")
-def spmd(tmp_path_factory):
-    return run_check(tmp_path_factory.mktemp("spmd"), "spmd", devices=2)
+def spmd(tmp_path_factory, xla_check):
+    return xla_check(tmp_path_factory.mktemp("spmd"), "spmd", devices=2)
 
 
 def test_the_xla_device_selects_the_xla_backend(one_device):
@@ -88,8 +87,8 @@ def test_fsdp_via_spmd_shards_parameters_and_trains_like_local(spmd):
     assert spmd["fsdp_difference"] < FP32_TOLERANCE
 
 
-def test_torchrun_processes_are_refused_rather_than_silently_wrong(tmp_path):
-    error = run_check(tmp_path, "torchrun")["error"]
+def test_torchrun_processes_are_refused_rather_than_silently_wrong(tmp_path, xla_check):
+    error = xla_check(tmp_path, "torchrun")["error"]
     assert error is not None and "torch_xla sees 1 replica" in error and "drivetrain launch --tpu" in error
 
 
@@ -101,6 +100,6 @@ def test_torchrun_processes_are_refused_rather_than_silently_wrong(tmp_path):
     ),
     strict=False,
 )
-def test_several_replicas_on_the_cpu_device_all_reduce(tmp_path):
-    sums = run_check(tmp_path, "replicas", devices=2, timeout=120)["sums"]
+def test_several_replicas_on_the_cpu_device_all_reduce(tmp_path, xla_check):
+    sums = xla_check(tmp_path, "replicas", devices=2, timeout=120)["sums"]
     assert sums == [3.0, 3.0]

@@ -17,7 +17,6 @@ import torch
 
 import drivetrain
 from drivetrain import Accelerator
-from drivetrain.utils import ProjectConfiguration
 
 STEPS = 6
 BATCH = 8
@@ -36,7 +35,9 @@ def model(seed: int = 0) -> torch.nn.Module:
 
 
 def weights(net: torch.nn.Module, accelerator: Accelerator) -> dict[str, torch.Tensor]:
-    return {name: value.detach().cpu().float().clone() for name, value in accelerator.get_state_dict(net).items()}
+    return {
+        name: value.detach().cpu().float().clone() for name, value in accelerator.get_state_dict(net).items()
+    }
 
 
 def max_difference(first: dict, second: dict) -> float:
@@ -94,7 +95,10 @@ def reference(**kwargs) -> tuple[dict, list[float]]:
 def one_device(workdir: str) -> dict:
     from drivetrain.utils import is_torch_xla_available
 
-    result: dict = {"available": is_torch_xla_available(), "is_tpu": is_torch_xla_available(check_is_tpu=True)}
+    result: dict = {
+        "available": is_torch_xla_available(),
+        "is_tpu": is_torch_xla_available(check_is_tpu=True),
+    }
     local_weights, local_losses = reference()
 
     accelerator = Accelerator()
