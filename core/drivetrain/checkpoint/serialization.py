@@ -30,9 +30,14 @@ UNSAFE_OPT_OUT = "load_kwargs={'weights_only': False}"
 
 def _storage_key(tensor: torch.Tensor) -> tuple[Any, ...]:
     """Identity of the memory a tensor views: tensors with equal keys are the same weight (tied)."""
+    try:
+        pointer = tensor.untyped_storage().data_ptr()
+    except RuntimeError:
+        # A lazy device's tensor (XLA) has no storage to point at: tied weights are one tensor object there.
+        return (tensor.device, id(tensor))
     return (
         tensor.device,
-        tensor.untyped_storage().data_ptr(),
+        pointer,
         tensor.storage_offset(),
         tuple(tensor.shape),
         tuple(tensor.stride()),

@@ -197,12 +197,29 @@ def _full_state_dict_on_cpu(module: torch.nn.Module) -> Any:
     return full_state_dict
 
 
+#: id of a parameter before the move to the device -> (a weak reference to it, the parameter after the move):
+#: ``module.to(xla)`` makes new Parameter objects, so optimizers built on the model before ``prepare`` are
+#: rebound in wrap_optimizer. Weak, so the CPU copies are freed; checked, so a reused id never matches.
+_moved_parameters: dict[int, tuple[Any, torch.nn.Parameter]] = {}
+
+
+def _moved(parameter: Any) -> Any:
+    entry = _moved_parameters.get(id(parameter))
+    if entry is None or entry[0]() is not parameter:
+        return parameter
+    return entry[1]
+
+
 @hookimpl
 def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) -> torch.nn.Module:
     _check_precision(accelerator)
     tied = find_tied_parameters(model)
+    before = dict(model.named_parameters(remove_duplicate=False))
     model = model.to(accelerator.device)
     retie(model, tied)
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if before[name] is not parameter:
+            _moved_parameters[id(before[name])] = (weakref.ref(before[name]), parameter)
     if _Run.config.fsdp and not evaluation_mode:
         from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel
 
@@ -212,8 +229,26 @@ def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) 
     return model
 
 
+def rebind_to_moved_parameters(optimizer: Any) -> None:
+    """Point ``optimizer``'s parameter groups (and any state it holds) at the models' parameters on the
+    device, as Accelerate does on TPU: the optimizer was built on the CPU parameters the move replaced."""
+    for group in optimizer.param_groups:
+        group["params"] = [_moved(parameter) for parameter in group["params"]]
+    if optimizer.state:
+        moved = {}
+        for parameter, state in optimizer.state.items():
+            target = _moved(parameter)
+            moved[target] = {
+                key: value.to(target.device) if isinstance(value, torch.Tensor) and value.dim() > 0 else value
+                for key, value in state.items()
+            }
+        optimizer.state.clear()
+        optimizer.state.update(moved)
+
+
 @hookimpl
 def wrap_optimizer(optimizer: Any, accelerator: Any) -> None:
+    rebind_to_moved_parameters(optimizer)
     step = optimizer.step
 
     def xla_step(*args: Any, **kwargs: Any) -> Any:

@@ -4,7 +4,9 @@ once per process). Writes a JSON result for plugins/xla/tests; run by conftest.r
     python xla_checks.py MODE RESULT.json WORKDIR        MODE: one | spmd | torchrun | replicas
 
 Every training check trains the same 4-16-2 MLP (SGD lr 0.1, batches of 8) with drivetrain's reference
-backend ``local`` on the CPU first, then with the xla backend, and reports the largest weight difference.
+backend ``local`` on the CPU and with the xla backend, and reports the largest weight difference. The XLA
+runs come first: torch's autograd engine sizes its per-device queues at the first backward pass of a process,
+from the devices known then, so an XLA backward after a CPU one that preceded the XLA runtime fails.
 """
 
 from __future__ import annotations
@@ -99,8 +101,6 @@ def one_device(workdir: str) -> dict:
         "available": is_torch_xla_available(),
         "is_tpu": is_torch_xla_available(check_is_tpu=True),
     }
-    local_weights, local_losses = reference()
-
     accelerator = Accelerator()
     result["backend"] = accelerator.backend
     result["backend_source"] = accelerator.state.backend_source
@@ -108,21 +108,22 @@ def one_device(workdir: str) -> dict:
     result["distributed_type"] = str(accelerator.distributed_type)
     checkpoint = os.path.join(workdir, "checkpoint")
     trained, losses, compiles = train(accelerator, save_at=3, save_dir=checkpoint)
+    net = accelerator.prepared.models[0]
+    accelerator.save_model(net, os.path.join(workdir, "saved"))
+    gathered = accelerator.gather(torch.arange(3, device=accelerator.device))
+    result["gather"] = gathered.cpu().tolist()
+    result["reduce"] = float(accelerator.reduce(torch.tensor(2.0, device=accelerator.device)).cpu())
+    local_weights, local_losses = reference()
     result["max_weight_difference"] = max_difference(trained, local_weights)
     result["max_loss_difference"] = max(abs(a - b) for a, b in zip(losses, local_losses))
     result["compiles_per_step"] = compiles
     result["checkpoint_files"] = sorted(os.listdir(checkpoint))
 
-    # save_model writes CPU tensors (safetensors) equal to the trained weights
-    net = accelerator.prepared.models[0]
-    accelerator.save_model(net, os.path.join(workdir, "saved"))
+    # save_model wrote CPU tensors (safetensors) equal to the trained weights
     from safetensors.torch import load_file
 
     saved = load_file(os.path.join(workdir, "saved", "model.safetensors"))
     result["save_model_difference"] = max_difference(saved, trained)
-    gathered = accelerator.gather(torch.arange(3, device=accelerator.device))
-    result["gather"] = gathered.cpu().tolist()
-    result["reduce"] = float(accelerator.reduce(torch.tensor(2.0, device=accelerator.device)).cpu())
 
     # resume: a new run loads the step-3 checkpoint (weights, optimizer, loader position) and finishes
     drivetrain.reset_state()
@@ -148,16 +149,17 @@ def one_device(workdir: str) -> dict:
     result["tied_device"] = str(tied.head.weight.device)
 
     # bf16 autocast on the XLA device, against the reference backend's bf16 on the CPU
-    bf16_local, _ = reference(mixed_precision="bf16")
+    drivetrain.reset_state()
     accelerator = Accelerator(mixed_precision="bf16")
     bf16_weights, _, _ = train(accelerator)
+    bf16_local, _ = reference(mixed_precision="bf16")
     result["bf16_difference"] = max_difference(bf16_weights, bf16_local)
     result["bf16_vs_fp32"] = max_difference(bf16_weights, local_weights)
 
     # gradient accumulation (2 micro-steps per step), against the reference backend
-    accumulated_local, _ = reference(gradient_accumulation_steps=2)
     accelerator = Accelerator(gradient_accumulation_steps=2)
     accumulated, _, accumulation_compiles = train(accelerator, accumulation=2)
+    accumulated_local, _ = reference(gradient_accumulation_steps=2)
     result["accumulation_difference"] = max_difference(accumulated, accumulated_local)
     result["accumulation_compiles"] = accumulation_compiles
     return result
@@ -170,14 +172,17 @@ def spmd(workdir: str) -> dict:
     from drivetrain.utils import XlaConfig
 
     result: dict = {}
-    local_weights, _ = reference()
     accelerator = Accelerator(backend_config=XlaConfig(spmd=True))
     result["is_spmd"] = bool(xr.is_spmd())
     result["devices"] = int(xr.global_runtime_device_count())
     result["num_processes"] = accelerator.num_processes
-    inputs, _ = next(iter(accelerator.prepare(torch.utils.data.DataLoader(data(), batch_size=BATCH))))
-    result["input_sharding"] = torch_xla._XLAC._get_xla_sharding_spec(inputs)
     trained, _, compiles = train(accelerator, save_at=3, save_dir=os.path.join(workdir, "spmd_checkpoint"))
+    # how a prepared loader's batch lies on the devices (after the save: a checkpoint holds every loader)
+    inputs, targets = next(iter(accelerator.prepare(torch.utils.data.DataLoader(data(), batch_size=BATCH))))
+    result["input_sharding"] = torch_xla._XLAC._get_xla_sharding_spec(inputs)
+    labels = accelerator.prepare(torch.utils.data.DataLoader(torch.arange(16), batch_size=BATCH))
+    result["label_sharding"] = torch_xla._XLAC._get_xla_sharding_spec(next(iter(labels)))
+    local_weights, _ = reference()
     result["max_weight_difference"] = max_difference(trained, local_weights)
     result["compiles_per_step"] = compiles
 
