@@ -29,7 +29,13 @@ class BatchSharding:
     minibatch = False
 
     def __init__(self, mesh: Any, axis: str) -> None:
-        self.mesh = mesh
+        import numpy as np
+        import torch_xla.distributed.spmd as xs
+
+        # The batch is split over every device of the run's mesh; a one-axis mesh of the same devices lets
+        # one-dimensional tensors be split too (a partition spec has one entry per tensor dimension).
+        devices = np.asarray(mesh.device_ids).reshape(-1)
+        self.mesh = xs.Mesh(devices, (len(devices),), (axis,))
         self.axis = axis
         self._specs: dict[int, Any] = {}
 
