@@ -25,7 +25,13 @@ import subprocess
 import sys
 from typing import Any
 
-from drivetrain.plugin_api import ConfigurationError, UsageError, plugin_options, to_bool
+from drivetrain.plugin_api import (
+    ConfigurationError,
+    UsageError,
+    get_plugin_manager,
+    plugin_options,
+    to_bool,
+)
 
 PLUGIN = "xla"
 
@@ -168,9 +174,26 @@ def pod_command(args: Any, options: dict[str, Any], script_argv: list[str]) -> l
     ]
 
 
+def file_options(config_file: str | None = None) -> dict[str, Any]:
+    """This plugin's launch options and config-file keys (``config_file`` instead of the one
+    ``DRIVETRAIN_CONFIG_FILE`` names, when given), checked."""
+    get_plugin_manager().load(PLUGIN)  # its config keys are claimed when it is loaded
+    if config_file is None:
+        return plugin_options(PLUGIN)
+    previous = os.environ.get("DRIVETRAIN_CONFIG_FILE")
+    os.environ["DRIVETRAIN_CONFIG_FILE"] = config_file
+    try:
+        return plugin_options(PLUGIN)
+    finally:
+        if previous is None:
+            os.environ.pop("DRIVETRAIN_CONFIG_FILE", None)
+        else:
+            os.environ["DRIVETRAIN_CONFIG_FILE"] = previous
+
+
 def launch(args: Any, script_argv: list[str]) -> int:
     """The launcher of backend ``xla`` (``registry.add_launcher``)."""
-    options = plugin_options(PLUGIN)
+    options = file_options()
     mixed_precision = getattr(args, "mixed_precision", None) or os.environ.get("DRIVETRAIN_MIXED_PRECISION")
     os.environ.update(
         precision_environment(mixed_precision, bool(_option(args, options, "downcast_bf16", False)))
@@ -214,10 +237,7 @@ def register_tpu_config(parser: argparse.ArgumentParser) -> None:
 
 def tpu_config_command(args: argparse.Namespace) -> list[str]:
     """The gcloud command ``drivetrain tpu-config`` runs (UsageError naming what is missing)."""
-    options: dict[str, Any] = {}
-    if args.config_file is not None:
-        os.environ["DRIVETRAIN_CONFIG_FILE"] = args.config_file
-    options = plugin_options(PLUGIN)
+    options = file_options(args.config_file)
     name = args.tpu_name or options.get("tpu_name")
     zone = args.tpu_zone or options.get("tpu_zone")
     if not name or not zone:

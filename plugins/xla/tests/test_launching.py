@@ -124,6 +124,7 @@ def test_bf16_launch_variables():
 def test_config_keys_are_checked_with_the_key_named(tmp_path, monkeypatch):
     from drivetrain.plugin_api import ConfigurationError, plugin_options
 
+    launching.file_options()  # loads the plugin, which claims its keys
     config_file = tmp_path / "config.yaml"
     config_file.write_text("distributed_type: XLA\ntpu_use_sudo: maybe\n")
     monkeypatch.setenv("DRIVETRAIN_CONFIG_FILE", str(config_file))
@@ -131,7 +132,9 @@ def test_config_keys_are_checked_with_the_key_named(tmp_path, monkeypatch):
         ConfigurationError, match="tpu_use_sudo: 'maybe' is not valid \\(expected true or false\\)"
     ):
         plugin_options("xla")
+    config_file = tmp_path / "other.yaml"
     config_file.write_text("distributed_type: XLA\nmain_training_function: main\ndowncast_bf16: true\n")
+    monkeypatch.setenv("DRIVETRAIN_CONFIG_FILE", str(config_file))
     assert plugin_options("xla") == {"main_training_function": "main", "downcast_bf16": True}
 
 

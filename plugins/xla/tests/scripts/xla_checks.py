@@ -204,9 +204,11 @@ def spmd(workdir: str) -> dict:
 
 def torchrun_refused(workdir: str) -> dict:
     # What torchrun sets for the second of two processes: each would be an XLA world of its own.
+    # (backend named: with ddp installed the automatic choice for 2 processes is ddp, which the XLA device
+    # then replaces by xla; this env has no ddp)
     os.environ.update(WORLD_SIZE="2", RANK="1", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")
     try:
-        Accelerator()
+        Accelerator(backend="xla")
     except Exception as exc:  # the refusal is the result
         return {"error": f"{type(exc).__name__}: {exc}"}
     return {"error": None}
