@@ -96,7 +96,10 @@ class Context:
 
 
 def loss_of(model: Any, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    x, y = batch
+    # Batches are built on the CPU; a backend computing elsewhere (the xla backend's CPU device) gets them on
+    # its model's device (a no-op for CPU models).
+    device = next(model.parameters()).device
+    x, y = (tensor.to(device) for tensor in batch)
     return torch.nn.functional.mse_loss(model(x).float(), y)
 
 
@@ -519,7 +522,7 @@ def unwrap_model(ctx: Context) -> str:
     if not ctx.info.capabilities.sharded_state:
         require_close(
             "weights of the unwrapped module vs the prepared model after a step",
-            [v.float() for v in unwrapped.state_dict().values()],
+            [v.float().cpu() for v in unwrapped.state_dict().values()],
             parameters_of(model),
             0,
             0,
@@ -531,10 +534,10 @@ def autocast(ctx: Context) -> str:
     from drivetrain import AutocastKwargs
     from drivetrain_conformance.properties import checked_precisions
 
-    layer = torch.nn.Linear(4, 4)
-    x = torch.randn(2, 4)
     for precision in checked_precisions(ctx.info):
         accelerator = ctx.accelerator(mixed_precision=precision)
+        layer = torch.nn.Linear(4, 4).to(accelerator.device)
+        x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0)).to(accelerator.device)
         with accelerator.autocast():
             dtype = layer(x).dtype
         _expect(

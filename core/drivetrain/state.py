@@ -124,7 +124,9 @@ class PartialState:
                 f"a new Accelerator asks for {wanted!r}. Call drivetrain.reset_state() first to switch backends "
                 "in one process"
             )
-        if cpu and self.device.type != "cpu":
+        # A process set up with cpu=True keeps the device its backend chose for it (the xla backend: torch_xla's
+        # CPU device).
+        if cpu and not self.cpu and self.device.type != "cpu":
             raise ConfigurationError(
                 f"this process already computes on {self.device}; cpu=True needs drivetrain.reset_state() first"
             )

@@ -31,18 +31,23 @@ _warned: set[str] = set()
 @hookimpl
 def detect_device(cpu: bool) -> torch.device | None:
     requested = runtime.device_requested()
-    if cpu or requested is None:
+    if requested is None:
         return None
     problem = runtime.torch_xla_problem()
     if problem is not None:
-        if problem not in _warned:
+        if problem not in _warned and not cpu:
             _warned.add(problem)
             warnings.warn(
                 f"drivetrain-xla: {requested} asks for an XLA device, but {problem}; computing without XLA",
                 stacklevel=2,
             )
         return None
-    # The runtime is not started here: SPMD must be switched on first (xla backend, setup_process_group).
+    # Start the XLA runtime now, even for a cpu=True run of this process: torch's autograd engine sizes its
+    # per-device queues at the first backward pass of a process, and an XLA backward after a CPU one that ran
+    # before the runtime started fails (INTERNAL ASSERT in engine.cpp). SPMD can still be switched on later.
+    runtime.start()
+    if cpu:
+        return None
     return torch.device("xla", 0)
 
 

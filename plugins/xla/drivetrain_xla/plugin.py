@@ -48,7 +48,8 @@ PLUGIN_INFO = PluginInfo(
     kind="backend",
     description="XLA devices through torch_xla: TPUs, replicas launched by torch_xla, SPMD over a host's devices",
     requires=("torch_xla",),
-    capabilities=Capabilities(multi_process=True, precisions=("no", "bf16"), devices=("xla",)),
+    # "cpu": torch_xla's CPU device (PJRT_DEVICE=CPU), which cpu=True selects and the conformance suite uses.
+    capabilities=Capabilities(multi_process=True, precisions=("no", "bf16"), devices=("xla", "cpu")),
     distributed_type="XLA",
     launch_flag="tpu",
     places_model=True,

@@ -62,6 +62,11 @@ def modules() -> Any:
     return torch_xla, xm, xr
 
 
+def start() -> int:
+    """Start torch_xla's runtime (it then counts its devices); returns the number of devices."""
+    return int(modules()[2].global_runtime_device_count())
+
+
 def sync() -> None:
     """Cut the graph recorded so far and run it (``torch_xla.sync()``, formerly ``xm.mark_step()``)."""
     modules()[0].sync()
