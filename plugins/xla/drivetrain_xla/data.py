@@ -51,6 +51,16 @@ class BatchSharding:
         return spec.xla_spec(tensor)
 
 
+#: How many prepared XLA loaders are being iterated: while one is, the next batch it hands out cuts the graph,
+#: so the optimizer step and backward need not (a second cut per step costs time, see bench/xla_step.py).
+_iterating = 0
+
+
+def graph_cut_by_loader() -> bool:
+    """Whether a prepared XLA data loader is being iterated (it cuts the graph at its next batch)."""
+    return _iterating > 0
+
+
 class XlaDataLoader:
     """A prepared data loader whose batches arrive on the XLA device. Everything else (``len``,
     ``set_epoch``, ``end_of_dataloader``, ``remainder``, ``state_dict``/``load_state_dict``, ``dataset``,
@@ -71,15 +81,20 @@ class XlaDataLoader:
         return self._device
 
     def __iter__(self) -> Iterator[Any]:
+        global _iterating
         send = runtime.modules()[1].send_cpu_data_to_device
-        for batch in self._loader:
+        _iterating += 1
+        try:
+            for batch in self._loader:
+                runtime.sync()
+                if isinstance(batch, torch.Tensor):
+                    # torch_xla returns a one-tensor list for a tensor
+                    yield send(batch, self._device, self._sharding)[0]
+                else:
+                    yield send(batch, self._device, self._sharding)
+        finally:
+            _iterating -= 1
             runtime.sync()
-            if isinstance(batch, torch.Tensor):
-                # torch_xla returns a one-tensor list for a tensor
-                yield send(batch, self._device, self._sharding)[0]
-            else:
-                yield send(batch, self._device, self._sharding)
-        runtime.sync()
 
     def __len__(self) -> int:
         return len(self._loader)

@@ -42,7 +42,7 @@ from drivetrain.plugin_api import (
 from drivetrain_xla import config as xla_config
 from drivetrain_xla import launching, runtime
 from drivetrain_xla.collectives import XlaCollectives
-from drivetrain_xla.data import BatchSharding, XlaDataLoader
+from drivetrain_xla.data import BatchSharding, XlaDataLoader, graph_cut_by_loader
 
 PLUGIN_INFO = PluginInfo(
     kind="backend",
@@ -259,7 +259,8 @@ def wrap_optimizer(optimizer: Any, accelerator: Any) -> None:
             runtime.modules()[1].reduce_gradients(optimizer)
         _reduced_this_step.discard(optimizer)
         result = step(*args, **kwargs)
-        runtime.sync()
+        if not graph_cut_by_loader():
+            runtime.sync()
         return result
 
     optimizer.step = xla_step
@@ -292,8 +293,8 @@ def autocast(accelerator: Any, autocast_kwargs: dict[str, Any]) -> Any:
 @hookimpl
 def backward(loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, Any]) -> bool:
     loss.backward(**backward_kwargs)
-    if not accelerator.sync_gradients:
-        # A micro-step of gradient accumulation: no optimizer step will cut the graph.
+    if not accelerator.sync_gradients and not graph_cut_by_loader():
+        # A micro-step of gradient accumulation outside a prepared loader: no step will cut the graph.
         runtime.sync()
     return True
 
