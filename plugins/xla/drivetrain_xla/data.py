@@ -1,9 +1,9 @@
 """Data loaders on XLA devices: the kernel's prepared loader, read in the training loop's own thread, with
 each batch handed to the device the way torch_xla's parallel loader does it.
 
-Per batch, as ``MpDeviceLoader`` does: the graph recorded for the previous step is cut and run
-(``torch_xla.sync()``), and the batch goes to the device through ``xm.send_cpu_data_to_device`` (which,
-under SPMD, also shards it over the mesh). Unlike ``MpDeviceLoader`` the loader is not read ahead on a
+Per batch, as ``MpDeviceLoader`` does: the batch goes to the device through ``xm.send_cpu_data_to_device``
+(which, under SPMD, also shards it over the mesh) and the graph recorded for the previous step is cut and
+launched (``torch_xla.sync()``). Unlike ``MpDeviceLoader`` the loader is not read ahead on a
 background thread: that thread would run the prepared loader's bookkeeping ahead of the batch in use, so
 ``end_of_dataloader`` (gradient accumulation, ``gather_for_metrics``) and the position a checkpoint saves
 would describe a later batch than the one being trained on.
@@ -86,12 +86,13 @@ class XlaDataLoader:
         _iterating += 1
         try:
             for batch in self._loader:
+                # The batch goes to the device before the previous step's graph is launched: launching is
+                # asynchronous, so the loop traces the next step while the device runs the last one (a
+                # transfer after the launch would wait for it).
+                on_device = send(batch, self._device, self._sharding)
                 runtime.sync()
-                if isinstance(batch, torch.Tensor):
-                    # torch_xla returns a one-tensor list for a tensor
-                    yield send(batch, self._device, self._sharding)[0]
-                else:
-                    yield send(batch, self._device, self._sharding)
+                # torch_xla returns a one-tensor list for a tensor
+                yield on_device[0] if isinstance(batch, torch.Tensor) else on_device
         finally:
             _iterating -= 1
             runtime.sync()
