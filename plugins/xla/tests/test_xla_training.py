@@ -107,3 +107,29 @@ def test_torchrun_processes_are_refused_rather_than_silently_wrong(tmp_path, xla
 def test_several_replicas_on_the_cpu_device_all_reduce(tmp_path, xla_check):
     sums = xla_check(tmp_path, "replicas", devices=2, timeout=120)["sums"]
     assert sums == [3.0, 3.0]
+
+
+@pytest.mark.slow  # two launches, each starting torch_xla (about a minute each on a busy machine)
+def test_launch_tpu_runs_the_main_training_function_under_torch_xla(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent / "scripts" / "tpu_launch_script.py"
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    env.pop("PYTHONPATH", None)
+    launch = [sys.executable, "-m", "drivetrain.commands.main", "launch", "--tpu"]
+    called = subprocess.run(
+        [*launch, "--main_training_function", "main", "--mixed_precision", "bf16", str(script), "--lr", "3"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert called.returncode == 0, called.stderr[-3000:]
+    assert "as __main__" not in called.stdout  # imported, and main() called by torch_xla's launcher
+    assert "RESULT xla xla:0 bf16 ['--lr', '3']" in called.stdout
+    as_main = subprocess.run([*launch, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert as_main.returncode == 0, as_main.stderr[-3000:]
+    assert "as __main__\nRESULT xla xla:0 no []" in as_main.stdout
