@@ -6,9 +6,9 @@ points where a step's work is complete:
 
 - each batch of a prepared data loader (as torch_xla's parallel loader does) — see :mod:`.data`;
 - after every optimizer step (the step of the prepared optimizer; gradients of replicas are all-reduced
-  first, as ``xm.optimizer_step`` does);
-- after a backward pass that does not end in a step (gradient accumulation), so the graph stays one
-  micro-step long;
+  first, as ``xm.optimizer_step`` does), unless a prepared loader is being iterated, whose next batch cuts it;
+- after a backward pass that does not end in a step (gradient accumulation) outside a prepared loader, so
+  the graph stays one micro-step long;
 - before collectives between replicas (:mod:`.collectives`) and before a checkpoint or ``get_state_dict``
   reads the weights, which are then copied to the CPU and written by the main process only.
 
