@@ -267,9 +267,11 @@ def _plugin_keys(data: dict, origin: str, plugins: PluginDeclarations) -> dict[s
             continue
         plugin, check = plugins.keys[key]
         try:
-            found.setdefault(plugin, {})[key] = check(value)
+            checked = check(value)
         except ValueError as exc:
             raise ConfigurationError(f"{origin}: {key}: {value!r} is not valid ({exc})") from None
+        if checked is not None:  # None: a value that states no choice (one Accelerate always writes)
+            found.setdefault(plugin, {})[key] = checked
     return found
 
 

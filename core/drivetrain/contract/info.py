@@ -168,8 +168,10 @@ class ExtensionRegistry:
 
     def add_config_keys(self, keys: dict[str, Callable[[Any], Any]]) -> None:
         """Claim top-level keys of the config file (``{"fp8_config": check}``). ``check(value)`` returns the
-        normalised value or raises ValueError saying what is valid; the launcher hands the values to the
-        processes with the plugin's launch options (``plugin_api.plugin_options(name)``)."""
+        normalised value, or None for a value that states no choice (one Accelerate writes into every config
+        file, such as ``tpu_use_sudo: false``: it is left out), or raises ValueError saying what is valid; the
+        launcher hands the values to the processes with the plugin's launch options
+        (``plugin_api.plugin_options(name)``)."""
         for key, check in keys.items():
             self._claim(self.config_keys, key, "config key")
             self.config_keys[key] = (self.current_plugin, check)

@@ -121,9 +121,11 @@ def plugin_options(manager: PluginManager, plugin: str) -> dict[str, Any]:
     for key, (owner, check) in manager.extensions.config_keys.items():
         if owner == plugin and data.get(key) is not None:
             try:
-                found[key] = check(data[key])
+                checked = check(data[key])
             except ValueError as exc:
                 raise ConfigurationError(
                     f"config file {path}: {key}: {data[key]!r} is not valid ({exc})"
                 ) from None
+            if checked is not None:  # None: a value that states no choice
+                found[key] = checked
     return found

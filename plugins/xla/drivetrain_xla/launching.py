@@ -43,29 +43,40 @@ LIST_KEYS = ("tpu_env", "commands", "vm")
 LAUNCH_KEYS = (*STRING_KEYS, *BOOL_KEYS, *LIST_KEYS, "xla_spmd", "xla_fsdp")
 
 
+# Accelerate writes main_training_function: main, downcast_bf16: 'no', tpu_env: [], tpu_use_cluster: false and
+# tpu_use_sudo: false into every config file, whatever its distributed_type; those values state no choice
+# (the checks return None), so that an FSDP or DDP config file does not hand options to the xla backend.
+
+
 def _check_string(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError("expected a non-empty string")
     return value.strip()
 
 
-def _check_bool(value: Any) -> bool:
+def _check_function(value: Any) -> str | None:
+    name = _check_string(value)
+    return None if name == "main" else name
+
+
+def _check_bool(value: Any) -> bool | None:
     try:
-        return to_bool(value)
+        return to_bool(value) or None
     except ConfigurationError:
         raise ValueError("expected true or false") from None
 
 
-def _check_list(value: Any) -> list[str]:
+def _check_list(value: Any) -> list[str] | None:
     if isinstance(value, str):
         return [value]
     if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
-        return list(value)
+        return list(value) or None
     raise ValueError("expected a string or a list of strings")
 
 
 def config_keys() -> dict[str, Any]:
     checks: dict[str, Any] = {key: _check_string for key in STRING_KEYS}
+    checks["main_training_function"] = _check_function
     checks.update({key: _check_bool for key in BOOL_KEYS})
     checks.update({key: _check_list for key in LIST_KEYS if key != "vm"})
     return checks

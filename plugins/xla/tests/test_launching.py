@@ -133,9 +133,17 @@ def test_config_keys_are_checked_with_the_key_named(tmp_path, monkeypatch):
     ):
         plugin_options("xla")
     config_file = tmp_path / "other.yaml"
-    config_file.write_text("distributed_type: XLA\nmain_training_function: main\ndowncast_bf16: true\n")
+    config_file.write_text("distributed_type: XLA\nmain_training_function: train\ndowncast_bf16: true\n")
     monkeypatch.setenv("DRIVETRAIN_CONFIG_FILE", str(config_file))
-    assert plugin_options("xla") == {"main_training_function": "main", "downcast_bf16": True}
+    assert plugin_options("xla") == {"main_training_function": "train", "downcast_bf16": True}
+    # what Accelerate writes into every config file states no choice
+    config_file = tmp_path / "accelerate.yaml"
+    config_file.write_text(
+        "distributed_type: MULTI_CPU\nmain_training_function: main\ndowncast_bf16: 'no'\ntpu_env: []\n"
+        "tpu_use_cluster: false\ntpu_use_sudo: false\n"
+    )
+    monkeypatch.setenv("DRIVETRAIN_CONFIG_FILE", str(config_file))
+    assert plugin_options("xla") == {}
 
 
 def test_launch_help_lists_the_tpu_flags(tmp_path):
