@@ -1,0 +1,171 @@
+"""The megatron plugin's hook implementations: megatron-core's tensor/pipeline/data-parallel groups, data
+shared out over the data-parallel group only, gradients synchronised over it, model-parallel checkpoints.
+
+See docs/megatron.md for the user's view. Nothing here imports megatron-core at module level, so listing
+plugins and parsing ``drivetrain launch`` flags stay fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+
+from drivetrain import hookimpl
+from drivetrain.plugin_api import Capabilities, ConfigurationError, DistributedType, PluginInfo
+from drivetrain_megatron.config import MegatronLMPlugin
+
+PLUGIN_INFO = PluginInfo(
+    kind="backend",
+    requires=("megatron.core",),
+    description="megatron-core: tensor, sequence and pipeline parallelism with data parallelism over the rest",
+    capabilities=Capabilities(
+        multi_process=True,
+        # Each tensor-parallel rank saves its own shard of the weights and optimizer state.
+        sharded_state=True,
+        precisions=("no", "bf16"),
+        devices=("cpu", "cuda"),
+        # The degrees come from MegatronLMPlugin; a ParallelismConfig is not read.
+        mesh_dimensions=(),
+    ),
+    distributed_type="MEGATRON_LM",
+    config_section="megatron_lm_config",
+    launch_flag="use_megatron_lm",
+)
+
+#: (id of the script's object or of None, the environment's settings) -> (that object, the resolved one): one
+#: resolution per object and environment, shared by the process groups, the Accelerator and its checkpoints.
+_resolved: dict[tuple[int, str], tuple[Any, MegatronLMPlugin]] = {}
+
+
+def resolve_config(given: Any) -> MegatronLMPlugin:
+    """The script's MegatronLMPlugin with unset fields from launch flags / config file / environment."""
+    from drivetrain_megatron.config import environment_settings
+
+    if given is not None and not isinstance(given, MegatronLMPlugin):
+        raise ConfigurationError(
+            f"the megatron backend takes a MegatronLMPlugin as its configuration, got {type(given).__name__}"
+        )
+    key = (id(given), repr(environment_settings()))
+    entry = _resolved.get(key)
+    if entry is not None and entry[0] is given:
+        return entry[1]
+    config = (given or MegatronLMPlugin()).resolved()
+    if given is not None:
+        # The script keeps its object (Accelerate's scripts set fields on accelerator.state.megatron_lm_plugin).
+        for field in attrs.fields(MegatronLMPlugin):
+            setattr(given, field.name, getattr(config, field.name))
+        config = given
+    _resolved[key] = (given, config)
+    return config
+
+
+def active_config(accelerator: Any) -> MegatronLMPlugin:
+    return resolve_config(accelerator.state.backend_config)
+
+
+def _state_megatron_lm_plugin(state: Any) -> MegatronLMPlugin | None:
+    """``AcceleratorState().megatron_lm_plugin``: the active configuration in a megatron run, else None."""
+    if getattr(state, "distributed_type", None) != DistributedType.MEGATRON_LM:
+        return None
+    return resolve_config(state.backend_config)
+
+
+@hookimpl
+def register_extensions(registry: Any) -> None:
+    from drivetrain_megatron.launch_options import add_arguments
+
+    registry.add_launch_options(add_arguments)
+    registry.add_state_attribute("megatron_lm_plugin", _state_megatron_lm_plugin, on_accelerator=False)
+
+
+@hookimpl
+def setup_process_group(device: torch.device, init_kwargs: dict[str, Any], backend_config: Any) -> Any:
+    from drivetrain_megatron.process_group import join
+
+    return join(device, init_kwargs, resolve_config(backend_config))
+
+
+@hookimpl
+def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) -> torch.nn.Module | None:
+    from drivetrain_megatron.training import wrap_for_data_parallel
+
+    return wrap_for_data_parallel(model, accelerator, active_config(accelerator), evaluation_mode)
+
+
+@hookimpl
+def shard_dataloader(dataloader: Any, accelerator: Any, options: Any) -> Any:
+    from drivetrain_megatron.dummies import MegatronLMDummyDataLoader
+    from drivetrain_megatron.training import record_batch_sizes
+
+    if isinstance(dataloader, MegatronLMDummyDataLoader):
+        return dataloader.build(accelerator, active_config(accelerator), options)
+    record_batch_sizes(dataloader, active_config(accelerator), options)
+    return None  # the reference sharding, by the environment's data-parallel size and rank
+
+
+@hookimpl
+def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.optim.Optimizer | None:
+    from drivetrain_megatron.training import check_optimizer
+
+    check_optimizer(optimizer, active_config(accelerator))
+    return None
+
+
+@hookimpl
+def backward(loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, Any]) -> bool:
+    from drivetrain_megatron.training import run_backward
+
+    run_backward(loss, accelerator, backward_kwargs, active_config(accelerator))
+    return True
+
+
+@hookimpl
+def clip_grad_norm(
+    parameters: list, max_norm: float, norm_type: float, accelerator: Any
+) -> torch.Tensor | None:
+    from drivetrain_megatron.training import clip_grad_norm as clip
+
+    return clip(parameters, max_norm, norm_type)
+
+
+@hookimpl
+def save_state(
+    output_dir: str,
+    accelerator: Any,
+    models: list,
+    optimizers: list,
+    schedulers: list,
+) -> bool:
+    from drivetrain_megatron import checkpoint
+
+    checkpoint.save(output_dir, accelerator, models, optimizers, schedulers, active_config(accelerator))
+    return True
+
+
+@hookimpl
+def load_state(
+    input_dir: str,
+    accelerator: Any,
+    models: list,
+    optimizers: list,
+    schedulers: list,
+    map_location: Any,
+    load_kwargs: dict[str, Any],
+    verified: Any,
+) -> bool:
+    from drivetrain_megatron import checkpoint
+
+    checkpoint.load(
+        input_dir,
+        accelerator,
+        models,
+        optimizers,
+        schedulers,
+        map_location,
+        load_kwargs,
+        verified,
+        active_config(accelerator),
+    )
+    return True
