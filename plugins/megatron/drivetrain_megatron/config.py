@@ -239,7 +239,10 @@ class MegatronLMPlugin:
             ours = getattr(self, field.name)
             theirs = values.get(field.name)
             if theirs is not None:
-                theirs = field.converter(theirs)
+                try:
+                    theirs = field.converter(theirs)
+                except ConfigurationError as exc:
+                    raise ConfigurationError(f"{origin[field.name]}: {exc}") from None
             if ours is not None and theirs is not None and ours != theirs:
                 raise ConfigurationError(
                     f"conflicting megatron setting {field.name!r}: MegatronLMPlugin({field.name}={ours!r}) in the "

@@ -20,6 +20,14 @@ def _active_config() -> MegatronLMPlugin:
     return resolve_config(state.backend_config if state is not None else None)
 
 
+def _data_parallel_size() -> int:
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 1
+    return parallel_state.get_data_parallel_world_size()
+
+
 class MegatronLMDummyScheduler:
     """Megatron-LM's schedule (``megatron.core.optimizer_param_scheduler.OptimizerParamScheduler``): warm-up
     from 0 to the optimizer's learning rate over ``warmup_num_steps``, then ``lr_decay_style`` down to
@@ -34,6 +42,13 @@ class MegatronLMDummyScheduler:
         self.warmup_num_steps = warmup_num_steps
         self.kwargs = kwargs
         self._schedule: Any = None
+        #: what AcceleratedScheduler counts while gradients accumulate (adjust_scheduler)
+        self._step_count = 0
+        from drivetrain.plugin_api import initialized_accelerator_state
+
+        if initialized_accelerator_state() is not None:
+            # Built now, so that the first optimizer step already runs at the warm-up's first rate (0).
+            self._built()
 
     def _built(self) -> Any:
         if self._schedule is None:
@@ -53,22 +68,26 @@ class MegatronLMDummyScheduler:
             warmup = config.lr_warmup_iters if config.lr_warmup_iters is not None else self.warmup_num_steps
             if config.lr_warmup_fraction is not None:
                 warmup = int(config.lr_warmup_fraction * decay_steps)
+            # The prepared scheduler is stepped once per data-parallel share per optimizer step (as Megatron-LM
+            # advances its schedule by the samples of all shares): the lengths are counted in those steps.
+            shares = _data_parallel_size()
             self._schedule = OptimizerParamScheduler(
                 self.optimizer,
                 init_lr=0.0,
                 max_lr=float(group["lr"]),
                 min_lr=config.min_lr,
-                lr_warmup_steps=warmup,
-                lr_decay_steps=decay_steps,
+                lr_warmup_steps=warmup * shares,
+                lr_decay_steps=decay_steps * shares,
                 lr_decay_style=config.lr_decay_style,
                 start_wd=start_wd,
                 end_wd=end_wd,
-                wd_incr_steps=self.total_num_steps or decay_steps,
+                wd_incr_steps=(self.total_num_steps or decay_steps) * shares,
                 wd_incr_style=config.weight_decay_incr_style,
             )
         return self._schedule
 
     def step(self, increment: int = 1) -> None:
+        self._step_count += 1
         self._built().step(increment)
 
     def get_last_lr(self) -> list[float]:

@@ -44,6 +44,12 @@ def check_degrees(config: MegatronLMPlugin, world_size: int, device: torch.devic
             f"allocate their buffers on 'cuda' (this process computes on {device.type}); use pp_degree=1 here "
             "(tensor, sequence and data parallelism run on CPU)"
         )
+    if config.sequence_parallelism and device.type != "cuda":
+        raise ConfigurationError(
+            "MegatronLMPlugin.sequence_parallelism=True needs CUDA: megatron-core's sequence-parallel all-gather "
+            f"writes into a buffer it allocates on 'cuda' (this process computes on {device.type}); leave it off "
+            "on CPU"
+        )
     if config.use_distributed_optimizer and device.type != "cuda":
         raise ConfigurationError(
             "MegatronLMPlugin.use_distributed_optimizer=True needs CUDA: megatron-core's optimizers and "
