@@ -70,7 +70,9 @@ def _check_layout(input_dir: str) -> None:
     with open(path, encoding="utf-8") as handle:
         saved = json.load(handle)
     current = layout()
-    different = [f"{name} {saved.get(name)} -> {current[name]}" for name in DEGREES if saved.get(name) != current[name]]
+    different = [
+        f"{name} {saved.get(name)} -> {current[name]}" for name in DEGREES if saved.get(name) != current[name]
+    ]
     if different:
         raise CheckpointError(
             f"{input_dir} was saved with other parallel degrees ({', '.join(different)}); drivetrain-megatron "
@@ -103,7 +105,9 @@ def load(
         return safe_load(path, map_location=location, **load_kwargs)
 
     model_states = [read(f"model_{index}.pt") for index in range(len(models))]
-    optimizer_states = [] if config.no_load_optim else [read(f"optimizer_{i}.pt") for i in range(len(optimizers))]
+    optimizer_states = (
+        [] if config.no_load_optim else [read(f"optimizer_{i}.pt") for i in range(len(optimizers))]
+    )
     scheduler_states = [read(f"scheduler_{index}.pt") for index in range(len(schedulers))]
     verified()
     for model, state in zip(models, model_states):

@@ -30,7 +30,9 @@ def _check_int(name: str, minimum: int) -> Callable[[Any], int | None]:
             return None
         text = str(value).strip()
         if isinstance(value, bool) or not text.lstrip("-").isdigit() or int(text) < minimum:
-            raise ConfigurationError(f"MegatronLMPlugin.{name} must be an integer >= {minimum}, got {value!r}")
+            raise ConfigurationError(
+                f"MegatronLMPlugin.{name} must be an integer >= {minimum}, got {value!r}"
+            )
         return int(text)
 
     return convert
@@ -58,7 +60,9 @@ def _check_bool(name: str) -> Callable[[Any], bool | None]:
         try:
             return to_bool(value)
         except ConfigurationError:
-            raise ConfigurationError(f"MegatronLMPlugin.{name} must be true or false, got {value!r}") from None
+            raise ConfigurationError(
+                f"MegatronLMPlugin.{name} must be true or false, got {value!r}"
+            ) from None
 
     return convert
 
@@ -164,12 +168,12 @@ class MegatronLMPlugin:
     weight_decay_incr_style: str = _field(
         _check_choice("weight_decay_incr_style", ("constant", "linear", "cosine")), "constant", "weight decay"
     )
-    start_weight_decay: float | None = _field(_check_float("start_weight_decay"), None, "initial weight decay")
+    start_weight_decay: float | None = _field(
+        _check_float("start_weight_decay"), None, "initial weight decay"
+    )
     end_weight_decay: float | None = _field(_check_float("end_weight_decay"), None, "final weight decay")
     lr_decay_style: str = _field(
-        _check_choice(
-            "lr_decay_style", ("constant", "linear", "cosine", "inverse-square-root", "WSD")
-        ),
+        _check_choice("lr_decay_style", ("constant", "linear", "cosine", "inverse-square-root", "WSD")),
         "linear",
         "learning-rate decay",
     )
@@ -298,9 +302,9 @@ class MegatronLMPlugin:
     @property
     def data_parallel_size(self) -> int:
         """Processes / (tp_degree x pp_degree), once the process group is set up."""
-        from drivetrain_megatron.process_group import data_parallel_size
+        from megatron.core import parallel_state
 
-        return data_parallel_size()
+        return parallel_state.get_data_parallel_world_size()
 
 
 def _field_name(key: str) -> str:
@@ -331,3 +335,28 @@ def environment_settings() -> tuple[dict[str, str], dict[str, Any]]:
         values[name] = value
         origins[name] = str(origin)
     return origins, values
+
+
+#: (id of the script's object or of None, the environment's settings) -> (that object, the resolved one): one
+#: resolution per object and environment, shared by the process groups, the Accelerator and its checkpoints.
+_resolved: dict[tuple[int, str], tuple[Any, MegatronLMPlugin]] = {}
+
+
+def resolve_config(given: Any) -> MegatronLMPlugin:
+    """The script's MegatronLMPlugin with unset fields from launch flags / config file / environment."""
+    if given is not None and not isinstance(given, MegatronLMPlugin):
+        raise ConfigurationError(
+            f"the megatron backend takes a MegatronLMPlugin as its configuration, got {type(given).__name__}"
+        )
+    key = (id(given), repr(environment_settings()))
+    entry = _resolved.get(key)
+    if entry is not None and entry[0] is given:
+        return entry[1]
+    config = (given or MegatronLMPlugin()).resolved()
+    if given is not None:
+        # The script keeps its object (Accelerate's scripts set fields on accelerator.state.megatron_lm_plugin).
+        for field in attrs.fields(MegatronLMPlugin):
+            setattr(given, field.name, getattr(config, field.name))
+        config = given
+    _resolved[key] = (given, config)
+    return config

@@ -9,12 +9,11 @@ from typing import Any
 import torch
 
 from drivetrain.plugin_api import ConfigurationError
-from drivetrain_megatron.config import MegatronLMPlugin
+from drivetrain_megatron.config import MegatronLMPlugin, resolve_config
 
 
 def _active_config() -> MegatronLMPlugin:
     from drivetrain.plugin_api import initialized_accelerator_state
-    from drivetrain_megatron.plugin import resolve_config
 
     state = initialized_accelerator_state()
     return resolve_config(state.backend_config if state is not None else None)
@@ -35,7 +34,11 @@ class MegatronLMDummyScheduler:
     to ``end_weight_decay`` (default: the optimizer's). One ``step()`` per optimizer step."""
 
     def __init__(
-        self, optimizer: torch.optim.Optimizer, total_num_steps: int | None = None, warmup_num_steps: int = 0, **kwargs: Any
+        self,
+        optimizer: torch.optim.Optimizer,
+        total_num_steps: int | None = None,
+        warmup_num_steps: int = 0,
+        **kwargs: Any,
     ) -> None:
         self.optimizer = optimizer
         self.total_num_steps = total_num_steps
@@ -126,7 +129,9 @@ class MegatronLMDummyDataLoader:
                 )
             self._datasets = tuple(provider(**self.dataset_args))
         if self._served >= 3:
-            raise ConfigurationError("MegatronLMDummyDataLoader is prepared at most 3 times (train, valid, test)")
+            raise ConfigurationError(
+                "MegatronLMDummyDataLoader is prepared at most 3 times (train, valid, test)"
+            )
         dataset = self._datasets[self._served]
         self._served += 1
         if dataset is None:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import torch
 
 from drivetrain import hookimpl
-from drivetrain.plugin_api import Capabilities, ConfigurationError, DistributedType, PluginInfo
-from drivetrain_megatron.config import MegatronLMPlugin
+from drivetrain.plugin_api import Capabilities, DistributedType, PluginInfo
+from drivetrain_megatron.config import MegatronLMPlugin, resolve_config
 
 PLUGIN_INFO = PluginInfo(
     kind="backend",
@@ -33,32 +32,6 @@ PLUGIN_INFO = PluginInfo(
     config_section="megatron_lm_config",
     launch_flag="use_megatron_lm",
 )
-
-#: (id of the script's object or of None, the environment's settings) -> (that object, the resolved one): one
-#: resolution per object and environment, shared by the process groups, the Accelerator and its checkpoints.
-_resolved: dict[tuple[int, str], tuple[Any, MegatronLMPlugin]] = {}
-
-
-def resolve_config(given: Any) -> MegatronLMPlugin:
-    """The script's MegatronLMPlugin with unset fields from launch flags / config file / environment."""
-    from drivetrain_megatron.config import environment_settings
-
-    if given is not None and not isinstance(given, MegatronLMPlugin):
-        raise ConfigurationError(
-            f"the megatron backend takes a MegatronLMPlugin as its configuration, got {type(given).__name__}"
-        )
-    key = (id(given), repr(environment_settings()))
-    entry = _resolved.get(key)
-    if entry is not None and entry[0] is given:
-        return entry[1]
-    config = (given or MegatronLMPlugin()).resolved()
-    if given is not None:
-        # The script keeps its object (Accelerate's scripts set fields on accelerator.state.megatron_lm_plugin).
-        for field in attrs.fields(MegatronLMPlugin):
-            setattr(given, field.name, getattr(config, field.name))
-        config = given
-    _resolved[key] = (given, config)
-    return config
 
 
 def active_config(accelerator: Any) -> MegatronLMPlugin:

@@ -9,7 +9,12 @@ from typing import Any
 import attrs
 import torch
 
-from drivetrain.plugin_api import ConfigurationError, DistributedEnvironment, DistributedType, TorchCollectives
+from drivetrain.plugin_api import (
+    ConfigurationError,
+    DistributedEnvironment,
+    DistributedType,
+    TorchCollectives,
+)
 from drivetrain_ddp.process_group import join_process_group, shutdown_process_group
 from drivetrain_megatron.config import MegatronLMPlugin
 
@@ -57,7 +62,9 @@ def check_degrees(config: MegatronLMPlugin, world_size: int, device: torch.devic
         )
 
 
-def join(device: torch.device, init_kwargs: dict[str, Any], config: MegatronLMPlugin) -> DistributedEnvironment:
+def join(
+    device: torch.device, init_kwargs: dict[str, Any], config: MegatronLMPlugin
+) -> DistributedEnvironment:
     """``setup_process_group`` of the megatron backend: the torchrun process group, then megatron-core's
     groups; data is shared out by data-parallel rank (every tensor/pipeline-parallel peer sees the same batch)."""
     import torch.distributed as dist

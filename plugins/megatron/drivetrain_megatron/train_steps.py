@@ -93,7 +93,9 @@ class GPTTrainStep(AbstractTrainStep):
         return self.custom_loss if self.custom_loss is not None else _masked_mean_loss
 
     def get_forward_step_func(self) -> Callable[[Iterator[Any], torch.nn.Module], Any]:
-        def forward_step(data_iterator: Iterator[Any], model: torch.nn.Module) -> tuple[torch.Tensor, Callable]:
+        def forward_step(
+            data_iterator: Iterator[Any], model: torch.nn.Module
+        ) -> tuple[torch.Tensor, Callable]:
             tokens, labels, loss_mask, attention_mask, position_ids = self.get_batch(data_iterator)
             output = model(tokens, position_ids, attention_mask, labels=labels)
             return output, partial(self.loss_func, loss_mask)
@@ -139,7 +141,9 @@ class BertTrainStep(AbstractTrainStep):
             lm_loss = (lm_loss_per_token.float().reshape(-1) * loss_mask.reshape(-1)).sum() / loss_mask.sum()
             if sop_logits is None or not self.binary_head:
                 return lm_loss, {"lm loss": avg_losses_across_data_parallel_group([lm_loss])[0]}
-            sop_loss = torch.nn.functional.cross_entropy(sop_logits.view(-1, 2).float(), sentence_order.view(-1))
+            sop_loss = torch.nn.functional.cross_entropy(
+                sop_logits.view(-1, 2).float(), sentence_order.view(-1)
+            )
             averaged = avg_losses_across_data_parallel_group([lm_loss, sop_loss])
             return lm_loss + sop_loss, {"lm loss": averaged[0], "sop loss": averaged[1]}
 
@@ -148,7 +152,9 @@ class BertTrainStep(AbstractTrainStep):
     def get_forward_step_func(self) -> Callable[[Iterator[Any], torch.nn.Module], Any]:
         def forward_step(data_iterator: Iterator[Any], model: torch.nn.Module) -> tuple[Any, Callable]:
             tokens, types, lm_labels, sentence_order, loss_mask, padding_mask = self.get_batch(data_iterator)
-            output = model(tokens, padding_mask, tokentype_ids=types if self.binary_head else None, lm_labels=lm_labels)
+            output = model(
+                tokens, padding_mask, tokentype_ids=types if self.binary_head else None, lm_labels=lm_labels
+            )
             return output, partial(self.loss_func, loss_mask, sentence_order)
 
         return forward_step

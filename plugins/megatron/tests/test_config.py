@@ -98,7 +98,9 @@ def test_combinations_that_cannot_run():
     cpu = torch.device("cpu")
     with pytest.raises(ConfigurationError, match=r"= 4 must divide the number of processes \(2\)"):
         check_degrees(MegatronLMPlugin(tp_degree=4).resolved(), 2, cpu)
-    with pytest.raises(ConfigurationError, match="pp_degree=2 needs CUDA: megatron-core's pipeline schedules"):
+    with pytest.raises(
+        ConfigurationError, match="pp_degree=2 needs CUDA: megatron-core's pipeline schedules"
+    ):
         check_degrees(MegatronLMPlugin(pp_degree=2).resolved(), 2, cpu)
     with pytest.raises(ConfigurationError, match="sequence_parallelism=True needs CUDA"):
         check_degrees(MegatronLMPlugin(tp_degree=2, sequence_parallelism=True).resolved(), 2, cpu)
@@ -145,7 +147,9 @@ def test_environment_variables_and_conflicts(monkeypatch):
     monkeypatch.setenv("MEGATRON_LM_TP_DEGREE", "2")
     assert MegatronLMPlugin().resolved().tp_degree == 2
     assert MegatronLMPlugin(tp_degree=2).resolved().tp_degree == 2
-    with pytest.raises(ConfigurationError, match="conflicting megatron setting 'tp_degree'.*MEGATRON_LM_TP_DEGREE"):
+    with pytest.raises(
+        ConfigurationError, match="conflicting megatron setting 'tp_degree'.*MEGATRON_LM_TP_DEGREE"
+    ):
         MegatronLMPlugin(tp_degree=4).resolved()
     monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({"megatron_lm_tp_degre": 2}))
     with pytest.raises(ConfigurationError, match="unknown megatron setting 'megatron_lm_tp_degre'"):
@@ -156,9 +160,10 @@ def test_environment_variables_and_conflicts(monkeypatch):
 
 
 def test_accelerate_names_are_exported():
+    from drivetrain_megatron import dummies, train_steps
+
     import drivetrain
     import drivetrain.utils as utils
-    from drivetrain_megatron import dummies, train_steps
 
     assert drivetrain.MegatronLMPlugin is MegatronLMPlugin
     assert utils.MegatronLMDummyScheduler is dummies.MegatronLMDummyScheduler
@@ -189,7 +194,9 @@ def test_one_process_run_scheduler_and_train_step(one_process):
     plugin = MegatronLMPlugin(gradient_clipping=0, lr_warmup_iters=2, lr_decay_style="linear", min_lr=0.01)
     accelerator = Accelerator(megatron_lm_plugin=plugin)
     assert accelerator.distributed_type == DistributedType.MEGATRON_LM
-    assert parallel_state.model_parallel_is_initialized() and parallel_state.get_data_parallel_world_size() == 1
+    assert (
+        parallel_state.model_parallel_is_initialized() and parallel_state.get_data_parallel_world_size() == 1
+    )
     assert accelerator.state.megatron_lm_plugin is plugin
 
     model = torch.nn.Linear(4, 4)
@@ -219,4 +226,7 @@ def test_one_process_run_scheduler_and_train_step(one_process):
     loss, logged = loss_func(output)
     # per-token losses (1, 0, 0) + positions (0, 1, 2): mean 4/3, averaged over a data-parallel group of one
     assert loss.item() == pytest.approx(4 / 3) and logged["lm loss"].item() == pytest.approx(4 / 3)
-    assert avg_losses_across_data_parallel_group([torch.tensor(2.0), torch.tensor(4.0)]).tolist() == [2.0, 4.0]
+    assert avg_losses_across_data_parallel_group([torch.tensor(2.0), torch.tensor(4.0)]).tolist() == [
+        2.0,
+        4.0,
+    ]

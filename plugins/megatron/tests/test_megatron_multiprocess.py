@@ -20,7 +20,9 @@ import megatron_checks as checks  # noqa: E402
 RTOL, ATOL = 1e-5, 1e-6
 
 
-def dense_with_local(initial: dict[str, torch.Tensor], batch_size: int) -> tuple[dict[str, torch.Tensor], list]:
+def dense_with_local(
+    initial: dict[str, torch.Tensor], batch_size: int
+) -> tuple[dict[str, torch.Tensor], list]:
     """The same model as dense torch layers, trained by the reference backend on the whole batch."""
     from drivetrain import Accelerator, reset_state
 
@@ -58,7 +60,12 @@ def assert_matches_dense(result_file: Path, batch_size: int) -> None:
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_tensor_and_data_parallel_match_dense_local(tmp_path):
-    env = {"TMPDIR": str(tmp_path), "MEGATRON_OUT": str(tmp_path), "MEGATRON_TP": "2", "PYTHONWARNINGS": "ignore"}
+    env = {
+        "TMPDIR": str(tmp_path),
+        "MEGATRON_OUT": str(tmp_path),
+        "MEGATRON_TP": "2",
+        "PYTHONWARNINGS": "ignore",
+    }
     saved = tmp_path / "tp2_checkpoint"
     common = ["distributed_type", "state_plugin_is_script_object", "groups", "global_batch_size"]
     common += ["batches_per_share", "tp_peers_same_batch", "dp_shares_differ", "gather_for_metrics_dp_once"]

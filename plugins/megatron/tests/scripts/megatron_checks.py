@@ -44,7 +44,13 @@ class TensorParallelMLP(torch.nn.Module):
             HIDDEN, FFN, config=config, init_method=init, bias=True, gather_output=False
         )
         self.down = tensor_parallel.RowParallelLinear(
-            FFN, HIDDEN, config=config, init_method=init, bias=True, input_is_parallel=True, skip_bias_add=False
+            FFN,
+            HIDDEN,
+            config=config,
+            init_method=init,
+            bias=True,
+            input_is_parallel=True,
+            skip_bias_add=False,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -84,7 +90,11 @@ def main() -> None:
     plugin = MegatronLMPlugin(tp_degree=tp, gradient_clipping=CLIP)
     accelerator = Accelerator(megatron_lm_plugin=plugin)
     world = accelerator.num_processes
-    check("distributed_type", str(accelerator.distributed_type) == "MEGATRON_LM", str(accelerator.distributed_type))
+    check(
+        "distributed_type",
+        str(accelerator.distributed_type) == "MEGATRON_LM",
+        str(accelerator.distributed_type),
+    )
     check("state_plugin_is_script_object", accelerator.state.megatron_lm_plugin is plugin)
     check(
         "groups",
@@ -97,7 +107,9 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     loader = torch.utils.data.DataLoader(dataset(), batch_size=BATCH)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    check("global_batch_size", plugin.global_batch_size == BATCH * (world // tp), str(plugin.global_batch_size))
+    check(
+        "global_batch_size", plugin.global_batch_size == BATCH * (world // tp), str(plugin.global_batch_size)
+    )
     check("batches_per_share", len(loader) == 64 // (BATCH * (world // tp)), str(len(loader)))
 
     losses = []
@@ -120,7 +132,9 @@ def main() -> None:
 
     # gather_for_metrics over the data-parallel shares: 10 samples come back exactly once each
     eval_x = torch.arange(10, dtype=torch.float32).unsqueeze(1).repeat(1, HIDDEN)
-    eval_loader = accelerator.prepare(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(eval_x), batch_size=3))
+    eval_loader = accelerator.prepare(
+        torch.utils.data.DataLoader(torch.utils.data.TensorDataset(eval_x), batch_size=3)
+    )
     seen_rows = []
     for (batch,) in eval_loader:
         seen_rows.append(accelerator.gather_for_metrics(batch[:, 0]))
@@ -132,7 +146,9 @@ def main() -> None:
 
     final = full_weights(model.module if hasattr(model, "module") else model)
     if accelerator.is_main_process:
-        torch.save({"initial": initial, "final": final, "losses": losses}, os.path.join(out, f"train_{world}.pt"))
+        torch.save(
+            {"initial": initial, "final": final, "losses": losses}, os.path.join(out, f"train_{world}.pt")
+        )
 
     # checkpoints: exact resume
     save_dir = os.environ.get("MEGATRON_SAVE")
