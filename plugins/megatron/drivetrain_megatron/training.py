@@ -80,7 +80,8 @@ def run_backward(
     if not accelerator.sync_gradients:
         return
     models = accelerator.prepared.models
-    reduce_sequence_parallel_gradients(models)
+    if config.sequence_parallelism:
+        reduce_sequence_parallel_gradients(models)
     if config.gradient_clipping:
         parameters = [parameter for model in models for parameter in model.parameters()]
         clip_grad_norm(parameters, config.gradient_clipping, 2.0)
