@@ -89,9 +89,9 @@ def shard_dataloader(dataloader: Any, accelerator: Any, options: Any) -> Any:
 
 @hookimpl
 def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.optim.Optimizer | None:
-    from drivetrain_megatron.training import check_optimizer
+    from drivetrain_megatron.training import prepare_optimizer
 
-    check_optimizer(optimizer, active_config(accelerator))
+    prepare_optimizer(optimizer, active_config(accelerator))
     return None
 
 

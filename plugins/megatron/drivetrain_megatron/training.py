@@ -14,6 +14,8 @@ from drivetrain_megatron.config import MegatronLMPlugin
 
 #: Set on a model this backend prepared (so a second prepare leaves it alone).
 PREPARED_ATTRIBUTE = "_drivetrain_megatron_prepared"
+#: Set on an optimizer step that clips first (so a second prepare does not clip twice).
+CLIPS_ATTRIBUTE = "_drivetrain_megatron_clips"
 
 
 def wrap_for_data_parallel(
@@ -61,30 +63,42 @@ def record_batch_sizes(dataloader: Any, config: MegatronLMPlugin, options: Any) 
     config.global_batch_size = micro * config.num_micro_batches * options.num_processes
 
 
-def check_optimizer(optimizer: torch.optim.Optimizer, config: MegatronLMPlugin) -> None:
+def prepare_optimizer(optimizer: torch.optim.Optimizer, config: MegatronLMPlugin) -> None:
+    """Refuse what cannot run; make ``optimizer.step`` first clip the gradients to ``gradient_clipping`` over
+    the whole model (as Megatron-LM's optimizer step does), where the gradients are final: the kernel calls
+    ``step`` only at synchronisation steps."""
+    from drivetrain.plugin_api import track_step_for_schedulers
+
     if config.use_distributed_optimizer:
         raise ConfigurationError(
             "MegatronLMPlugin.use_distributed_optimizer=True: megatron-core's distributed optimizer runs on its "
             "own DistributedDataParallel gradient buffers, which drivetrain-megatron does not drive yet; leave "
             "it off (gradients are averaged over the data-parallel group with torch's DDP)"
         )
+    if not config.gradient_clipping or getattr(optimizer.step, CLIPS_ATTRIBUTE, False):
+        return
+    step = optimizer.step
+    max_norm = config.gradient_clipping
+
+    def clipped_step(*args: Any, **kwargs: Any) -> Any:
+        parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+        clip_grad_norm(parameters, max_norm, 2.0)
+        return step(*args, **kwargs)
+
+    setattr(clipped_step, CLIPS_ATTRIBUTE, True)
+    optimizer.step = clipped_step  # type: ignore[method-assign]
+    track_step_for_schedulers(optimizer)
 
 
 def run_backward(
     loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, Any], config: MegatronLMPlugin
 ) -> None:
     """backward; at a synchronisation step the gradients are final afterwards (DDP averaged them over the
-    data-parallel group during backward): sequence-parallel ones are summed over the tensor-parallel group
-    and, as Megatron-LM does in its step, all are clipped to ``config.gradient_clipping`` (0: off)."""
+    data-parallel group during backward), and those of sequence-parallel weights are summed over the
+    tensor-parallel group."""
     loss.backward(**backward_kwargs)
-    if not accelerator.sync_gradients:
-        return
-    models = accelerator.prepared.models
-    if config.sequence_parallelism:
-        reduce_sequence_parallel_gradients(models)
-    if config.gradient_clipping:
-        parameters = [parameter for model in models for parameter in model.parameters()]
-        clip_grad_norm(parameters, config.gradient_clipping, 2.0)
+    if accelerator.sync_gradients and config.sequence_parallelism:
+        reduce_sequence_parallel_gradients(accelerator.prepared.models)
 
 
 def reduce_sequence_parallel_gradients(models: list[torch.nn.Module]) -> None:
