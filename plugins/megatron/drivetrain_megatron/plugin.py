@@ -18,7 +18,8 @@ from drivetrain_megatron.config import MegatronLMPlugin, resolve_config
 
 PLUGIN_INFO = PluginInfo(
     kind="backend",
-    requires=("megatron.core",),
+    # megatron-core's package; find_spec of "megatron.core" would import "megatron" to look inside it.
+    requires=("megatron",),
     description="megatron-core: tensor, sequence and pipeline parallelism with data parallelism over the rest",
     capabilities=Capabilities(
         multi_process=True,
