@@ -104,13 +104,15 @@ class MegatronLMDummyScheduler:
         self._built().load_state_dict(state_dict)
 
 
-class MegatronLMDummyDataLoader:
+class MegatronLMDummyDataLoader(torch.utils.data.DataLoader):
     """Megatron dataset arguments (``data_path``, ``splits_string``, ``seq_length``, ``micro_batch_size``,
     ...). Prepared up to three times, it becomes the train, validation and test loaders, built from the
     datasets ``MegatronLMPlugin.custom_megatron_datasets_provider_function(**dataset_args)`` returns
     (``(train, valid, test)``), each shared out over the data-parallel group."""
 
     def __init__(self, **dataset_kwargs: Any) -> None:
+        # A data loader of nothing until prepared, so that Accelerator.prepare hands it to the backend.
+        super().__init__([])
         self.dataset_args = dataset_kwargs
         self._datasets: tuple[Any, Any, Any] | None = None
         self._served = 0

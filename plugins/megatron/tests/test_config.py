@@ -230,3 +230,41 @@ def test_one_process_run_scheduler_and_train_step(one_process):
         2.0,
         4.0,
     ]
+
+
+def test_dummy_data_loader_and_bert_step(one_process):
+    from drivetrain import Accelerator
+    from drivetrain.utils import BertTrainStep, MegatronLMDummyDataLoader
+
+    def datasets(seq_length, **_):
+        assert seq_length == 4
+        return [list(range(n)) for n in (10, 4, 2)]
+
+    plugin = MegatronLMPlugin(custom_megatron_datasets_provider_function=datasets)
+    accelerator = Accelerator(megatron_lm_plugin=plugin)
+    megatron_loader = MegatronLMDummyDataLoader(seq_length=4, micro_batch_size=2)
+    train, valid, test = accelerator.prepare(megatron_loader, megatron_loader, megatron_loader)
+    assert plugin.megatron_dataset_flag is True and plugin.global_batch_size == 2
+    assert sorted(torch.cat(list(train)).tolist()) == list(range(10))
+    assert [batch.tolist() for batch in valid] == [[0, 1], [2, 3]] and len(test) == 1
+    with pytest.raises(ConfigurationError, match="prepared at most 3 times"):
+        accelerator.prepare(megatron_loader)
+
+    step = BertTrainStep(plugin)
+    batch = {
+        "text": torch.tensor([[1, 2]]),
+        "types": torch.tensor([[0, 0]]),
+        "labels": torch.tensor([[1, 2]]),
+        "is_random": torch.tensor([1]),
+        "loss_mask": torch.tensor([[1.0, 0.0]]),
+        "padding_mask": torch.tensor([[1, 1]]),
+    }
+
+    def model(tokens, padding_mask, tokentype_ids, lm_labels):
+        return torch.tensor([[0.5, 9.0]]), torch.tensor([[0.0, 0.0]])
+
+    output, loss_func = step.forward_step(iter([batch]), model)
+    loss, logged = loss_func(output)
+    # masked-LM loss keeps the first token (0.5); sentence order: cross-entropy of equal logits, log 2
+    assert loss.item() == pytest.approx(0.5 + 0.693147, abs=1e-5)
+    assert logged["sop loss"].item() == pytest.approx(0.693147, abs=1e-5)
