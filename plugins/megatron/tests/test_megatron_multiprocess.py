@@ -69,7 +69,7 @@ def test_tensor_and_data_parallel_match_dense_local(tmp_path):
     saved = tmp_path / "tp2_checkpoint"
     common = ["distributed_type", "state_plugin_is_script_object", "groups", "global_batch_size"]
     common += ["batches_per_share", "tp_peers_same_batch", "dp_shares_differ", "gather_for_metrics_dp_once"]
-    common += ["reduce_over_all_processes"]
+    common += ["reduce_over_all_processes", "scheduler_steps_per_share"]
 
     two = launch_script(str(SCRIPTS / "megatron_checks.py"), 2, env={**env, "MEGATRON_SAVE": str(saved)})
     assert_checks_passed(two, [*common, "resume_exact", "checkpoint_per_tp_rank"])

@@ -144,6 +144,17 @@ def main() -> None:
     expected = tp * sum(range(world // tp))
     check("reduce_over_all_processes", reduced.item() == expected, f"{reduced.item()} != {expected}")
 
+    # a prepared scheduler advances once per data-parallel share per step (tensor-parallel peers shared a batch)
+    probe = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    probe, schedule = accelerator.prepare(probe, torch.optim.lr_scheduler.LambdaLR(probe, lambda step: 1.0))
+    probe.step()
+    schedule.step()
+    check(
+        "scheduler_steps_per_share",
+        schedule.scheduler.last_epoch == world // tp,
+        str(schedule.scheduler.last_epoch),
+    )
+
     final = full_weights(model.module if hasattr(model, "module") else model)
     if accelerator.is_main_process:
         torch.save(
