@@ -3,6 +3,7 @@ it breaks. Backends are batched into one launch per process count (a launch cost
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,10 @@ BROKEN_BACKENDS = {
     "unsharded_loader.py": ("dataloader_modes", 2),
 }
 
+
+#: The megatron backend clips gradients to 1.0 in its optimizer step by default (Accelerate's default); the
+#: oracle does not clip, so the launched processes turn that off (Accelerate's variable).
+os.environ.setdefault("MEGATRON_LM_GRADIENT_CLIPPING", "0")
 
 #: every backend in plugins/ that can run here (the kernel's local first); contrib/ backends test themselves
 REPOSITORY_BACKENDS = repository_backends(REPOSITORY, ("plugins",))

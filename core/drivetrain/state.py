@@ -77,7 +77,11 @@ class PartialState:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         device = process_stack.call("detect_device", local_process_index=local_rank, cpu=cpu_setting.value)
         environment = process_stack.call(
-            "setup_process_group", device=device, init_kwargs=dict(init_kwargs), parallelism=parallelism
+            "setup_process_group",
+            device=device,
+            init_kwargs=dict(init_kwargs),
+            parallelism=parallelism,
+            backend_config=backend_config,
         )
         if environment is None:
             raise PluginError(f"backend {selection.value!r} returned nothing from setup_process_group")

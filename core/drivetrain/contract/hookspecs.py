@@ -27,7 +27,8 @@ Every hook's argument names are part of the public contract: an implementation m
 in any order, and is rejected at registration if it names an argument that is not here. Everything else a
 plugin uses from the kernel comes from :mod:`drivetrain.plugin_api`.
 
-Contract 1.1 (see docs/plugins/versioning.md) added the arguments ``parallelism`` (setup_process_group),
+Contract 1.1 (see docs/plugins/versioning.md) added the arguments ``parallelism`` and ``backend_config``
+(setup_process_group),
 ``options`` (shard_dataloader), ``weights`` and ``save_kwargs`` (save_state), ``load_kwargs`` and ``verified``
 (load_state).
 """
@@ -110,7 +111,10 @@ def detect_device(local_process_index: int, cpu: bool) -> torch.device | None:
 
 @hookspec(firstresult=True)
 def setup_process_group(
-    device: torch.device, init_kwargs: dict[str, Any], parallelism: ParallelismConfig | None
+    device: torch.device,
+    init_kwargs: dict[str, Any],
+    parallelism: ParallelismConfig | None,
+    backend_config: Any,
 ) -> DistributedEnvironment | None:
     """Join (or create) the process group and describe the distributed environment.
 
@@ -127,6 +131,9 @@ def setup_process_group(
         environment with the data-parallel coordinates (and ``context_parallel`` for a ``cp`` dimension).
         The kernel has already refused dimensions outside ``Capabilities.mesh_dimensions``; a backend that
         declares none raises a :class:`~drivetrain.errors.ConfigurationError` naming what it cannot do.
+    :param backend_config: the backend configuration object the script passed (``Accelerator(
+        megatron_lm_plugin=...)``, ``backend_config=``), or ``None``: a backend whose process groups depend on
+        its own settings (Megatron's tensor/pipeline degrees) reads them here.
     :return: a :class:`~drivetrain.contract.environment.DistributedEnvironment` (ranks, world size,
         distributed type, data-parallel coordinates, device mesh, and the
         :class:`~drivetrain.contract.environment.Collectives` the kernel uses for gather/broadcast/reduce).
