@@ -34,9 +34,19 @@ From pytest, the `drivetrain_conformance` fixture (registered through the `pytes
 same: `drivetrain_conformance.check("my-backend", processes=2)`. Writing a backend: see
 [the plugin tutorial](plugins/tutorial.md).
 
-Every property uses the reference backend `local` as its oracle. A property outside the capabilities a
-backend declares (`PluginInfo.capabilities`) is reported **n/a** with the reason, never skipped silently.
-Multi-process properties run real processes (torch.distributed.run, gloo on CPU).
+Every property uses the reference backend `local` as its oracle: N processes of the backend must do what
+one `local` process does on the combined batch (same global batch), in weights, AdamW state, learning-rate
+schedule and checkpoints. A property outside the capabilities a backend declares (`PluginInfo.capabilities`)
+is reported **n/a** with the reason, never skipped silently. Multi-process properties run real processes
+(torch.distributed.run, gloo on CPU).
+
+A failing property names itself and the likely mistake, not only the torch error it met: where the
+backend's result matches the reference run *with* a known mistake, the reason says which one ("the weights
+equal training with gradients summed over the processes: average them", "the scheduler did not change the
+learning rate of the optimizer the backend returned ...: bind schedulers to the wrapped optimizer", "the
+processes shuffled differently: the random state is not synchronised ..."). The suite's own tests
+(`conformance/tests/test_suite.py`) run a deliberately broken backend per mistake (`conformance/tests/broken/`)
+and assert that exactly the intended properties fail, with those words.
 
 Device and feature plugins are checked *over* a backend: `--plugins NAME[,NAME]` makes every Accelerator
 the checks build name them (`Accelerator(backend=..., plugins=[...])`), while the oracle stays the
@@ -47,6 +57,12 @@ runs only in its pinned environment) are in [its guide](ipex.md#conformance), fo
 [its guide](mps.md#what-is-tested-where).
 
 ## Properties
+
+Which properties run with one process and which with two (`--processes 2`; more works the same way):
+one-process runs compare with `local` directly; the multi-process properties need the backend to declare
+`multi_process=True`.
+
+{where}
 """
 
 TOLERANCE_TEXT = """
@@ -69,6 +85,27 @@ bit for bit.
 """
 
 
+def _where_table(properties) -> str:
+    """property x (1 process, 2 processes) for a backend declaring every capability."""
+    from drivetrain.plugin_api import Capabilities, PluginInfo
+    from drivetrain_conformance.properties import not_applicable
+
+    everything = PluginInfo(
+        kind="backend",
+        capabilities=Capabilities(
+            multi_process=True, precisions=("no", "bf16", "fp16"), portable_checkpoints=True
+        ),
+    )
+    rows = ["| property | 1 process | 2 processes |", "|---|---|---|"]
+    for prop in properties:
+        cells = [
+            "yes" if prop.where == "static" or not_applicable(prop.name, everything, n) is None else "-"
+            for n in (1, 2)
+        ]
+        rows.append(f"| {prop.name} | {cells[0]} | {cells[1]} |")
+    return "\n".join(rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail when docs/conformance.md is out of date")
@@ -83,7 +120,7 @@ def main() -> int:
     backends = repository_backends(REPOSITORY, unavailable=unavailable)
     reports = {count: run_suite(backends, processes=count) for count in (1, 2)}
 
-    lines = [INTRO]
+    lines = [INTRO.replace("{where}", _where_table(PROPERTIES))]
     lines += [f"- **{prop.name}**: {prop.summary}." for prop in PROPERTIES]
     lines.append(
         TOLERANCE_TEXT.format(

@@ -92,8 +92,7 @@ def test_the_launcher_reports_the_backend_the_script_selected(tmp_path):
     which one the processes used once they ran."""
     script = tmp_path / "picks.py"
     script.write_text(
-        "from drivetrain import Accelerator\n"
-        "Accelerator(backend='bf16-ddp', cpu=True).end_training()\n"
+        "from drivetrain import Accelerator\nAccelerator(backend='bf16-ddp', cpu=True).end_training()\n"
     )
     code, _, err = finish(launch("--cpu", "--num_processes", "2", script, tmp_path=tmp_path))
     assert code == 0, err

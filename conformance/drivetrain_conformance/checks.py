@@ -191,9 +191,12 @@ def oracle(ctx: Context, processes_counts: tuple[int, ...] = (1,), checkpoints: 
             for bound in (True, False):
                 run = Recipe(ctx, precision, processes, combined=True, scheduler_bound=bound)
                 run.train(range(RECIPE_STEPS))
-                run.record(ctx.tensors, f"recipe/{precision}/{processes}" if bound else f"recipe-unbound/{precision}/{processes}")
+                run.record(
+                    ctx.tensors,
+                    f"recipe/{precision}/{processes}" if bound else f"recipe-unbound/{precision}/{processes}",
+                )
             if checkpoints is not None and precision == "no":
-                run = Recipe(ctx, precision, processes, combined=True)
+                run = Recipe(ctx, precision, processes, combined=True, portable=True)
                 run.train(range(RESUME_AT))
                 run.accelerator.save_state(os.path.join(checkpoints, f"local-{processes}"))
                 ctx.tensors[f"recipe-at-resume/no/{processes}/moments"] = run.moments() or []
@@ -202,7 +205,7 @@ def oracle(ctx: Context, processes_counts: tuple[int, ...] = (1,), checkpoints: 
 def resume_on_local(ctx: Context, folder: str, processes: int) -> None:
     """Load a backend's checkpoint (saved after RESUME_AT recipe steps on ``processes`` processes) with the
     reference backend, record the optimizer state it holds, train on to RECIPE_STEPS and record the weights."""
-    run = Recipe(ctx, "no", processes, combined=True)
+    run = Recipe(ctx, "no", processes, combined=True, portable=True)
     run.accelerator.load_state(folder)
     ctx.tensors["loaded-moments"] = run.moments() or []
     run.train(range(RESUME_AT, RECIPE_STEPS))
@@ -212,14 +215,16 @@ def resume_on_local(ctx: Context, folder: str, processes: int) -> None:
 # ---------------------------------------------------------------------------------------------------------
 # Worker properties
 # ---------------------------------------------------------------------------------------------------------
-def training_loader(ctx: Context) -> torch.utils.data.DataLoader:
+def training_loader(ctx: Context, batch_size: int = PER_RANK) -> torch.utils.data.DataLoader:
     """Prepared beside every model: some backends size their engine from the loader (DeepSpeed's "auto"
     micro batch size). The checks feed batches by hand, so the backend's sharding plays no part here."""
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ctx.x, ctx.y), batch_size=PER_RANK)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ctx.x, ctx.y), batch_size=batch_size)
 
 
-def prepare_training(ctx: Context, accelerator: Any, model: Any, *objects: Any) -> tuple[Any, ...]:
-    prepared = accelerator.prepare(model, *objects, training_loader(ctx))
+def prepare_training(
+    ctx: Context, accelerator: Any, model: Any, *objects: Any, batch_size: int = PER_RANK
+) -> tuple[Any, ...]:
+    prepared = accelerator.prepare(model, *objects, training_loader(ctx, batch_size))
     return prepared[:-1]
 
 
@@ -317,7 +322,8 @@ def no_sync(ctx: Context) -> str:
     with accelerator.no_sync(model):
         accelerator.backward(loss_of(model, ctx.batch(0)))
     require_close(
-        "gradients after a backward inside no_sync() (expected this process's own gradients)",
+        "gradients after a backward inside no_sync() (expected this process's own gradients: the wrapped "
+        "model's no_sync() must skip the gradient all-reduce)",
         current_gradients(model),
         reference_gradients(ctx.batch(0)),
     )
@@ -468,7 +474,7 @@ def dataloader_modes(ctx: Context) -> str:
     from drivetrain import DataLoaderConfiguration
 
     count = 2 * ctx.processes * PER_RANK + 3
-    problems = []
+    problems, failed_modes = [], []
     for mode, config, kind, shuffle in DATALOADER_MODES:
         accelerator = ctx.accelerator(dataloader_config=DataLoaderConfiguration(**config))
         if mode in _MODE_HINTS:
@@ -502,13 +508,15 @@ def dataloader_modes(ctx: Context) -> str:
             duplicates = len(sequence) - len(set(sequence))
             problems.append(
                 f"{mode}: {len(sequence)} samples after removing the padding, expected each of "
-                f"{count} once (missing {missing[:5]}, {duplicates} duplicated): "
-                + _MODE_HINTS.get(mode, _DEFAULT_MODE_HINT)
+                f"{count} once (missing {missing[:5]}, {duplicates} duplicated)"
             )
+            failed_modes.append(mode)
         elif not shuffle and sequence != list(range(count)):
             problems.append(f"{mode}: samples out of order: {sequence[:12]}...")
     if problems:
-        raise PropertyFailure("; ".join(problems))
+        # A mode-specific mistake only when that mode alone loses samples (else sharding itself is wrong).
+        hint = _MODE_HINTS.get(failed_modes[0], _DEFAULT_MODE_HINT) if len(failed_modes) == 1 else None
+        raise PropertyFailure("; ".join(problems) + ": " + (hint or _DEFAULT_MODE_HINT))
     return f"{len(DATALOADER_MODES)} modes, {count} samples each"
 
 
@@ -589,7 +597,10 @@ def checkpoint_resume(ctx: Context) -> str:
     accelerator.save_state(folder)
     steps(range(2, 4))
     uninterrupted = parameters_of(model)
-    agree(ctx, _load_problem(ctx, accelerator, folder, model, optimizer, scheduler, saved, saved_state, saved_lr))
+    agree(
+        ctx,
+        _load_problem(ctx, accelerator, folder, model, optimizer, scheduler, saved, saved_state, saved_lr),
+    )
     steps(range(2, 4))
     resumed = parameters_of(model)
     if max_difference(resumed, uninterrupted) != 0:
@@ -675,7 +686,6 @@ def second_accelerator(ctx: Context) -> str:
     return "both train, identically"
 
 
-
 # ---------------------------------------------------------------------------------------------------------
 # The recipe: AdamW, an LR scheduler, gradient accumulation and clipping, as a user trains
 # ---------------------------------------------------------------------------------------------------------
@@ -707,18 +717,30 @@ class Recipe:
         processes: int,
         combined: bool,
         scheduler_bound: bool = True,
+        portable: bool = False,
     ) -> None:
         self.ctx, self.processes, self.combined = ctx, processes, combined
         self.scheduler_bound = scheduler_bound
+        from drivetrain import GradScalerKwargs
+
         self.accelerator = ctx.accelerator(
-            mixed_precision=precision, gradient_accumulation_steps=RECIPE_ACCUMULATION
+            mixed_precision=precision,
+            gradient_accumulation_steps=RECIPE_ACCUMULATION,
+            # fp16's default initial loss scale (2**16) overflows on some micro batches and not on others,
+            # so N processes would skip other steps than one process on the combined batch.
+            kwargs_handlers=[GradScalerKwargs(init_scale=256.0)],
         )
         model = make_model()
         optimizer = torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, recipe_lambda)
-        self.model, self.optimizer, self.scheduler = prepare_training(
-            ctx, self.accelerator, model, optimizer, scheduler
-        )
+        if portable:
+            # A checkpoint resumed on another number of processes: no data loader in it (a loader's position
+            # is refused on another number of processes, by design).
+            self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        else:
+            self.model, self.optimizer, self.scheduler = prepare_training(
+                ctx, self.accelerator, model, optimizer, scheduler
+            )
         self.lrs: list[float] = []
 
     def micro_batch(self, step: int, micro: int) -> tuple[torch.Tensor, ...]:
@@ -726,9 +748,7 @@ class Recipe:
         ranks = range(self.processes) if self.combined else [self.ctx.rank]
         rows = [
             slice(start, start + size)
-            for start in (
-                step * self.processes * PER_RANK + rank * PER_RANK + micro * size for rank in ranks
-            )
+            for start in (step * self.processes * PER_RANK + rank * PER_RANK + micro * size for rank in ranks)
         ]
         return torch.cat([self.ctx.x[r] for r in rows]), torch.cat([self.ctx.y[r] for r in rows])
 
@@ -789,14 +809,16 @@ def recipe(ctx: Context) -> str:
 def checkpoint_portable(ctx: Context) -> str:
     """Save the recipe after RESUME_AT steps (the runner resumes it on ``local``), and resume the reference
     backend's checkpoint of the same point here; the runner compares both continuations with the oracle."""
-    run = Recipe(ctx, "no", ctx.processes, combined=False)
+    run = Recipe(ctx, "no", ctx.processes, combined=False, portable=True)
     run.train(range(RESUME_AT))
     run.accelerator.save_state(os.path.join(ctx.workdir, f"portable-{ctx.target_id}"))
     del run
     local_checkpoint = os.path.join(ctx.oracle_checkpoints or "", f"local-{ctx.processes}")
     if not os.path.isdir(local_checkpoint):
-        raise PropertyFailure(f"the reference backend's checkpoint {local_checkpoint} is missing (suite error)")
-    run = Recipe(ctx, "no", ctx.processes, combined=False)
+        raise PropertyFailure(
+            f"the reference backend's checkpoint {local_checkpoint} is missing (suite error)"
+        )
+    run = Recipe(ctx, "no", ctx.processes, combined=False, portable=True)
     problem = None
     try:
         run.accelerator.load_state(local_checkpoint)
@@ -822,14 +844,14 @@ def _state_tensors(obj: Any, depth: int = 0, seen: set[int] | None = None) -> li
     seen.add(id(obj))
     found = []
     state = getattr(obj, "state", None)
-    if isinstance(state, dict):
+    if isinstance(state, dict) and id(state) not in seen:  # wrappers often share their inner state dict
+        seen.add(id(state))
         for per_parameter in state.values():
             if isinstance(per_parameter, dict):
-                found += [
-                    t.to_local() if hasattr(t, "to_local") else t
-                    for t in per_parameter.values()
-                    if isinstance(t, torch.Tensor) and t.dim() > 0
-                ]
+                for tensor in per_parameter.values():
+                    if isinstance(tensor, torch.Tensor) and tensor.dim() > 0 and id(tensor) not in seen:
+                        seen.add(id(tensor))
+                        found.append(tensor.to_local() if hasattr(tensor, "to_local") else tensor)
     for attribute in ("optimizer", "optim"):
         found += _state_tensors(getattr(obj, attribute, None), depth + 1, seen)
     return found

@@ -84,7 +84,10 @@ def register_new_plugin_parser(parser: argparse.ArgumentParser) -> None:
         "--output-dir", default=".", metavar="DIR", help="where drivetrain-NAME/ is created (default: here)"
     )
     parser.add_argument(
-        "--template", default=None, metavar="DIR", help="the plugin template (default: contrib/plugin-template)"
+        "--template",
+        default=None,
+        metavar="DIR",
+        help="the plugin template (default: contrib/plugin-template)",
     )
 
 
@@ -109,5 +112,8 @@ def run_new_plugin(args: argparse.Namespace) -> int:
 def register_extensions(registry) -> None:
     registry.add_command("conformance", register_parser, run, HELP)
     registry.add_command(
-        "new-plugin", register_new_plugin_parser, run_new_plugin, "Create a backend plugin package from the template."
+        "new-plugin",
+        register_new_plugin_parser,
+        run_new_plugin,
+        "Create a backend plugin package from the template.",
     )

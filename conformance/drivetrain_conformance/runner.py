@@ -266,6 +266,12 @@ def _recipe_verdict(target_id: str, launch: Launch, processes: int, info: Any) -
                     )
                 if processes > 1 and _ranks_disagree(per_rank, f"{key}/weights"):
                     return False, where + NOT_SYNCHRONISED
+                full_precision = _oracle_cache[f"recipe/no/{processes}/weights"]
+                if precision != "no" and _close(weights, full_precision, tolerance_for("no", info)):
+                    return False, where + (
+                        "the weights equal training in float32: mixed precision is not applied (the autocast "
+                        "hook must return a context computing in the requested dtype, or None for torch.autocast)"
+                    )
                 return False, where + (
                     f"AdamW weights differ from the reference by up to {difference:.3g} (allowed "
                     f"{tolerance.atol:g} + {tolerance.rtol:g}*|ref|) with a matching learning rate schedule: "
@@ -288,7 +294,9 @@ def _recipe_verdict(target_id: str, launch: Launch, processes: int, info: Any) -
     return True, f"max weight difference {', '.join(found)}; learning rates equal; {state}"
 
 
-def _portable_verdict(target_id: str, launch: Launch, processes: int, on_local: Launch | None) -> tuple[bool, str]:
+def _portable_verdict(
+    target_id: str, launch: Launch, processes: int, on_local: Launch | None
+) -> tuple[bool, str]:
     """Both directions of a portable checkpoint against the uninterrupted reference run."""
     import torch
 
@@ -308,7 +316,11 @@ def _portable_verdict(target_id: str, launch: Launch, processes: int, on_local: 
     if on_local is None:
         return False, "the reference backend's resume launch did not run"
     failure = next(
-        (r["on_local"] for r in on_local.records.get(0, []) if r.get("target") == target_id and "on_local" in r),
+        (
+            r["on_local"]
+            for r in on_local.records.get(0, [])
+            if r.get("target") == target_id and "on_local" in r
+        ),
         None,
     )
     if failure is not None:
@@ -350,7 +362,7 @@ def _worker_verdict(
             why = "timed out" if launch.returncode is None else f"exit code {launch.returncode}"
             return Verdict(prop, FAIL, f"no result from rank {rank} ({why}): {_tail(launch.output)}")
         if not mine[0]["ok"]:
-            prefix = f"rank {rank}: " if processes > 1 else ""
+            prefix = f"rank {rank}: " if processes > 1 and not mine[0]["detail"].startswith("rank ") else ""
             return Verdict(prop, FAIL, prefix + mine[0]["detail"])
         details[rank] = mine[0]["detail"]
     if prop in ("one_process_matches_local", "multi_process_matches_combined_batch"):
@@ -425,9 +437,7 @@ def run_suite(
             with_oracle = processes == 1 and processes not in _oracle_counts
             if not with_oracle:
                 oracle_tensors(processes, timeout)
-            launch = _launch(
-                args + (["--oracle", "1"] if with_oracle else []), processes, workdir, timeout
-            )
+            launch = _launch(args + (["--oracle", "1"] if with_oracle else []), processes, workdir, timeout)
             if with_oracle:
                 _store_oracle(launch, processes)
             portable = [
@@ -440,7 +450,9 @@ def run_suite(
                 # Every portable backend's checkpoint resumed by the reference backend, in one more launch.
                 resume_dir = os.path.join(workdir, "on-local")
                 os.makedirs(resume_dir)
-                pairs = ",".join(f"{ids[spec]}={os.path.join(workdir, 'portable-' + ids[spec])}" for spec in portable)
+                pairs = ",".join(
+                    f"{ids[spec]}={os.path.join(workdir, 'portable-' + ids[spec])}" for spec in portable
+                )
                 on_local = _launch(
                     ["--out", resume_dir, "--resume-on-local", pairs, "--as-processes", str(processes)],
                     1,

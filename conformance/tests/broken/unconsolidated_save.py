@@ -1,9 +1,10 @@
 """Breaks checkpoint_resume and checkpoint_portable: save_state writes the optimizer state of the main
 process's shard (ZeRO's inner optimizer) as if it were the whole state, instead of consolidating it."""
 
+from drivetrain_zero1.plugin import PLUGIN_INFO, setup_process_group, wrap_model, wrap_optimizer  # noqa: F401
+
 from drivetrain import hookimpl
 from drivetrain.plugin_api import write_training_objects
-from drivetrain_zero1.plugin import PLUGIN_INFO, setup_process_group, wrap_model, wrap_optimizer  # noqa: F401
 
 
 class ShardOnly:

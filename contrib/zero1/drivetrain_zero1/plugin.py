@@ -7,6 +7,7 @@ what the docs lacked. Select it with ``Accelerator(backend="zero1")`` or ``--bac
 
 from __future__ import annotations
 
+import inspect
 import os
 import weakref
 from typing import Any
@@ -97,7 +98,10 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.
     if accelerator.num_processes == 1 or isinstance(optimizer, ZeroRedundancyOptimizer):
         return None
     groups = [dict(group) for group in optimizer.param_groups]  # per-group settings (lr, weight decay) kept
-    return ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer), **optimizer.defaults)
+    # ``defaults`` may hold keys the class's constructor does not take (AdamW: decoupled_weight_decay).
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    defaults = {key: value for key, value in optimizer.defaults.items() if key in accepted}
+    return ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer), **defaults)
 
 
 @hookimpl

@@ -726,10 +726,10 @@ def launch(plan: LaunchPlan, args: argparse.Namespace | None = None) -> int:
     if not plan.quiet:
         print(banner(plan), file=sys.stderr, flush=True)
     os.environ.update(environment_for(plan))
+    import tempfile
+
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
-    import tempfile
 
     debug = bool(plan.chosen.get("debug"))
     report = tempfile.NamedTemporaryFile(prefix="drivetrain-backend-", suffix=".txt", delete=False)

@@ -37,8 +37,8 @@ class Capabilities:
     """What a backend promises; the conformance suite reports properties outside these as not applicable."""
 
     multi_process: bool = False
-    #: Each process saves only its shard of the model or optimizer state (FSDP, DeepSpeed ZeRO): the
-    #: conformance suite checks that the files differ by rank and that loading on the same layout restores.
+    #: Each process holds only part of the model or optimizer state (FSDP, DeepSpeed ZeRO, a
+    #: ZeroRedundancyOptimizer): the conformance suite checks the declaration against what the processes hold.
     sharded_state: bool = False
     precisions: tuple[str, ...] = ("no",)
     devices: tuple[str, ...] = ("cpu",)
