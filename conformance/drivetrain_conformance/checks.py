@@ -188,13 +188,14 @@ def oracle(ctx: Context, processes_counts: tuple[int, ...] = (1,), checkpoints: 
                 ]
                 train_steps(accelerator, model, optimizer, batches)
                 ctx.tensors[f"{name}/{precision}/{processes}"] = parameters_of(model)
-            for bound in (True, False):
-                run = Recipe(ctx, precision, processes, combined=True, scheduler_bound=bound)
+            for name, variant in (
+                ("recipe", {}),
+                ("recipe-unbound", {"scheduler_bound": False}),
+                ("recipe-unclipped", {"clip": False}),
+            ):
+                run = Recipe(ctx, precision, processes, combined=True, **variant)
                 run.train(range(RECIPE_STEPS))
-                run.record(
-                    ctx.tensors,
-                    f"recipe/{precision}/{processes}" if bound else f"recipe-unbound/{precision}/{processes}",
-                )
+                run.record(ctx.tensors, f"{name}/{precision}/{processes}")
             if checkpoints is not None and precision == "no":
                 run = Recipe(ctx, precision, processes, combined=True, portable=True)
                 run.train(range(RESUME_AT))
@@ -718,9 +719,10 @@ class Recipe:
         combined: bool,
         scheduler_bound: bool = True,
         portable: bool = False,
+        clip: bool = True,
     ) -> None:
         self.ctx, self.processes, self.combined = ctx, processes, combined
-        self.scheduler_bound = scheduler_bound
+        self.scheduler_bound, self.clip = scheduler_bound, clip
         from drivetrain import GradScalerKwargs
 
         self.accelerator = ctx.accelerator(
@@ -758,7 +760,7 @@ class Recipe:
             for micro in range(RECIPE_ACCUMULATION):
                 with accelerator.accumulate(model):
                     accelerator.backward(loss_of(model, self.micro_batch(step, micro)))
-                    if accelerator.sync_gradients:
+                    if accelerator.sync_gradients and self.clip:
                         accelerator.clip_grad_norm_(model.parameters(), RECIPE_MAX_NORM)
                     self.optimizer.step()
                     if self.scheduler_bound:
@@ -788,7 +790,7 @@ class Recipe:
     def record(self, tensors: dict[str, list[torch.Tensor]], key: str) -> None:
         tensors[f"{key}/weights"] = parameters_of(self.model)
         tensors[f"{key}/lrs"] = [torch.tensor(self.lrs, dtype=torch.float64)]
-        moments = None if self.combined and not self.scheduler_bound else self.moments()
+        moments = self.moments()
         if moments is not None:
             tensors[f"{key}/moments"] = moments
 

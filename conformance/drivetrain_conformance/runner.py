@@ -266,6 +266,13 @@ def _recipe_verdict(target_id: str, launch: Launch, processes: int, info: Any) -
                     )
                 if processes > 1 and _ranks_disagree(per_rank, f"{key}/weights"):
                     return False, where + NOT_SYNCHRONISED
+                unclipped = _oracle_cache[f"recipe-unclipped/{precision}/{processes}/weights"]
+                if _close(weights, unclipped, tolerance):
+                    return False, where + (
+                        "the weights equal training without gradient clipping: accelerator.clip_grad_norm_ "
+                        "did not clip (the clip_grad_norm hook must clip the gradients that the optimizer "
+                        "steps with, by the norm over all processes, and return that norm)"
+                    )
                 full_precision = _oracle_cache[f"recipe/no/{processes}/weights"]
                 if precision != "no" and _close(weights, full_precision, tolerance_for("no", info)):
                     return False, where + (

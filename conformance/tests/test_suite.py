@@ -47,7 +47,14 @@ BROKEN_BACKENDS = {
 REPOSITORY_BACKENDS = repository_backends(REPOSITORY, ("plugins",))
 
 #: Known, open failures: strict, so the test turns red the day the backend is fixed and this entry must go.
-KNOWN_FAILURES: dict[tuple[str, int], str] = {}
+_DEEPSPEED_CLIPS_BY_CONFIG = (
+    "deepspeed clips by its config's gradient_clipping, not in accelerator.clip_grad_norm_ (as Accelerate does): "
+    "adamw_schedule_matches_local reports that the weights equal training without clipping"
+)
+KNOWN_FAILURES: dict[tuple[str, int], str] = {
+    ("deepspeed", 1): _DEEPSPEED_CLIPS_BY_CONFIG,
+    ("deepspeed", 2): _DEEPSPEED_CLIPS_BY_CONFIG,
+}
 
 
 def _with_known_failures(processes: int) -> list:
