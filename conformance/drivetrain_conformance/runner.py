@@ -282,8 +282,9 @@ def _recipe_verdict(target_id: str, launch: Launch, processes: int, info: Any) -
                 return False, where + (
                     f"AdamW weights differ from the reference by up to {difference:.3g} (allowed "
                     f"{tolerance.atol:g} + {tolerance.rtol:g}*|ref|) with a matching learning rate schedule: "
-                    "check gradient accumulation (the loss is divided by the accumulation steps once), "
-                    "clip_grad_norm_ (the norm of the whole model, after unscaling) and the optimizer step"
+                    "check mixed precision (autocast's dtype, loss scaling), gradient accumulation (the loss is "
+                    "divided by the accumulation steps once), clip_grad_norm_ (the norm of the whole model, "
+                    "after unscaling) and the optimizer step"
                 )
             moments = tensors.get(f"{key}/moments")
             expected_moments = _oracle_cache.get(f"{reference}/moments")
@@ -316,7 +317,8 @@ def _portable_verdict(
         worst, difference = _excess(resumed, expected, tolerance)
         if worst > tolerance.atol:
             return False, (
-                f"rank {rank}: resuming a checkpoint of the reference backend here and training on differs "
+                (f"rank {rank}: " if processes > 1 else "")
+                + f"resuming a checkpoint of the reference backend here and training on differs "
                 f"from the uninterrupted reference run by up to {difference:.3g}: load_state does not restore "
                 "everything the reference files hold (model, AdamW state, scheduler)"
             )
