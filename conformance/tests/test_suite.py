@@ -170,6 +170,19 @@ def test_rendered_template_passes_the_multi_process_suite(rendered_template, two
         assert report.status(name) == "pass", report.format()
 
 
+def test_rendered_template_registers_its_pytest_marks(rendered_template):
+    """The rendered package's tests collect under --strict-markers: multiprocess/slow are registered."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "--strict-markers", "-p", "no:cacheprovider"],
+        cwd=rendered_template,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 tests collected" in result.stdout and "PytestUnknownMarkWarning" not in result.stdout
+
+
 def test_contract_version_mismatch_is_a_clear_failure(tmp_path):
     plugin = tmp_path / "future_backend.py"
     plugin.write_text(
