@@ -173,7 +173,16 @@ def test_rendered_template_passes_the_multi_process_suite(rendered_template, two
 def test_rendered_template_registers_its_pytest_marks(rendered_template):
     """The rendered package's tests collect under --strict-markers: multiprocess/slow are registered."""
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "--strict-markers", "-p", "no:cacheprovider"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "--strict-markers",
+            "-p",
+            "no:cacheprovider",
+        ],
         cwd=rendered_template,
         capture_output=True,
         text=True,
