@@ -890,6 +890,27 @@ def sharded_state(ctx: Context) -> str:
     return f"elements held per rank {counts} (whole: {whole})"
 
 
+#: What a check was doing, for a verdict when it raised something other than PropertyFailure (a torch error
+#: alone does not say which promise broke).
+DOING = {
+    "one_process_matches_local": "training a model with SGD in each declared precision",
+    "multi_process_matches_combined_batch": "training a model with SGD in each declared precision",
+    "adamw_schedule_matches_local": (
+        "training with AdamW, a LambdaLR scheduler, 2 accumulation steps and clip_grad_norm_ (wrap_optimizer "
+        "must return an optimizer built like the user's: same class, param groups and settings)"
+    ),
+    "gradient_accumulation": "training under accumulate() with 2 accumulation steps",
+    "no_sync": "backward passes inside no_sync() and accumulate()",
+    "collectives": "the collectives of the DistributedEnvironment's Collectives",
+    "dataloader_modes": "iterating the loaders shard_dataloader returned",
+    "checkpoint_resume": "save_state / load_state of model, Adam and StepLR",
+    "checkpoint_portable": "saving, or loading a reference checkpoint (AdamW, LambdaLR, no data loader)",
+    "sharded_state": "counting the model and AdamW state each process holds",
+    "unwrap_model": "unwrap_model after a training step",
+    "autocast": "forward passes under accelerator.autocast()",
+    "second_accelerator": "training with a second Accelerator beside the first",
+}
+
 CHECKS: dict[str, Callable[[Context], str]] = {
     "one_process_matches_local": training,
     "multi_process_matches_combined_batch": training,

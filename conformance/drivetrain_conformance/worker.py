@@ -106,7 +106,8 @@ def main() -> None:
                     str(exc)
                     if isinstance(exc, checks.PropertyFailure)
                     else (
-                        f"{type(exc).__name__}: {exc} (at {os.path.basename(where.filename)}:{where.lineno})"
+                        f"raised {type(exc).__name__}: {exc} (at {os.path.basename(where.filename)}:"
+                        f"{where.lineno}) while {checks.DOING.get(prop, 'running the check')}"
                     )
                 )
                 done[check] = (False, " ".join(detail.split()))
