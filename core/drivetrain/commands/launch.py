@@ -13,6 +13,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -726,12 +727,11 @@ def launch(plan: LaunchPlan, args: argparse.Namespace | None = None) -> int:
     if not plan.quiet:
         print(banner(plan), file=sys.stderr, flush=True)
     os.environ.update(environment_for(plan))
-    import tempfile
-
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     debug = bool(plan.chosen.get("debug"))
+    # Process 0 writes the backend the script used here (state._report_backend), for the line after the run.
     report = tempfile.NamedTemporaryFile(prefix="drivetrain-backend-", suffix=".txt", delete=False)
     report.close()
     os.environ[BACKEND_REPORT_ENV] = report.name
