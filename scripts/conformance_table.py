@@ -34,9 +34,19 @@ From pytest, the `drivetrain_conformance` fixture (registered through the `pytes
 same: `drivetrain_conformance.check("my-backend", processes=2)`. Writing a backend: see
 [the plugin tutorial](plugins/tutorial.md).
 
-Every property uses the reference backend `local` as its oracle. A property outside the capabilities a
-backend declares (`PluginInfo.capabilities`) is reported **n/a** with the reason, never skipped silently.
-Multi-process properties run real processes (torch.distributed.run, gloo on CPU).
+Every property uses the reference backend `local` as its oracle: N processes of the backend must do what
+one `local` process does on the combined batch (same global batch), in weights, AdamW state, learning-rate
+schedule and checkpoints. A property outside the capabilities a backend declares (`PluginInfo.capabilities`)
+is reported **n/a** with the reason, never skipped silently. Multi-process properties run real processes
+(torch.distributed.run, gloo on CPU).
+
+A failing property names itself and the likely mistake, not only the torch error it met: where the
+backend's result matches the reference run *with* a known mistake, the reason says which one ("the weights
+equal training with gradients summed over the processes: average them", "the scheduler did not change the
+learning rate of the optimizer the backend returned ...: bind schedulers to the wrapped optimizer", "the
+processes shuffled differently: the random state is not synchronised ..."). The suite's own tests
+(`conformance/tests/test_suite.py`) run a deliberately broken backend per mistake (`conformance/tests/broken/`)
+and assert that exactly the intended properties fail, with those words.
 
 Device and feature plugins are checked *over* a backend: `--plugins NAME[,NAME]` makes every Accelerator
 the checks build name them (`Accelerator(backend=..., plugins=[...])`), while the oracle stays the
@@ -47,6 +57,19 @@ runs only in its pinned environment) are in [its guide](ipex.md#conformance), fo
 [its guide](mps.md#what-is-tested-where).
 
 ## Properties
+
+Which properties run with one process and which with two (`--processes 2`; more works the same way):
+one-process runs compare with `local` directly; the multi-process properties need the backend to declare
+`multi_process=True`.
+
+{where}
+
+Time for one backend with two processes (`drivetrain conformance NAME --processes 2`: the reference
+backend's oracle launch, the backend's launch, and the one-process launch resuming its checkpoints on
+`local`), measured on this project's 2-core machine shared with other jobs: ddp 78 s (load average 6.2 at
+the start, 8.9 at the end), zero1 90 s (8.9 to 10.0), fsdp 47 s (10.0 to 9.4). The target is under 2
+minutes per backend. Several backends in one command share those launches
+(`drivetrain conformance ddp fsdp zero1 --processes 2`), as the suite's own tests do.
 """
 
 TOLERANCE_TEXT = """
@@ -66,7 +89,70 @@ about 3e-4 in bf16). `bf16-weights` applies to backends declaring `low_precision
 the weights themselves in bf16 (DeepSpeed's bf16 mode; one bf16 step of a weight near 1 is 8e-3). One-process
 training is compared the same way. Checkpoint resume, unwrap_model and the second Accelerator are compared
 bit for bit.
+
+The recipe of `adamw_schedule_matches_local` is what a user trains with: AdamW (lr 0.02, weight decay 0.01),
+a `LambdaLR` schedule, 2 gradient accumulation steps, `clip_grad_norm_` at 0.05 (small enough to clip every
+step), {recipe_steps} optimizer steps, in each declared precision (fp16 with an initial loss scale of 256, so
+that no micro batch overflows on one side only). The reference runs one process on the combined batch and
+advances the schedule N steps per optimizer step, as the kernel's `AcceleratedScheduler` does for N
+processes. Learning rates must agree to 1e-6 (relative), weights and AdamW's `exp_avg`/`exp_avg_sq` within the
+tolerances above; AdamW's state is compared where every process holds it (`sharded_state=False`), and for
+sharded backends through their checkpoints when they declare `portable_checkpoints=True`.
+`checkpoint_portable` saves after {resume_at} steps on the backend and resumes on `local` (one more
+one-process launch for all the backends of a run), and resumes a `local` checkpoint of the same point on the
+backend; both continuations must equal the uninterrupted reference run (fp32 tolerance).
 """
+
+
+MUTANTS_TEXT = """
+## Mistakes the suite catches
+
+`conformance/tests/broken/` holds one deliberately broken backend per mistake; `conformance/tests/test_suite.py`
+runs all of one process count in one launch and asserts that exactly the intended properties fail, with a
+reason naming the mistake:
+
+| broken backend | mistake | caught by | processes |
+|---|---|---|---|
+| `scheduler_unbound.py` | `wrap_optimizer` returns a wrapper whose `param_groups` are copies, so the user's scheduler changes nothing | adamw_schedule_matches_local ("bind schedulers to the wrapped optimizer") | 1 |
+| `autocast_ignored.py` | mixed precision accepted, forward passes in fp32 | autocast, adamw_schedule_matches_local ("the weights equal training in float32") | 1 |
+| `autocast_dtype.py` | bf16 computes in fp16 | autocast | 1 |
+| `accumulation_rescaled.py` | loss divided by the accumulation steps twice | gradient_accumulation | 1 |
+| `state_not_restored.py` | `load_state` restores nothing | checkpoint_resume ("load_state does not restore the model") | 1 |
+| `unwrap_stale.py` | trains a copy; `unwrap_model` hands back the stale original | unwrap_model | 1 |
+| `teardown_previous.py` | preparing a second model breaks the first | second_accelerator | 1 |
+| `unmarked_hook.py` | a hook function without `@hookimpl` | hooks_match_spec | 1 |
+| `grads_summed.py` | gradients summed over processes, not averaged | multi_process_matches_combined_batch ("summed over the processes: average them") | 2 |
+| `no_sync_ignored.py` | `no_sync()` does nothing | no_sync | 2 |
+| `unsharded_loader.py` | every process iterates the whole data set | dataloader_modes | 2 |
+| `rng_unsynchronised.py` | the loader does not synchronise the random state | dataloader_modes ("the random state is not synchronised") | 2 |
+| `gather_reversed.py` | `all_gather` in the wrong rank order | collectives | 2 |
+| `unconsolidated_save.py` | ZeRO optimizer state saved without consolidating the shards | checkpoint_resume, checkpoint_portable ("consolidate ...") | 2 |
+| `shard_saved_as_whole.py` | every process saves its shard under one file name | checkpoint_resume ("a shard saved as if it were the whole state") | 2 |
+| `dirty_exit.py` | the process exits with code 3 | clean_exit (the CLI test) | 1 |
+
+Cost: one launch per process count for all of them, beside the repository's backends (see below).
+"""
+
+
+def _where_table(properties) -> str:
+    """property x (1 process, 2 processes) for a backend declaring every capability."""
+    from drivetrain.plugin_api import Capabilities, PluginInfo
+    from drivetrain_conformance.properties import not_applicable
+
+    everything = PluginInfo(
+        kind="backend",
+        capabilities=Capabilities(
+            multi_process=True, precisions=("no", "bf16", "fp16"), portable_checkpoints=True
+        ),
+    )
+    rows = ["| property | 1 process | 2 processes |", "|---|---|---|"]
+    for prop in properties:
+        cells = [
+            "yes" if prop.where == "static" or not_applicable(prop.name, everything, n) is None else "-"
+            for n in (1, 2)
+        ]
+        rows.append(f"| {prop.name} | {cells[0]} | {cells[1]} |")
+    return "\n".join(rows)
 
 
 def main() -> int:
@@ -76,22 +162,25 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     from drivetrain_conformance import PROPERTIES, TOLERANCES, run_suite
-    from drivetrain_conformance.checks import PER_RANK, TRAINING_STEPS
+    from drivetrain_conformance.checks import PER_RANK, RECIPE_STEPS, RESUME_AT, TRAINING_STEPS
     from drivetrain_conformance.discover import repository_backends
 
     unavailable: dict[str, str] = {}
     backends = repository_backends(REPOSITORY, unavailable=unavailable)
     reports = {count: run_suite(backends, processes=count) for count in (1, 2)}
 
-    lines = [INTRO]
+    lines = [INTRO.replace("{where}", _where_table(PROPERTIES))]
     lines += [f"- **{prop.name}**: {prop.summary}." for prop in PROPERTIES]
     lines.append(
         TOLERANCE_TEXT.format(
             steps=TRAINING_STEPS,
             per_rank=PER_RANK,
+            recipe_steps=RECIPE_STEPS,
+            resume_at=RESUME_AT,
             rows="\n".join(f"| `{name}` | {tol.rtol:g} | {tol.atol:g} |" for name, tol in TOLERANCES.items()),
         )
     )
+    lines.append(MUTANTS_TEXT)
     lines.append("## Results\n")
     header = "| property | " + " | ".join(f"{b} ({n}p)" for b in backends for n in (1, 2)) + " |"
     lines += [header, "|---" * (1 + 2 * len(backends)) + "|"]

@@ -55,6 +55,7 @@ SECTIONS = {
         "find_device",
         "patch_forward_with_autocast",
         "track_step_for_schedulers",
+        "rebind_scheduler",
     ],
     "Checkpoint files": [
         "write_training_objects",

@@ -148,7 +148,8 @@ def test_a_blocking_save_is_complete_when_it_returns(tmp_path, monkeypatch, how)
     assert manifests.is_complete(location)
 
 
-def test_a_script_that_exits_right_after_save_state_leaves_a_complete_checkpoint(tmp_path):
+def test_a_script_that_exits_right_after_an_asynchronous_save_state_leaves_a_complete_checkpoint(tmp_path):
+    # save_state blocks by default (as Accelerate's does); blocking=False is the opt-in background save
     script = textwrap.dedent(
         """
         import sys, torch
@@ -163,7 +164,7 @@ def test_a_script_that_exits_right_after_save_state_leaves_a_complete_checkpoint
         accelerator = Accelerator()
         model = accelerator.prepare(torch.nn.Linear(512, 512))
         torch.save(model.state_dict(), sys.argv[1] + ".expected")
-        accelerator.save_state(sys.argv[1])
+        accelerator.save_state(sys.argv[1], blocking=False)
         """
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}

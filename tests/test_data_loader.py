@@ -167,11 +167,15 @@ def test_end_of_dataloader_is_true_only_while_the_last_batch_is_used_and_gradien
     assert GradientState().active_dataloader is None
 
 
-def test_breaking_out_of_a_loop_unregisters_the_loader():
+def test_breaking_out_of_a_loop_leaves_the_loader_registered_once_as_accelerate_does():
+    # gather_for_metrics after a broken loop still sees the batch in use (Accelerate unregisters only at a
+    # pass's natural end, one registration each)
     loader = prepare_data_loader(DataLoader(TensorDataset(torch.arange(6)), batch_size=2))
-    for _ in loader:
-        break
-    assert GradientState().active_dataloader is None
+    for _ in range(2):
+        for _ in loader:
+            break
+    assert GradientState().active_dataloader is loader
+    assert GradientState().dataloader_references.count(loader) == 1
 
 
 def test_batches_already_on_the_device_are_not_copied():

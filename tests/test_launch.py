@@ -87,6 +87,22 @@ def test_cpu_two_processes_with_exported_settings(tmp_path):
     assert ranks[0]["weights"] == ranks[1]["weights"]  # DDP synchronised different data
 
 
+def test_the_launcher_reports_the_backend_the_script_selected(tmp_path):
+    """The banner can only announce the automatic backend; when the script picks another, the launcher says
+    which one the processes used once they ran."""
+    script = tmp_path / "picks.py"
+    script.write_text(
+        "from drivetrain import Accelerator\nAccelerator(backend='bf16-ddp', cpu=True).end_training()\n"
+    )
+    code, _, err = finish(launch("--cpu", "--num_processes", "2", script, tmp_path=tmp_path))
+    assert code == 0, err
+    assert "drivetrain launch: backend ddp (automatic), 2 processes" in err
+    assert (
+        "drivetrain launch: the script used backend bf16-ddp (from Accelerator(backend='bf16-ddp')), "
+        "not ddp (automatic)" in err
+    )
+
+
 def test_script_argument_contradicting_a_flag_is_an_error_naming_both(tmp_path):
     code, out, err = finish(
         launch("--mixed_precision", "fp16", SCRIPTS / "launch_conflict.py", tmp_path=tmp_path)

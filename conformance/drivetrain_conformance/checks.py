@@ -64,7 +64,15 @@ def make_data(count: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
 class Context:
     """What a check needs: the backend under test, this process's place, and a place to record tensors."""
 
-    def __init__(self, backend: str, info: Any, workdir: str, plugins: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        backend: str,
+        info: Any,
+        workdir: str,
+        plugins: tuple[str, ...] = (),
+        target_id: str = "",
+        oracle_checkpoints: str | None = None,
+    ) -> None:
         from drivetrain.plugin_api import PartialState
 
         state = PartialState(cpu=True, backend=backend)
@@ -74,6 +82,9 @@ class Context:
         #: plugin checked over the backend (the oracle never names any)
         self.plugins = tuple(plugins)
         self.workdir = workdir
+        self.target_id = target_id
+        #: where the oracle saved the reference backend's recipe checkpoints (checkpoint_portable)
+        self.oracle_checkpoints = oracle_checkpoints
         self.processes = state.num_processes
         self.rank = state.process_index
         self.tensors: dict[str, list[torch.Tensor]] = {}
@@ -160,33 +171,64 @@ def train_steps(
         optimizer.zero_grad()
 
 
-def oracle(ctx: Context, max_processes: int = 8) -> None:
-    """Train with ``local`` on global batches of 1..max_processes shares, in every reference precision."""
+def oracle(ctx: Context, processes_counts: tuple[int, ...] = (1,), checkpoints: str | None = None) -> None:
+    """What the reference backend ``local`` does in one process on the combined batches of N processes,
+    for each N in ``processes_counts`` and each reference precision: SGD training, the AdamW recipe, and the
+    mistakes the suite names when a backend does not match (gradients summed, schedule not applied).
+    With ``checkpoints``, also the recipe's checkpoint after RESUME_AT steps (``local-N`` in that folder)."""
     for precision in ("no", "bf16", "fp16"):
-        for processes in range(1, max_processes + 1):
-            accelerator = ctx.accelerator(mixed_precision=precision)
-            model, optimizer = prepared_with_sgd(accelerator, ctx)
-            x, y = ctx.x, ctx.y
-            per_step = processes * PER_RANK
-            batches = [
-                (x[s * per_step : (s + 1) * per_step], y[s * per_step : (s + 1) * per_step])
-                for s in range(TRAINING_STEPS)
-            ]
-            train_steps(accelerator, model, optimizer, batches)
-            ctx.tensors[f"oracle/{precision}/{processes}"] = parameters_of(model)
+        for processes in processes_counts:
+            for name, lr in (("oracle", 0.1), ("oracle-summed", 0.1 * processes)):
+                if name == "oracle-summed" and processes == 1:
+                    continue
+                accelerator = ctx.accelerator(mixed_precision=precision)
+                model, optimizer = prepared_with_sgd(accelerator, ctx, lr=lr)
+                x, y = ctx.x, ctx.y
+                per_step = processes * PER_RANK
+                batches = [
+                    (x[s * per_step : (s + 1) * per_step], y[s * per_step : (s + 1) * per_step])
+                    for s in range(TRAINING_STEPS)
+                ]
+                train_steps(accelerator, model, optimizer, batches)
+                ctx.tensors[f"{name}/{precision}/{processes}"] = parameters_of(model)
+            for name, variant in (
+                ("recipe", {}),
+                ("recipe-unbound", {"scheduler_bound": False}),
+                ("recipe-unclipped", {"clip": False}),
+            ):
+                run = Recipe(ctx, precision, processes, combined=True, **variant)
+                run.train(range(RECIPE_STEPS))
+                run.record(ctx.tensors, f"{name}/{precision}/{processes}")
+            if checkpoints is not None and precision == "no":
+                run = Recipe(ctx, precision, processes, combined=True, portable=True)
+                run.train(range(RESUME_AT))
+                run.accelerator.save_state(os.path.join(checkpoints, f"local-{processes}"))
+                ctx.tensors[f"recipe-at-resume/no/{processes}/moments"] = run.moments() or []
+
+
+def resume_on_local(ctx: Context, folder: str, processes: int) -> None:
+    """Load a backend's checkpoint (saved after RESUME_AT recipe steps on ``processes`` processes) with the
+    reference backend, record the optimizer state it holds, train on to RECIPE_STEPS and record the weights."""
+    run = Recipe(ctx, "no", processes, combined=True, portable=True)
+    run.accelerator.load_state(folder)
+    ctx.tensors["loaded-moments"] = run.moments() or []
+    run.train(range(RESUME_AT, RECIPE_STEPS))
+    ctx.tensors["resumed-weights"] = parameters_of(run.model)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Worker properties
 # ---------------------------------------------------------------------------------------------------------
-def training_loader(ctx: Context) -> torch.utils.data.DataLoader:
+def training_loader(ctx: Context, batch_size: int = PER_RANK) -> torch.utils.data.DataLoader:
     """Prepared beside every model: some backends size their engine from the loader (DeepSpeed's "auto"
     micro batch size). The checks feed batches by hand, so the backend's sharding plays no part here."""
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ctx.x, ctx.y), batch_size=PER_RANK)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ctx.x, ctx.y), batch_size=batch_size)
 
 
-def prepare_training(ctx: Context, accelerator: Any, model: Any, *objects: Any) -> tuple[Any, ...]:
-    prepared = accelerator.prepare(model, *objects, training_loader(ctx))
+def prepare_training(
+    ctx: Context, accelerator: Any, model: Any, *objects: Any, batch_size: int = PER_RANK
+) -> tuple[Any, ...]:
+    prepared = accelerator.prepare(model, *objects, training_loader(ctx, batch_size))
     return prepared[:-1]
 
 
@@ -284,7 +326,8 @@ def no_sync(ctx: Context) -> str:
     with accelerator.no_sync(model):
         accelerator.backward(loss_of(model, ctx.batch(0)))
     require_close(
-        "gradients after a backward inside no_sync() (expected this process's own gradients)",
+        "gradients after a backward inside no_sync() (expected this process's own gradients: the wrapped "
+        "model's no_sync() must skip the gradient all-reduce)",
         current_gradients(model),
         reference_gradients(ctx.batch(0)),
     )
@@ -397,7 +440,17 @@ DATALOADER_MODES = (
     ("dispatch_batches", {"dispatch_batches": True}, "map", False),
     ("iterable dataset", {}, "iterable", False),
     ("seedable shuffled sampler", {"use_seedable_sampler": True, "data_seed": 7}, "map", True),
+    # Each process starts from a different global random state: the loader must synchronise it (rng_types).
+    ("shuffled sampler, processes seeded differently", {}, "map", True),
 )
+#: The likely mistake when a mode loses or repeats samples.
+_MODE_HINTS = {
+    "shuffled sampler, processes seeded differently": (
+        "the processes shuffled differently: the random state is not synchronised at the start of the "
+        "epoch (pass ShardingOptions.rng_types on to prepare_data_loader)"
+    ),
+}
+_DEFAULT_MODE_HINT = "each process must get its own share of every batch (shard_dataloader / ShardingOptions)"
 
 
 class _Numbers(torch.utils.data.IterableDataset):
@@ -425,9 +478,11 @@ def dataloader_modes(ctx: Context) -> str:
     from drivetrain import DataLoaderConfiguration
 
     count = 2 * ctx.processes * PER_RANK + 3
-    problems = []
+    problems, failed_modes = [], []
     for mode, config, kind, shuffle in DATALOADER_MODES:
         accelerator = ctx.accelerator(dataloader_config=DataLoaderConfiguration(**config))
+        if mode in _MODE_HINTS:
+            torch.manual_seed(1000 + ctx.rank)
         dataset = _Numbers(count) if kind == "iterable" else torch.arange(count)
         batch_size = PER_RANK * ctx.processes if config.get("split_batches") else PER_RANK
         loader = accelerator.prepare(
@@ -459,11 +514,69 @@ def dataloader_modes(ctx: Context) -> str:
                 f"{mode}: {len(sequence)} samples after removing the padding, expected each of "
                 f"{count} once (missing {missing[:5]}, {duplicates} duplicated)"
             )
+            failed_modes.append(mode)
         elif not shuffle and sequence != list(range(count)):
             problems.append(f"{mode}: samples out of order: {sequence[:12]}...")
     if problems:
-        raise PropertyFailure("; ".join(problems))
+        # A mode-specific mistake only when that mode alone loses samples (else sharding itself is wrong).
+        hint = _MODE_HINTS.get(failed_modes[0], _DEFAULT_MODE_HINT) if len(failed_modes) == 1 else None
+        raise PropertyFailure("; ".join(problems) + ": " + (hint or _DEFAULT_MODE_HINT))
     return f"{len(DATALOADER_MODES)} modes, {count} samples each"
+
+
+def agree(ctx: Context, problem: str | None) -> None:
+    """Raise on every rank when ``problem`` is set on any: a rank that fails alone would leave the others
+    waiting in a collective of the next step."""
+    if ctx.processes > 1:
+        from drivetrain import utils as operations
+
+        problems = [p for _, p in sorted(operations.gather_object([(ctx.rank, problem)])) if p]
+        problem = problems[0] if problems else None
+    if problem:
+        raise PropertyFailure(problem)
+
+
+def _load_problem(
+    ctx: Context,
+    accelerator: Any,
+    folder: str,
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    saved: list[torch.Tensor],
+    saved_state: list[torch.Tensor],
+    saved_lr: list[float],
+) -> str | None:
+    """What load_state failed to restore on this rank, or None."""
+    where = f"rank {ctx.rank}: " if ctx.processes > 1 else ""
+    try:
+        accelerator.load_state(folder)
+    except Exception as exc:
+        return where + (
+            f"load_state raised {type(exc).__name__}: {' '.join(str(exc).split())[:300]} -- what save_state "
+            "wrote does not fit the objects it was saved from: optimizer state saved without consolidating "
+            "its shards, or one process's shard saved as if it were the whole state?"
+        )
+    if max_difference(parameters_of(model), saved) != 0:
+        return where + (
+            f"after load_state the weights differ from the saved ones by "
+            f"{max_difference(parameters_of(model), saved):.3g}: load_state does not restore the model"
+        )
+    loaded_state = _state_tensors(optimizer)
+    if len(loaded_state) != len(saved_state) or any(
+        a.shape != b.shape or not torch.equal(a, b) for a, b in zip(loaded_state, saved_state)
+    ):
+        return where + (
+            "after load_state the optimizer state this process holds differs from the one it saved: "
+            "load_state does not restore the optimizer, or each process saved its shard under one name "
+            "(a shard saved as if it were the whole state)"
+        )
+    if scheduler.get_last_lr() != saved_lr:
+        return where + (
+            f"after load_state the learning rate is {scheduler.get_last_lr()}, saved {saved_lr}: load_state "
+            "does not restore the scheduler"
+        )
+    return None
 
 
 def checkpoint_resume(ctx: Context) -> str:
@@ -480,25 +593,25 @@ def checkpoint_resume(ctx: Context) -> str:
             scheduler.step()
             optimizer.zero_grad()
 
-    folder = os.path.join(ctx.workdir, f"checkpoint-{ctx.backend}")
+    folder = os.path.join(ctx.workdir, f"checkpoint-{ctx.target_id or ctx.backend}")
     steps(range(2))
     saved = parameters_of(model)
+    saved_state = [t.detach().clone() for t in _state_tensors(optimizer)]
+    saved_lr = scheduler.get_last_lr()
     accelerator.save_state(folder)
     steps(range(2, 4))
     uninterrupted = parameters_of(model)
-    accelerator.load_state(folder)
-    if max_difference(parameters_of(model), saved) != 0:
-        raise PropertyFailure(
-            f"after load_state the weights differ from the saved ones by "
-            f"{max_difference(parameters_of(model), saved):.3g}"
-        )
+    agree(
+        ctx,
+        _load_problem(ctx, accelerator, folder, model, optimizer, scheduler, saved, saved_state, saved_lr),
+    )
     steps(range(2, 4))
     resumed = parameters_of(model)
     if max_difference(resumed, uninterrupted) != 0:
         raise PropertyFailure(
             f"training on after load_state differs from the uninterrupted run by "
-            f"{max_difference(resumed, uninterrupted):.3g} (optimizer or scheduler state "
-            "not restored?)"
+            f"{max_difference(resumed, uninterrupted):.3g} although weights, optimizer state and learning rate "
+            "were restored (random state or gradient scaler state not restored?)"
         )
     return "bit-identical continuation (model, Adam, StepLR)"
 
@@ -577,9 +690,236 @@ def second_accelerator(ctx: Context) -> str:
     return "both train, identically"
 
 
+# ---------------------------------------------------------------------------------------------------------
+# The recipe: AdamW, an LR scheduler, gradient accumulation and clipping, as a user trains
+# ---------------------------------------------------------------------------------------------------------
+#: Optimizer steps of the recipe; checkpoint_portable saves after RESUME_AT of them.
+RECIPE_STEPS = 4
+RESUME_AT = 2
+RECIPE_ACCUMULATION = 2
+#: Small enough that clipping changes the gradients on every step.
+RECIPE_MAX_NORM = 0.05
+
+
+def recipe_lambda(step: int) -> float:
+    return 1.0 / (1.0 + step)
+
+
+class Recipe:
+    """One training run of the recipe: AdamW + LambdaLR + 2 accumulation steps + clip_grad_norm_.
+
+    ``combined=False``: this rank trains its share of each global batch through the backend under test.
+    ``combined=True``: one process trains on the combined batches of ``processes`` processes (the oracle);
+    its scheduler advances ``processes`` steps per optimizer step, as the kernel's AcceleratedScheduler does
+    when N processes each consume 1/N of a global batch. ``scheduler_bound=False`` is the mistake the suite
+    names: the learning rate never follows the schedule."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        precision: str,
+        processes: int,
+        combined: bool,
+        scheduler_bound: bool = True,
+        portable: bool = False,
+        clip: bool = True,
+    ) -> None:
+        self.ctx, self.processes, self.combined = ctx, processes, combined
+        self.scheduler_bound, self.clip = scheduler_bound, clip
+        from drivetrain import GradScalerKwargs
+
+        self.accelerator = ctx.accelerator(
+            mixed_precision=precision,
+            gradient_accumulation_steps=RECIPE_ACCUMULATION,
+            # fp16's default initial loss scale (2**16) overflows on some micro batches and not on others,
+            # so N processes would skip other steps than one process on the combined batch.
+            kwargs_handlers=[GradScalerKwargs(init_scale=256.0)],
+        )
+        model = make_model()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, recipe_lambda)
+        if portable:
+            # A checkpoint resumed on another number of processes: no data loader in it (a loader's position
+            # is refused on another number of processes, by design).
+            self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        else:
+            self.model, self.optimizer, self.scheduler = prepare_training(
+                ctx, self.accelerator, model, optimizer, scheduler
+            )
+        self.lrs: list[float] = []
+
+    def micro_batch(self, step: int, micro: int) -> tuple[torch.Tensor, ...]:
+        size = PER_RANK // RECIPE_ACCUMULATION
+        ranks = range(self.processes) if self.combined else [self.ctx.rank]
+        rows = [
+            slice(start, start + size)
+            for start in (step * self.processes * PER_RANK + rank * PER_RANK + micro * size for rank in ranks)
+        ]
+        return torch.cat([self.ctx.x[r] for r in rows]), torch.cat([self.ctx.y[r] for r in rows])
+
+    def train(self, steps: range) -> None:
+        accelerator, model = self.accelerator, self.model
+        for step in steps:
+            for micro in range(RECIPE_ACCUMULATION):
+                with accelerator.accumulate(model):
+                    accelerator.backward(loss_of(model, self.micro_batch(step, micro)))
+                    if accelerator.sync_gradients and self.clip:
+                        accelerator.clip_grad_norm_(model.parameters(), RECIPE_MAX_NORM)
+                    self.optimizer.step()
+                    if self.scheduler_bound:
+                        self.scheduler.step()
+                        if self.combined and accelerator.sync_gradients:
+                            for _ in range(self.processes - 1):
+                                self.scheduler.scheduler.step()
+                    self.optimizer.zero_grad()
+            # The learning rate of the optimizer the user holds, after the step (what the next step uses).
+            self.lrs.append(float(self.optimizer.param_groups[0]["lr"]))
+
+    def moments(self) -> list[torch.Tensor] | None:
+        """AdamW's exp_avg and exp_avg_sq of every parameter, in parameter order, from the prepared
+        optimizer's state_dict; None where that is not the whole state in torch's layout (sharded state)."""
+        try:
+            state = self.optimizer.state_dict()["state"]
+        except Exception:
+            return None
+        count = len(list(self.model.parameters()))
+        if sorted(state) != list(range(count)):
+            return None
+        try:
+            return [_full(state[i][key]) for i in range(count) for key in ("exp_avg", "exp_avg_sq")]
+        except KeyError:
+            return None
+
+    def record(self, tensors: dict[str, list[torch.Tensor]], key: str) -> None:
+        tensors[f"{key}/weights"] = parameters_of(self.model)
+        tensors[f"{key}/lrs"] = [torch.tensor(self.lrs, dtype=torch.float64)]
+        moments = self.moments()
+        if moments is not None:
+            tensors[f"{key}/moments"] = moments
+
+
+def recipe(ctx: Context) -> str:
+    """Train the recipe in each checked precision; the runner compares weights, the learning rates and
+    (where every rank holds it) AdamW's state with the reference backend on the combined batches."""
+    from drivetrain_conformance.properties import checked_precisions
+
+    precisions = checked_precisions(ctx.info)
+    for precision in precisions:
+        run = Recipe(ctx, precision, ctx.processes, combined=False)
+        run.train(range(RECIPE_STEPS))
+        run.record(ctx.tensors, f"recipe/{precision}")
+    return "precisions: " + ", ".join(precisions)
+
+
+def checkpoint_portable(ctx: Context) -> str:
+    """Save the recipe after RESUME_AT steps (the runner resumes it on ``local``), and resume the reference
+    backend's checkpoint of the same point here; the runner compares both continuations with the oracle."""
+    run = Recipe(ctx, "no", ctx.processes, combined=False, portable=True)
+    run.train(range(RESUME_AT))
+    run.accelerator.save_state(os.path.join(ctx.workdir, f"portable-{ctx.target_id}"))
+    del run
+    local_checkpoint = os.path.join(ctx.oracle_checkpoints or "", f"local-{ctx.processes}")
+    if not os.path.isdir(local_checkpoint):
+        raise PropertyFailure(
+            f"the reference backend's checkpoint {local_checkpoint} is missing (suite error)"
+        )
+    run = Recipe(ctx, "no", ctx.processes, combined=False, portable=True)
+    problem = None
+    try:
+        run.accelerator.load_state(local_checkpoint)
+    except Exception as exc:
+        problem = (
+            f"load_state of a checkpoint written by the reference backend raised {type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:300]}; the backend declares portable_checkpoints=True, so it must "
+            "read the reference files (model.safetensors, optimizer.bin, scheduler.bin): return None from "
+            "load_state to reuse the reference backend's reading"
+        )
+    agree(ctx, problem)
+    run.train(range(RESUME_AT, RECIPE_STEPS))
+    ctx.tensors["portable/resumed-from-local"] = parameters_of(run.model)
+    return "saved, and resumed a reference checkpoint"
+
+
+def _state_tensors(obj: Any, depth: int = 0, seen: set[int] | None = None) -> list[torch.Tensor]:
+    """The tensors of an optimizer's per-parameter state this process holds: ``obj.state`` of the optimizer
+    and of the optimizers it wraps (``.optimizer``, ``.optim``: AcceleratedOptimizer, ZeRO wrappers)."""
+    seen = set() if seen is None else seen
+    if obj is None or id(obj) in seen or depth > 3:
+        return []
+    seen.add(id(obj))
+    found = []
+    state = getattr(obj, "state", None)
+    if isinstance(state, dict) and id(state) not in seen:  # wrappers often share their inner state dict
+        seen.add(id(state))
+        for per_parameter in state.values():
+            if isinstance(per_parameter, dict):
+                for tensor in per_parameter.values():
+                    if isinstance(tensor, torch.Tensor) and tensor.dim() > 0 and id(tensor) not in seen:
+                        seen.add(id(tensor))
+                        found.append(tensor.to_local() if hasattr(tensor, "to_local") else tensor)
+    for attribute in ("optimizer", "optim"):
+        found += _state_tensors(getattr(obj, attribute, None), depth + 1, seen)
+    return found
+
+
+def _local_elements(tensors: Any) -> int:
+    return sum((t.to_local() if hasattr(t, "to_local") else t).numel() for t in tensors)
+
+
+def sharded_state(ctx: Context) -> str:
+    """The ``sharded_state`` declaration matches what the processes hold after an AdamW step: sharded means
+    some process holds less than the whole model + optimizer state; not sharded means every process holds it
+    all."""
+    from drivetrain import utils as operations
+
+    run = Recipe(ctx, "no", ctx.processes, combined=False)
+    run.train(range(1))
+    model_whole = sum(p.numel() for p in make_model().parameters())
+    whole = model_whole * 3  # weights, exp_avg, exp_avg_sq
+    held = _local_elements(run.model.parameters()) + _local_elements(_state_tensors(run.optimizer))
+    counts = [count for _, count in sorted(operations.gather_object([(ctx.rank, held)]))]
+    declared = ctx.info.capabilities.sharded_state
+    if declared and all(count >= whole for count in counts):
+        raise PropertyFailure(
+            f"the backend declares sharded_state=True but every process holds the whole model and AdamW "
+            f"state ({counts} elements per rank, whole: {whole}): declare sharded_state=False"
+        )
+    if not declared and any(count < whole for count in counts):
+        raise PropertyFailure(
+            f"the backend declares sharded_state=False but processes hold only part of the model and AdamW "
+            f"state ({counts} elements per rank, whole: {whole}): declare sharded_state=True (and make "
+            "save_state gather the shards if its checkpoints should be portable)"
+        )
+    return f"elements held per rank {counts} (whole: {whole})"
+
+
+#: What a check was doing, for a verdict when it raised something other than PropertyFailure (a torch error
+#: alone does not say which promise broke).
+DOING = {
+    "one_process_matches_local": "training a model with SGD in each declared precision",
+    "multi_process_matches_combined_batch": "training a model with SGD in each declared precision",
+    "adamw_schedule_matches_local": (
+        "training with AdamW, a LambdaLR scheduler, 2 accumulation steps and clip_grad_norm_ (wrap_optimizer "
+        "must return an optimizer built like the user's: same class, param groups and settings)"
+    ),
+    "gradient_accumulation": "training under accumulate() with 2 accumulation steps",
+    "no_sync": "backward passes inside no_sync() and accumulate()",
+    "collectives": "the collectives of the DistributedEnvironment's Collectives",
+    "dataloader_modes": "iterating the loaders shard_dataloader returned",
+    "checkpoint_resume": "save_state / load_state of model, Adam and StepLR",
+    "checkpoint_portable": "saving, or loading a reference checkpoint (AdamW, LambdaLR, no data loader)",
+    "sharded_state": "counting the model and AdamW state each process holds",
+    "unwrap_model": "unwrap_model after a training step",
+    "autocast": "forward passes under accelerator.autocast()",
+    "second_accelerator": "training with a second Accelerator beside the first",
+}
+
 CHECKS: dict[str, Callable[[Context], str]] = {
     "one_process_matches_local": training,
     "multi_process_matches_combined_batch": training,
+    "adamw_schedule_matches_local": recipe,
+    "checkpoint_portable": checkpoint_portable,
+    "sharded_state": sharded_state,
     "gradient_accumulation": gradient_accumulation,
     "no_sync": no_sync,
     "collectives": collectives,

@@ -76,6 +76,44 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(report.ok for report in reports.values()) else 1
 
 
+def register_new_plugin_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="NAME", help="the backend's name, as users pass it to --backend")
+    parser.add_argument("--description", default=None, help="one line saying what the backend does")
+    parser.add_argument("--author", default=None, help="the author named in pyproject.toml")
+    parser.add_argument(
+        "--output-dir", default=".", metavar="DIR", help="where drivetrain-NAME/ is created (default: here)"
+    )
+    parser.add_argument(
+        "--template",
+        default=None,
+        metavar="DIR",
+        help="the plugin template (default: contrib/plugin-template)",
+    )
+
+
+def run_new_plugin(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from drivetrain.plugin_api import UsageError
+    from drivetrain_conformance.scaffold import DEFAULT_TEMPLATE, render
+
+    overrides = {key: getattr(args, key) for key in ("description", "author") if getattr(args, key)}
+    template = Path(args.template) if args.template else DEFAULT_TEMPLATE
+    try:
+        project = render(args.name, Path(args.output_dir), template, **overrides)
+    except ValueError as exc:
+        raise UsageError(f"new-plugin: {exc}") from None
+    print(f"created {project}")
+    print(f"next: pip install -e {project} && drivetrain conformance {args.name} --processes 2")
+    return 0
+
+
 @hookimpl
 def register_extensions(registry) -> None:
     registry.add_command("conformance", register_parser, run, HELP)
+    registry.add_command(
+        "new-plugin",
+        register_new_plugin_parser,
+        run_new_plugin,
+        "Create a backend plugin package from the template.",
+    )

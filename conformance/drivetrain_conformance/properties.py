@@ -62,6 +62,13 @@ PROPERTIES = (
         "worker",
     ),
     Property(
+        "adamw_schedule_matches_local",
+        "AdamW + an LR scheduler + gradient accumulation + clipping, in each declared precision, equals the "
+        "reference backend on the combined batch: weights, learning rates and (where every process holds it) "
+        "AdamW's state",
+        "worker",
+    ),
+    Property(
         "gradient_accumulation",
         "accumulate(): steps only at boundaries and at the loader's end; equals the full batch",
         "worker",
@@ -81,6 +88,18 @@ PROPERTIES = (
     Property("dataloader_modes", "every data loader mode covers the data exactly once", "worker"),
     Property(
         "checkpoint_resume", "save_state -> load_state -> continue equals the uninterrupted run", "worker"
+    ),
+    Property(
+        "checkpoint_portable",
+        "a checkpoint saved here resumes on the reference backend, and a reference checkpoint resumes here, "
+        "both equal to the uninterrupted reference run (portable_checkpoints=True)",
+        "worker",
+    ),
+    Property(
+        "sharded_state",
+        "the sharded_state declaration matches what the processes hold: part of the state on some process, "
+        "or all of it on every process",
+        "worker",
     ),
     Property("unwrap_model", "unwrap_model returns the user's module, holding the trained weights", "worker"),
     Property("autocast", "autocast() computes in the requested dtype; prepared models return fp32", "worker"),
@@ -114,12 +133,21 @@ def not_applicable(name: str, info: PluginInfo, processes: int) -> str | None:
             return "the backend declares multi_process=False"
         if processes < 2:
             return "needs --processes 2 or more"
+    if name == "checkpoint_portable" and not caps.portable_checkpoints:
+        return "the backend declares portable_checkpoints=False (its checkpoints load only on itself)"
+    if name == "sharded_state" and processes < 2:
+        return "needs --processes 2 or more"
     if name == "no_sync" and not caps.local_gradients:
         return (
             "the backend declares local_gradients=False: gradients between synchronisations are not kept "
             "in param.grad, so no_sync cannot be observed there (its own tests check accumulation)"
         )
-    if name in ("one_process_matches_local", "multi_process_matches_combined_batch", "autocast"):
+    if name in (
+        "one_process_matches_local",
+        "multi_process_matches_combined_batch",
+        "adamw_schedule_matches_local",
+        "autocast",
+    ):
         if not checked_precisions(info):
             return (
                 f"the backend declares precisions {list(caps.precisions)}, none of which the reference "

@@ -9,6 +9,12 @@ from __future__ import annotations
 import pytest
 
 
+def pytest_configure(config) -> None:
+    # The marks a backend's conformance tests use, registered so that pytest does not warn about them.
+    config.addinivalue_line("markers", "multiprocess: starts real torch.distributed processes (gloo on CPU)")
+    config.addinivalue_line("markers", "slow: takes more than about 20 seconds")
+
+
 class ConformanceFixture:
     def __init__(self, workdir: str) -> None:
         self.workdir = workdir

@@ -22,7 +22,22 @@ from drivetrain_conformance.static import check_spec
 from drivetrain_conformance.targets import target_name
 
 PASS, FAIL, NOT_APPLICABLE = "pass", "FAIL", "n/a"
+#: The oracle's tensors, keyed "<what>/<precision>/<processes>", for the process counts in _oracle_counts.
 _oracle_cache: dict[str, Any] = {}
+_oracle_counts: set[int] = set()
+#: Where the oracle saved the reference backend's recipe checkpoints (lives as long as this process).
+_oracle_checkpoints: list[str] = []
+
+
+def _checkpoints_dir() -> str:
+    if not _oracle_checkpoints:
+        import atexit
+        import shutil
+
+        folder = tempfile.mkdtemp(prefix="drivetrain-oracle-checkpoints-")
+        atexit.register(shutil.rmtree, folder, True)
+        _oracle_checkpoints.append(folder)
+    return _oracle_checkpoints[0]
 
 
 @attrs.define(frozen=True)
@@ -114,57 +129,241 @@ def _launch(args: list[str], processes: int, workdir: str, timeout: float) -> La
     return Launch(returncode, output, records, workdir)
 
 
-def oracle_tensors(timeout: float = 300) -> dict[str, Any]:
-    """The reference backend's weights after training on combined batches (computed once per process)."""
-    if not _oracle_cache:
+def _oracle_args(processes: int) -> list[str]:
+    return ["--oracle", str(processes), "--checkpoints", _checkpoints_dir()]
+
+
+def oracle_tensors(processes: int = 1, timeout: float = 300) -> dict[str, Any]:
+    """The reference backend on the combined batches of ``processes`` processes (computed once per process
+    count in this Python process)."""
+    if processes not in _oracle_counts:
         with tempfile.TemporaryDirectory(prefix="drivetrain-oracle-") as workdir:
-            launch = _launch(["--oracle", "--out", workdir], 1, workdir, timeout)
-            _store_oracle(launch)
+            launch = _launch([*_oracle_args(processes), "--out", workdir], 1, workdir, timeout)
+            _store_oracle(launch, processes)
     return _oracle_cache
 
 
-def _store_oracle(launch: Launch) -> None:
+def _store_oracle(launch: Launch, processes: int) -> None:
     import torch
 
     path = os.path.join(launch.tensors_dir, "oracle.rank0.pt")
     if not os.path.exists(path):
         raise RuntimeError(f"the reference backend's oracle run failed:\n{launch.output[-4000:]}")
     _oracle_cache.update(torch.load(path))
+    _oracle_counts.add(processes)
 
 
 def _tail(output: str, lines: int = 6) -> str:
     return " | ".join(line for line in output.strip().splitlines()[-lines:])
 
 
-def _training_verdict(target_id: str, launch: Launch, processes: int, info: Any) -> tuple[bool, str]:
-    """Compare every rank's weights with one process on the combined batch, per precision."""
+def _excess(actual: list, expected: list, tolerance: Any) -> tuple[float, float]:
+    """(how far ``actual`` exceeds the tolerance, worst absolute difference); the first <= atol passes."""
+    if len(actual) != len(expected) or any(a.shape != e.shape for a, e in zip(actual, expected)):
+        return float("inf"), float("inf")
+    worst = max(float(((a - e).abs() - tolerance.rtol * e.abs()).max()) for a, e in zip(actual, expected))
+    difference = max(float((a - e).abs().max()) for a, e in zip(actual, expected))
+    return worst, difference
+
+
+def _close(actual: list, expected: list, tolerance: Any) -> bool:
+    return _excess(actual, expected, tolerance)[0] <= tolerance.atol
+
+
+def _rank_tensors(launch: Launch, target_id: str, processes: int) -> list[dict[str, Any]]:
     import torch
 
     found = []
     for rank in range(processes):
         path = os.path.join(launch.tensors_dir, f"{target_id}.rank{rank}.pt")
-        tensors = torch.load(path, weights_only=False) if os.path.exists(path) else {}
+        found.append(torch.load(path, weights_only=False) if os.path.exists(path) else {})
+    return found
+
+
+def _ranks_disagree(per_rank: list[dict[str, Any]], key: str) -> bool:
+    first = per_rank[0].get(key)
+    return first is not None and any(
+        other.get(key) is not None and any(not (a == b).all() for a, b in zip(first, other[key]))
+        for other in per_rank[1:]
+    )
+
+
+NOT_SYNCHRONISED = (
+    "the processes hold different weights: gradients are not averaged across processes (wrap_model must "
+    "all-reduce them, and no_sync() must end at each accumulation boundary)"
+)
+
+
+def _training_verdict(target_id: str, launch: Launch, processes: int, info: Any) -> tuple[bool, str]:
+    """Compare every rank's weights with one process on the combined batch, per precision; on a
+    mismatch, name the likely mistake by comparing with the oracle's runs of known mistakes."""
+    per_rank = _rank_tensors(launch, target_id, processes)
+    found = []
+    for rank, tensors in enumerate(per_rank):
         for key, weights in sorted(tensors.items()):
             if not key.startswith("training/"):
                 continue
             precision = key.split("/")[1]
             tolerance = tolerance_for(precision, info)
             expected = _oracle_cache[f"oracle/{precision}/{processes}"]
-            worst = max(
-                float(((a - e).abs() - tolerance.rtol * e.abs()).max()) for a, e in zip(weights, expected)
-            )
-            difference = max(float((a - e).abs().max()) for a, e in zip(weights, expected))
+            worst, difference = _excess(weights, expected, tolerance)
             if worst > tolerance.atol:
-                return False, (
-                    f"rank {rank}, mixed_precision={precision!r}: weights differ from the reference "
-                    f"by up to {difference:.3g} (allowed {tolerance.atol:g} + {tolerance.rtol:g}*|ref|)"
+                where = f"rank {rank}, mixed_precision={precision!r}: "
+                if processes > 1 and _ranks_disagree(per_rank, key):
+                    return False, where + NOT_SYNCHRONISED
+                summed = _oracle_cache.get(f"oracle-summed/{precision}/{processes}")
+                if summed is not None and _close(weights, summed, tolerance):
+                    return False, where + (
+                        "the weights equal training with gradients summed over the processes: average them "
+                        "(divide the all-reduced gradients by the number of processes)"
+                    )
+                return False, where + (
+                    f"weights differ from the reference by up to {difference:.3g} (allowed "
+                    f"{tolerance.atol:g} + {tolerance.rtol:g}*|ref|): check how the backward pass, the "
+                    "gradient reduction and the optimizer step differ from loss.backward() + optimizer.step()"
                 )
             if rank == 0:
                 found.append(f"{precision}: {difference:.1e}")
     return True, "max difference " + ", ".join(found)
 
 
-def _worker_verdict(prop: str, target_id: str, launch: Launch, processes: int, info: Any) -> Verdict:
+def _format_lrs(lrs: Any) -> str:
+    return "[" + ", ".join(f"{float(v):.4g}" for v in lrs) + "]"
+
+
+def _recipe_verdict(target_id: str, launch: Launch, processes: int, info: Any) -> tuple[bool, str]:
+    """The recipe's learning rates, weights and AdamW state against the reference backend's."""
+    import torch
+
+    per_rank = _rank_tensors(launch, target_id, processes)
+    found, moments_compared = [], False
+    for rank, tensors in enumerate(per_rank):
+        precisions = sorted({key.split("/")[1] for key in tensors if key.startswith("recipe/")})
+        if not precisions:
+            return False, f"rank {rank} recorded no recipe results"
+        for precision in precisions:
+            where = f"rank {rank}, mixed_precision={precision!r}: " if processes > 1 else f"{precision}: "
+            key, reference = f"recipe/{precision}", f"recipe/{precision}/{processes}"
+            tolerance = tolerance_for(precision, info)
+            lrs, expected_lrs = tensors[f"{key}/lrs"][0], _oracle_cache[f"{reference}/lrs"][0]
+            if lrs.shape != expected_lrs.shape or not torch.allclose(lrs, expected_lrs, rtol=1e-6, atol=0):
+                return False, where + (
+                    f"the optimizer's learning rate after each step was {_format_lrs(lrs)}, the reference "
+                    f"backend's {_format_lrs(expected_lrs)}: the backend must not step or replace the user's "
+                    "scheduler (the kernel's AcceleratedScheduler steps it with the optimizer steps that happen)"
+                )
+            weights = tensors[f"{key}/weights"]
+            worst, difference = _excess(weights, _oracle_cache[f"{reference}/weights"], tolerance)
+            if worst > tolerance.atol:
+                unbound = _oracle_cache[f"recipe-unbound/{precision}/{processes}/weights"]
+                if _close(weights, unbound, tolerance):
+                    return False, where + (
+                        "the scheduler did not change the learning rate of the optimizer the backend "
+                        "returned (the weights equal training at a constant learning rate): bind schedulers "
+                        "to the wrapped optimizer; the kernel rebinds them to what wrap_optimizer returns "
+                        "(plugin_api.rebind_scheduler), so that object's param_groups must be the ones its "
+                        "step() uses"
+                    )
+                if processes > 1 and _ranks_disagree(per_rank, f"{key}/weights"):
+                    return False, where + NOT_SYNCHRONISED
+                unclipped = _oracle_cache[f"recipe-unclipped/{precision}/{processes}/weights"]
+                if _close(weights, unclipped, tolerance):
+                    return False, where + (
+                        "the weights equal training without gradient clipping: accelerator.clip_grad_norm_ "
+                        "did not clip (the clip_grad_norm hook must clip the gradients that the optimizer "
+                        "steps with, by the norm over all processes, and return that norm)"
+                    )
+                full_precision = _oracle_cache[f"recipe/no/{processes}/weights"]
+                if precision != "no" and _close(weights, full_precision, tolerance_for("no", info)):
+                    return False, where + (
+                        "the weights equal training in float32: mixed precision is not applied (the autocast "
+                        "hook must return a context computing in the requested dtype, or None for torch.autocast)"
+                    )
+                return False, where + (
+                    f"AdamW weights differ from the reference by up to {difference:.3g} (allowed "
+                    f"{tolerance.atol:g} + {tolerance.rtol:g}*|ref|) with a matching learning rate schedule: "
+                    "check mixed precision (autocast's dtype, loss scaling), gradient accumulation (the loss is "
+                    "divided by the accumulation steps once), clip_grad_norm_ (the norm of the whole model, "
+                    "after unscaling) and the optimizer step"
+                )
+            moments = tensors.get(f"{key}/moments")
+            expected_moments = _oracle_cache.get(f"{reference}/moments")
+            if moments is not None and expected_moments is not None:
+                moments_compared = True
+                worst, moment_difference = _excess(moments, expected_moments, tolerance)
+                if worst > tolerance.atol:
+                    return False, where + (
+                        f"the weights match but AdamW's exp_avg/exp_avg_sq differ from the reference by up to "
+                        f"{moment_difference:.3g}: the optimizer state the user reads is not the one that steps"
+                    )
+            if rank == 0:
+                found.append(f"{precision}: {difference:.1e}")
+    state = "AdamW state compared" if moments_compared else "AdamW state not readable whole here (sharded)"
+    return True, f"max weight difference {', '.join(found)}; learning rates equal; {state}"
+
+
+def _portable_verdict(
+    target_id: str, launch: Launch, processes: int, on_local: Launch | None
+) -> tuple[bool, str]:
+    """Both directions of a portable checkpoint against the uninterrupted reference run."""
+    import torch
+
+    tolerance = tolerance_for("no", None)
+    expected = _oracle_cache[f"recipe/no/{processes}/weights"]
+    for rank, tensors in enumerate(_rank_tensors(launch, target_id, processes)):
+        resumed = tensors.get("portable/resumed-from-local")
+        if resumed is None:
+            return False, f"rank {rank} recorded no weights after resuming the reference checkpoint"
+        worst, difference = _excess(resumed, expected, tolerance)
+        if worst > tolerance.atol:
+            return False, (
+                (f"rank {rank}: " if processes > 1 else "")
+                + f"resuming a checkpoint of the reference backend here and training on differs "
+                f"from the uninterrupted reference run by up to {difference:.3g}: load_state does not restore "
+                "everything the reference files hold (model, AdamW state, scheduler)"
+            )
+    if on_local is None:
+        return False, "the reference backend's resume launch did not run"
+    failure = next(
+        (
+            r["on_local"]
+            for r in on_local.records.get(0, [])
+            if r.get("target") == target_id and "on_local" in r
+        ),
+        None,
+    )
+    if failure is not None:
+        return False, (
+            f"the reference backend could not load this backend's checkpoint ({failure}): with "
+            "portable_checkpoints=True, save_state must write the whole state in the reference format "
+            "(consolidate a sharded optimizer's state before saving), or declare portable_checkpoints=False"
+        )
+    path = os.path.join(on_local.tensors_dir, f"{target_id}.on-local.pt")
+    if not os.path.exists(path):
+        return False, f"the reference backend's resume launch failed: {_tail(on_local.output)}"
+    tensors = torch.load(path, weights_only=False)
+    saved_moments = _oracle_cache.get(f"recipe-at-resume/no/{processes}/moments")
+    if saved_moments is not None:
+        worst, difference = _excess(tensors["loaded-moments"], saved_moments, tolerance)
+        if worst > tolerance.atol:
+            return False, (
+                f"the AdamW state in this backend's checkpoint differs from the reference's at the same step "
+                f"by up to {difference:.3g}: save_state wrote part of the state, or one process's shard as "
+                "if it were the whole"
+            )
+    worst, difference = _excess(tensors["resumed-weights"], expected, tolerance)
+    if worst > tolerance.atol:
+        return False, (
+            f"resuming this backend's checkpoint on the reference backend and training on differs from the "
+            f"uninterrupted reference run by up to {difference:.3g}: the checkpoint's model, optimizer or "
+            "scheduler state is not what the reference format holds"
+        )
+    return True, "backend -> local and local -> backend resume equal the uninterrupted reference run"
+
+
+def _worker_verdict(
+    prop: str, target_id: str, launch: Launch, processes: int, info: Any, on_local: Launch | None = None
+) -> Verdict:
     details = {}
     for rank in range(processes):
         mine = [r for r in launch.records[rank] if r.get("target") == target_id and r.get("property") == prop]
@@ -172,7 +371,7 @@ def _worker_verdict(prop: str, target_id: str, launch: Launch, processes: int, i
             why = "timed out" if launch.returncode is None else f"exit code {launch.returncode}"
             return Verdict(prop, FAIL, f"no result from rank {rank} ({why}): {_tail(launch.output)}")
         if not mine[0]["ok"]:
-            prefix = f"rank {rank}: " if processes > 1 else ""
+            prefix = f"rank {rank}: " if processes > 1 and not mine[0]["detail"].startswith("rank ") else ""
             return Verdict(prop, FAIL, prefix + mine[0]["detail"])
         details[rank] = mine[0]["detail"]
     if prop in ("one_process_matches_local", "multi_process_matches_combined_batch"):
@@ -180,6 +379,16 @@ def _worker_verdict(prop: str, target_id: str, launch: Launch, processes: int, i
             ok, detail = _training_verdict(target_id, launch, processes, info)
         except Exception as exc:
             return Verdict(prop, FAIL, f"could not compare the recorded weights: {type(exc).__name__}: {exc}")
+        return Verdict(prop, PASS if ok else FAIL, detail)
+    comparisons = {
+        "adamw_schedule_matches_local": lambda: _recipe_verdict(target_id, launch, processes, info),
+        "checkpoint_portable": lambda: _portable_verdict(target_id, launch, processes, on_local),
+    }
+    if prop in comparisons:
+        try:
+            ok, detail = comparisons[prop]()
+        except Exception as exc:
+            return Verdict(prop, FAIL, f"could not compare the recorded results: {type(exc).__name__}: {exc}")
         return Verdict(prop, PASS if ok else FAIL, detail)
     return Verdict(prop, PASS, details[0])
 
@@ -227,16 +436,38 @@ def run_suite(
             )
         ]
         args = ["--out", workdir, "--targets", ",".join(f"{ids[spec]}={spec}" for spec in launched)]
+        args += ["--checkpoints", _checkpoints_dir()]
         if plugins:
             args += ["--plugins", ",".join(plugins)]
         launch = Launch(0, "", {rank: [{"finished": True}] for rank in range(processes)}, workdir)
+        on_local = None
         if launched:
-            with_oracle = processes == 1 and not _oracle_cache
+            # One process: the oracle runs first in the same launch (a launch costs seconds of start-up).
+            with_oracle = processes == 1 and processes not in _oracle_counts
             if not with_oracle:
-                oracle_tensors(timeout)
-            launch = _launch(args + (["--oracle"] if with_oracle else []), processes, workdir, timeout)
+                oracle_tensors(processes, timeout)
+            launch = _launch(args + (["--oracle", "1"] if with_oracle else []), processes, workdir, timeout)
             if with_oracle:
-                _store_oracle(launch)
+                _store_oracle(launch, processes)
+            portable = [
+                spec
+                for spec in launched
+                if not_applicable("checkpoint_portable", static[spec][1], processes) is None
+                and os.path.isdir(os.path.join(workdir, f"portable-{ids[spec]}"))
+            ]
+            if portable:
+                # Every portable backend's checkpoint resumed by the reference backend, in one more launch.
+                resume_dir = os.path.join(workdir, "on-local")
+                os.makedirs(resume_dir)
+                pairs = ",".join(
+                    f"{ids[spec]}={os.path.join(workdir, 'portable-' + ids[spec])}" for spec in portable
+                )
+                on_local = _launch(
+                    ["--out", resume_dir, "--resume-on-local", pairs, "--as-processes", str(processes)],
+                    1,
+                    resume_dir,
+                    timeout,
+                )
         reports = {}
         for spec in targets:
             problem, info = static[spec]
@@ -250,6 +481,6 @@ def run_suite(
                 elif prop.where == "launch":
                     verdicts.append(_exit_verdict(launch, processes))
                 else:
-                    verdicts.append(_worker_verdict(prop.name, ids[spec], launch, processes, info))
+                    verdicts.append(_worker_verdict(prop.name, ids[spec], launch, processes, info, on_local))
             reports[spec] = Report(target_name(spec), processes, verdicts, tuple(plugins))
         return reports

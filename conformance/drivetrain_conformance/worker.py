@@ -16,7 +16,18 @@ import traceback
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--targets", default="", help="comma-separated id=spec pairs")
-    parser.add_argument("--oracle", action="store_true", help="first run the reference backend's oracle")
+    parser.add_argument(
+        "--oracle", default="", help="first run the reference backend's oracle for these process counts (1,2)"
+    )
+    parser.add_argument(
+        "--checkpoints", default=None, help="folder of the oracle's recipe checkpoints (checkpoint_portable)"
+    )
+    parser.add_argument(
+        "--resume-on-local",
+        default="",
+        help="comma-separated id=folder pairs: resume each backend checkpoint with the reference backend",
+    )
+    parser.add_argument("--as-processes", type=int, default=1, help="process count the checkpoints came from")
     parser.add_argument(
         "--plugins", default="", help="comma-separated plugins every checked Accelerator names"
     )
@@ -41,8 +52,18 @@ def main() -> None:
 
     if args.oracle:
         ctx = checks.Context("local", None, args.out)
-        checks.oracle(ctx)
+        checks.oracle(ctx, tuple(int(n) for n in args.oracle.split(",")), args.checkpoints)
         torch.save(ctx.tensors, os.path.join(args.out, f"oracle.rank{rank}.pt"))
+
+    for pair in filter(None, args.resume_on_local.split(",")):
+        target_id, folder = pair.split("=", 1)
+        reset_state()
+        ctx = checks.Context("local", None, args.out)
+        try:
+            checks.resume_on_local(ctx, folder, args.as_processes)
+            torch.save(ctx.tensors, os.path.join(args.out, f"{target_id}.on-local.pt"))
+        except Exception as exc:
+            emit({"target": target_id, "on_local": f"{type(exc).__name__}: {' '.join(str(exc).split())}"})
 
     for pair in filter(None, args.targets.split(",")):
         target_id, spec = pair.split("=", 1)
@@ -52,7 +73,14 @@ def main() -> None:
             from drivetrain.plugin_api import PluginInfo
 
             info = getattr(module, "PLUGIN_INFO", None) or PluginInfo(kind="backend")
-            ctx = checks.Context(name, info, args.out, tuple(filter(None, args.plugins.split(","))))
+            ctx = checks.Context(
+                name,
+                info,
+                args.out,
+                tuple(filter(None, args.plugins.split(","))),
+                target_id=target_id,
+                oracle_checkpoints=args.checkpoints,
+            )
         except Exception as exc:
             for prop in WORKER_PROPERTIES:
                 emit(
@@ -78,7 +106,8 @@ def main() -> None:
                     str(exc)
                     if isinstance(exc, checks.PropertyFailure)
                     else (
-                        f"{type(exc).__name__}: {exc} (at {os.path.basename(where.filename)}:{where.lineno})"
+                        f"raised {type(exc).__name__}: {exc} (at {os.path.basename(where.filename)}:"
+                        f"{where.lineno}) while {checks.DOING.get(prop, 'running the check')}"
                     )
                 )
                 done[check] = (False, " ".join(detail.split()))

@@ -58,6 +58,7 @@ _LAZY = {
     # the training step
     "patch_forward_with_autocast": "drivetrain.training.modeling",
     "track_step_for_schedulers": "drivetrain.training.scheduler",
+    "rebind_scheduler": "drivetrain.training.scheduler",
     # checkpoint files (the reference format, and helpers to write a backend's own files into a checkpoint)
     "write_training_objects": "drivetrain.checkpoint.training_objects",
     "read_training_objects": "drivetrain.checkpoint.training_objects",

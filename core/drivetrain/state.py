@@ -108,6 +108,7 @@ class PartialState:
         self.environment: DistributedEnvironment = environment
         self.debug: bool = sources.to_bool(os.environ.get("DRIVETRAIN_DEBUG_MODE", "0"))
         self.fork_launched: bool = sources.to_bool(os.environ.get("FORK_LAUNCHED", "0"))
+        _report_backend(self.backend_name, self.backend_source, environment.process_index)
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     @property
@@ -521,3 +522,15 @@ def reset_state(destroy_process_group: bool = False) -> None:
     AcceleratorState._reset_state()
     GradientState._reset_state()
     PartialState._reset_state(destroy_process_group=destroy_process_group)
+
+
+def _report_backend(name: str, source: str, process_index: int) -> None:
+    """Tell ``drivetrain launch`` which backend the script used (its banner could only guess before the
+    script ran): process 0 writes it to the file the launcher named."""
+    report = os.environ.get(sources.BACKEND_REPORT_ENV)
+    if report and process_index == 0:
+        try:
+            with open(report, "w") as stream:
+                stream.write(f"{name}\t{source}")
+        except OSError:
+            pass  # the launcher's own folder went away: the report is a courtesy

@@ -28,7 +28,9 @@ PLUGIN_INFO = PluginInfo(
     kind="backend",
     contract="1.1",
     description="data parallel; all-reduces bf16-compressed gradients under mixed_precision='bf16'",
-    capabilities=Capabilities(multi_process=True, precisions=("no", "bf16"), devices=("cpu", "cuda")),
+    capabilities=Capabilities(
+        multi_process=True, precisions=("no", "bf16"), devices=("cpu", "cuda"), portable_checkpoints=True
+    ),
 )
 
 #: Wrappers built in this process: released before the process group is destroyed (see _shutdown).

@@ -30,7 +30,10 @@ PLUGIN_INFO = PluginInfo(
     kind="backend",
     description="reference backend: one process, CPU or one GPU",
     capabilities=Capabilities(
-        multi_process=False, precisions=("no", "bf16", "fp16"), devices=("cpu", "cuda")
+        multi_process=False,
+        precisions=("no", "bf16", "fp16"),
+        devices=("cpu", "cuda"),
+        portable_checkpoints=True,
     ),
 )
 

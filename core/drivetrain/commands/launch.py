@@ -13,6 +13,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,7 +28,7 @@ from drivetrain.commands.parsing import (
 )
 from drivetrain.compat.names import ACCELERATE_BACKEND_FLAGS, MULTIPROCESS_BACKEND_DISTRIBUTION
 from drivetrain.config.file import KEYS, PRECISIONS, RDZV_BACKENDS, ConfigFile, load_config
-from drivetrain.config.sources import BACKEND_CONFIG_ENV, PLUGIN_OPTIONS_ENV
+from drivetrain.config.sources import BACKEND_CONFIG_ENV, BACKEND_REPORT_ENV, PLUGIN_OPTIONS_ENV
 from drivetrain.errors import ConfigurationError, PluginError
 from drivetrain.launchers import free_port
 
@@ -730,6 +731,10 @@ def launch(plan: LaunchPlan, args: argparse.Namespace | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     debug = bool(plan.chosen.get("debug"))
+    # Process 0 writes the backend the script used here (state._report_backend), for the line after the run.
+    report = tempfile.NamedTemporaryFile(prefix="drivetrain-backend-", suffix=".txt", delete=False)
+    report.close()
+    os.environ[BACKEND_REPORT_ENV] = report.name
     try:
         torchrun.run(torchrun.parse_args(torchrun_arguments(plan)))
     except ChildFailedError as exc:
@@ -745,7 +750,28 @@ def launch(plan: LaunchPlan, args: argparse.Namespace | None = None) -> int:
             file=sys.stderr,
         )
         return code
+    finally:
+        if not plan.quiet:
+            used = used_backend_line(plan, report.name)
+            if used:
+                print(used, file=sys.stderr, flush=True)
+        os.environ.pop(BACKEND_REPORT_ENV, None)
+        os.unlink(report.name)
     return 0
+
+
+def used_backend_line(plan: LaunchPlan, report: str) -> str | None:
+    """``drivetrain launch: the script used backend X (from ...)`` when the processes used another backend
+    than the banner announced (the script chose one itself), else None."""
+    try:
+        with open(report) as stream:
+            name, _, source = stream.read().partition("\t")
+    except OSError:
+        return None
+    announced = plan.backend_label.split(" ")[0]
+    if not name or name == announced:
+        return None
+    return f"drivetrain launch: the script used backend {name} (from {source}), not {plan.backend_label}"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -67,7 +67,19 @@ PLUGIN_EXPORTS = {
     "get_active_deepspeed_plugin": "drivetrain-deepspeed",
     "select_deepspeed_plugin": "drivetrain-deepspeed",
     "zero3_init": "drivetrain-deepspeed",
-    "MegatronLMPlugin": "drivetrain-megatron",
+    **{
+        name: "drivetrain-megatron"
+        for name in (
+            "MegatronLMPlugin",
+            "MegatronLMDummyDataLoader",
+            "MegatronLMDummyScheduler",
+            "AbstractTrainStep",
+            "GPTTrainStep",
+            "BertTrainStep",
+            "T5TrainStep",
+            "avg_losses_across_data_parallel_group",
+        )
+    },
     "FP8RecipeKwargs": "drivetrain-fp8",
     "TERecipeKwargs": "drivetrain-fp8",
     "AORecipeKwargs": "drivetrain-fp8",

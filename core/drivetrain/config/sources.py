@@ -134,6 +134,8 @@ def to_int(value: Any) -> int:
 #: (its config-file section and backend flags) and each plugin's launch options and config keys, as JSON.
 BACKEND_CONFIG_ENV = "DRIVETRAIN_BACKEND_CONFIG"
 PLUGIN_OPTIONS_ENV = "DRIVETRAIN_PLUGIN_OPTIONS"
+#: Set by ``drivetrain launch``: the file where process 0 writes the backend the script used, and why.
+BACKEND_REPORT_ENV = "DRIVETRAIN_BACKEND_REPORT"
 
 
 def _json_environment(variable: str) -> dict[str, Any]:

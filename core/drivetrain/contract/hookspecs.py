@@ -132,8 +132,9 @@ def setup_process_group(
         The kernel has already refused dimensions outside ``Capabilities.mesh_dimensions``; a backend that
         declares none raises a :class:`~drivetrain.errors.ConfigurationError` naming what it cannot do.
     :param backend_config: the backend configuration object the script passed (``Accelerator(backend_config=
-        ...)`` or an alias such as ``fsdp_plugin=``), or ``None``: settings that must act before the device
-        is first used (XLA's SPMD mode) are read here.
+        ...)`` or an alias such as ``fsdp_plugin=``, ``megatron_lm_plugin=``), or ``None``: settings that must act
+        before the process groups exist or the device is first used (Megatron's tensor/pipeline degrees, XLA's
+        SPMD mode) are read here.
     :return: a :class:`~drivetrain.contract.environment.DistributedEnvironment` (ranks, world size,
         distributed type, data-parallel coordinates, device mesh, and the
         :class:`~drivetrain.contract.environment.Collectives` the kernel uses for gather/broadcast/reduce).

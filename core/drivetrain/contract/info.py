@@ -37,8 +37,8 @@ class Capabilities:
     """What a backend promises; the conformance suite reports properties outside these as not applicable."""
 
     multi_process: bool = False
-    #: Each process saves only its shard of the model or optimizer state (FSDP, DeepSpeed ZeRO): the
-    #: conformance suite checks that the files differ by rank and that loading on the same layout restores.
+    #: Each process holds only part of the model or optimizer state (FSDP, DeepSpeed ZeRO, a
+    #: ZeroRedundancyOptimizer): the conformance suite checks the declaration against what the processes hold.
     sharded_state: bool = False
     precisions: tuple[str, ...] = ("no",)
     devices: tuple[str, ...] = ("cpu",)
@@ -54,6 +54,10 @@ class Capabilities:
     #: enables another dimension, with an error naming it and the backend. ``None`` (contract 1.1 plugins):
     #: not declared, the backend checks what it receives in ``setup_process_group`` itself.
     mesh_dimensions: tuple[str, ...] | None = None
+    #: A checkpoint written by ``save_state`` loads with the reference backend ``local`` (one process), and a
+    #: ``local`` checkpoint loads here: the files hold the whole model and optimizer state in the reference
+    #: format. The conformance suite resumes backend -> local and local -> backend (contract 1.1).
+    portable_checkpoints: bool = False
 
 
 @attrs.define(frozen=True)

@@ -14,8 +14,8 @@ class AcceleratedScheduler:
 
     With ``step_with_optimizer`` (the default) it steps only when the optimizer did: not while gradients
     accumulate (but counts the step when ``adjust_scheduler``), not when fp16 skipped the step. When batches
-    are not split, each process consumed 1/N of a global batch, so the schedule advances N steps per call,
-    as a single process seeing the same data would.
+    are not split, each data-parallel share (each process, without tensor parallelism) consumed 1/N of a global
+    batch, so the schedule advances N steps per call, as a single process seeing the same data would.
     """
 
     def __init__(
@@ -37,7 +37,8 @@ class AcceleratedScheduler:
             return
         if any(getattr(optimizer, "step_was_skipped", False) for optimizer in self.optimizers):
             return
-        repeats = 1 if self.split_batches else AcceleratorState().num_processes
+        # One step per share of the data: processes of one tensor-parallel group consumed the same batch.
+        repeats = 1 if self.split_batches else AcceleratorState().environment.data_shards[0]
         total_steps = getattr(self.scheduler, "total_steps", None)
         for _ in range(repeats):
             # OneCycleLR raises past its last step; with uneven last batches we may get there.

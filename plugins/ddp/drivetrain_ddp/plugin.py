@@ -26,6 +26,8 @@ PLUGIN_INFO = PluginInfo(
         devices=("cpu", "cuda", "xpu"),
         # Plain data parallelism: a ParallelismConfig may only replicate (tp/cp/sharding: the fsdp backend).
         mesh_dimensions=("dp_replicate",),
+        # Every rank holds the whole state; rank 0 writes it in the reference format.
+        portable_checkpoints=True,
     ),
     select_for_multiprocess=True,
 )

@@ -1,21 +1,33 @@
 """The backend's hook implementations.
 
-Every hook below is stubbed to return ``None``, which means "not mine": drivetrain then asks the next plugin
-and finally the reference backend ``local``. Replace a stub where your backend differs; delete the ones you
-never need. The full contract, with each hook's arguments and calling rule, is docs/hooks.md; everything
-else a plugin may import from drivetrain is ``drivetrain.plugin_api`` (docs/plugins/api.md). An
-implementation may take any subset of a hook's arguments.
+As rendered, this is a working data-parallel backend (torch DistributedDataParallel over gloo or nccl) that
+passes the conformance suite with one and with several processes: change it from here. Every other hook is
+stubbed to return ``None``, which means "not mine": drivetrain then asks the next plugin and finally the
+reference backend ``local``. A hook may also do a side effect and return ``None`` to reuse the reference
+behaviour after it (``save_state`` consolidating a sharded optimizer, then letting ``local`` write the files).
+Replace a stub where your backend differs; delete the ones you never need. The full contract, with each
+hook's arguments and calling rule, is docs/hooks.md; everything else a plugin may import from drivetrain is
+``drivetrain.plugin_api`` (docs/plugins/api.md). An implementation may take any subset of a hook's arguments.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import weakref
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from drivetrain import hookimpl
-from drivetrain.plugin_api import Capabilities, PluginInfo
+from drivetrain.plugin_api import (
+    Capabilities,
+    DistributedEnvironment,
+    DistributedType,
+    PluginInfo,
+    TorchCollectives,
+)
 
 PLUGIN_INFO = PluginInfo(
     kind="backend",
@@ -23,32 +35,80 @@ PLUGIN_INFO = PluginInfo(
     contract="1.1",
     description="{{ cookiecutter.description }}",
     # What the conformance suite holds you to; properties outside these are reported "n/a".
-    # Set multi_process=True once setup_process_group and wrap_model handle several processes.
     capabilities=Capabilities(
-        multi_process=False, sharded_state=False, precisions=("no", "bf16", "fp16"), devices=("cpu",)
+        multi_process=True,
+        # True once a process holds only part of the model or optimizer state (the suite checks it).
+        sharded_state=False,
+        # The reference backend's checkpoint files are written and read (save_state/load_state return None).
+        portable_checkpoints=True,
+        precisions=("no", "bf16", "fp16"),
+        devices=("cpu", "cuda"),
     ),
     # Third-party libraries to import lazily (``drivetrain plugins`` reports when they do not import).
     requires=(),
 )
 
+#: Wrappers built in this process, released before the process group is destroyed (see _shutdown).
+_wrappers: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+
+
+def _shutdown() -> None:
+    """Called by ``accelerator.end_training()``: meet the other ranks, release every DDP reducer (it holds
+    the process group; left alive, gloo can abort the process at exit), destroy the group."""
+    if not dist.is_initialized():
+        return
+    dist.barrier()
+    for wrapper in list(_wrappers):
+        wrapper.__dict__["reducer"] = None
+        wrapper.__dict__["logger"] = None
+    _wrappers.clear()
+    dist.destroy_process_group()
+
 
 @hookimpl
-def setup_process_group(device: torch.device, init_kwargs: dict[str, Any], parallelism: Any) -> Any:
+def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> Any:
     """Join the process group; return a ``plugin_api.DistributedEnvironment`` (ranks, world size,
-    distributed type, collectives, shutdown). ``None``: one process, like ``local``."""
-    return None
+    distributed type, collectives, shutdown). ``init_kwargs`` holds the script's
+    ``InitProcessGroupKwargs`` (``backend``, ``init_method``, ``timeout``) that are not None."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return DistributedEnvironment(distributed_type=DistributedType.NO)
+    if not dist.is_initialized():
+        backend = init_kwargs.get("backend") or ("nccl" if device.type == "cuda" else "gloo")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend=backend, rank=int(os.environ["RANK"]), world_size=world_size)
+    return DistributedEnvironment(
+        num_processes=dist.get_world_size(),
+        process_index=dist.get_rank(),
+        local_process_index=int(os.environ.get("LOCAL_RANK", "0")),
+        local_num_processes=int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
+        distributed_type=DistributedType.MULTI_GPU if device.type == "cuda" else DistributedType.MULTI_CPU,
+        torch_backend=dist.get_backend(),
+        collectives=TorchCollectives(),
+        shutdown=_shutdown,
+    )
 
 
 @hookimpl
 def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) -> torch.nn.Module | None:
-    """Wrap or convert a model for training (chain: return the new model, or ``None`` for unchanged). Give a
-    wrapper ``no_sync()`` if gradient synchronisation can be skipped."""
-    return None
+    """Wrap or convert a model for training (chain: return the new model, or ``None`` for unchanged). The
+    wrapper's ``no_sync()`` is what the kernel enters between gradient accumulation boundaries."""
+    if evaluation_mode or accelerator.num_processes == 1:
+        return None
+    device = accelerator.device
+    wrapped = torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None
+    )
+    _wrappers.add(wrapped)
+    return wrapped
 
 
 @hookimpl
 def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.optim.Optimizer | None:
-    """Rebind or replace an optimizer (chain). ``None``: unchanged."""
+    """Rebind or replace an optimizer (chain). ``None``: unchanged. When you return another optimizer, the
+    kernel rebinds the user's LR schedulers to it (``plugin_api.rebind_scheduler``): its ``param_groups``
+    must be the ones its ``step()`` uses."""
     return None
 
 

@@ -1,0 +1,163 @@
+"""Per-step time of a megatron-core tensor-parallel model prepared by drivetrain against the same model driven
+by hand (megatron-core's ``parallel_state`` and the same layers, plain torch optimizer, no drivetrain calls).
+
+tp=2 on 2 CPU processes (gloo, one thread each); an MLP of two blocks of ``ColumnParallelLinear`` (128 -> 512)
+and ``RowParallelLinear`` (512 -> 128), SGD, gradient clipping off in both variants. Blocks of steps alternate
+between the two variants, so load from other programs hits both alike. Three figures per variant: the median
+over blocks of the per-step wall time, the fastest block, and the median of rank 0's own CPU time per step.
+Target: prepared / by hand <= 1.05.
+
+    python bench/megatron_step.py [--steps 30] [--rounds 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+from drivetrain.testing import launch_script
+
+HIDDEN = 128
+BATCH = 16
+
+
+def make_model(config) -> torch.nn.Module:
+    from megatron.core import tensor_parallel
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            init = torch.nn.init.xavier_normal_
+            self.up = tensor_parallel.ColumnParallelLinear(
+                HIDDEN, 4 * HIDDEN, config=config, init_method=init, bias=True, gather_output=False
+            )
+            self.down = tensor_parallel.RowParallelLinear(
+                4 * HIDDEN,
+                HIDDEN,
+                config=config,
+                init_method=init,
+                bias=True,
+                input_is_parallel=True,
+                skip_bias_add=False,
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            hidden, _ = self.up(x)
+            out, _ = self.down(torch.relu(hidden))
+            return x + out
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(Block(), Block())
+
+
+def time_block(step, inputs: torch.Tensor, targets: torch.Tensor, steps: int) -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds) per step."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    start, cpu = time.perf_counter(), time.process_time()
+    for index in range(steps):
+        step(inputs[index % len(inputs)], targets[index % len(targets)])
+    cpu = time.process_time() - cpu
+    dist.barrier()
+    return (time.perf_counter() - start) / steps, cpu / steps
+
+
+def worker(steps: int, rounds: int) -> dict[str, float]:
+    from drivetrain import Accelerator
+    from drivetrain.utils import MegatronLMPlugin
+
+    torch.set_num_threads(1)
+    plugin = MegatronLMPlugin(tp_degree=2, gradient_clipping=0)
+    accelerator = Accelerator(megatron_lm_plugin=plugin)
+    config = plugin.model_parallel_config()
+    # by hand: the groups megatron-core already has, the same layers, a plain optimizer
+    raw_model = make_model(config)
+    raw_optimizer = torch.optim.SGD(raw_model.parameters(), lr=0.01)
+    model = make_model(config)
+    prepared_model, prepared_optimizer = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.01)
+    )
+
+    def raw_step(x: torch.Tensor, y: torch.Tensor) -> None:
+        torch.nn.functional.mse_loss(raw_model(x), y).backward()
+        raw_optimizer.step()
+        raw_optimizer.zero_grad()
+
+    def prepared_step(x: torch.Tensor, y: torch.Tensor) -> None:
+        accelerator.backward(torch.nn.functional.mse_loss(prepared_model(x), y))
+        prepared_optimizer.step()
+        prepared_optimizer.zero_grad()
+
+    # Both ranks of the tensor-parallel pair take the same batch (what the prepared data loader gives them).
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randn(16, BATCH, HIDDEN, generator=generator)
+    targets = torch.randn(16, BATCH, HIDDEN, generator=generator)
+    for step in (raw_step, prepared_step):  # warm-up
+        time_block(step, inputs, targets, max(steps // 3, 5))
+    raw, prepared = [], []
+    for round_index in range(rounds):
+        order = (raw_step, prepared_step) if round_index % 2 == 0 else (prepared_step, raw_step)
+        for step in order:
+            (raw if step is raw_step else prepared).append(time_block(step, inputs, targets, steps))
+    accelerator.end_training()
+    return {
+        "raw": statistics.median(wall for wall, _ in raw),
+        "prepared": statistics.median(wall for wall, _ in prepared),
+        "raw_min": min(wall for wall, _ in raw),
+        "prepared_min": min(wall for wall, _ in prepared),
+        "raw_cpu": statistics.median(cpu for _, cpu in raw),
+        "prepared_cpu": statistics.median(cpu for _, cpu in prepared),
+    }
+
+
+def run(steps: int, rounds: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="megatron-bench-") as tmp:
+        output = os.path.join(tmp, "result.json")
+        worker_args = ["--worker", "--steps", str(steps), "--rounds", str(rounds), "--output", output]
+        env = {"TMPDIR": tmp, "PYTHONWARNINGS": "ignore"}
+        done = launch_script(__file__, 2, args=worker_args, env=env, timeout=3600, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"benchmark run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        with open(output) as handle:
+            return json.load(handle)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description="prepared vs hand-driven megatron-core tp=2 step time on CPU"
+    )
+    parser.add_argument("--steps", type=int, default=30, help="steps per timed block")
+    parser.add_argument("--rounds", type=int, default=9, help="timed blocks per variant")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--output", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        result = worker(args.steps, args.rounds)
+        if int(os.environ.get("RANK", "0")) == 0:
+            with open(args.output, "w") as handle:
+                json.dump(result, handle)
+        return 0
+    print(
+        f"tp=2 MLP {HIDDEN}->{4 * HIDDEN}->{HIDDEN} x2, batch {BATCH}, 1 thread, {args.rounds} blocks of {args.steps}"
+    )
+    result = run(args.steps, args.rounds)
+    for suffix, statistic in (("", "median"), ("_min", "fastest"), ("_cpu", "CPU")):
+        raw, prepared = result["raw" + suffix], result["prepared" + suffix]
+        ratio = prepared / raw
+        print(
+            f"tp=2 {statistic:8s} by hand {raw * 1e3:7.2f} ms/step   prepared {prepared * 1e3:7.2f} ms/step"
+            f"   ratio {ratio:.3f}  {'ok' if ratio <= 1.05 else 'above target 1.05'}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

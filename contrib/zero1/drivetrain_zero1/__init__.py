@@ -1,0 +1,1 @@
+"""drivetrain backend: DDP with ZeroRedundancyOptimizer (ZeRO stage 1)."""

@@ -1,0 +1,1 @@
+"""drivetrain-megatron: tensor, sequence and pipeline parallelism on megatron-core."""

@@ -1,0 +1,133 @@
+"""The process group (joined as the ddp backend joins it) and megatron-core's tensor/pipeline/data-parallel
+groups (``parallel_state.initialize_model_parallel``)."""
+
+from __future__ import annotations
+
+import atexit
+from typing import Any
+
+import attrs
+import torch
+
+from drivetrain.plugin_api import (
+    ConfigurationError,
+    DistributedEnvironment,
+    DistributedType,
+    TorchCollectives,
+)
+from drivetrain_ddp.process_group import join_process_group, shutdown_process_group
+from drivetrain_megatron.config import MegatronLMPlugin
+
+
+def shutdown() -> None:
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    shutdown_process_group()
+
+
+def _join_alone(device: torch.device) -> None:
+    """A process group of one, so that megatron-core's groups (and its layers) work unchanged in one process."""
+    import torch.distributed as dist
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+    atexit.register(shutdown)
+
+
+def check_degrees(config: MegatronLMPlugin, world_size: int, device: torch.device) -> None:
+    """Degrees that cannot be laid out on ``world_size`` processes of ``device``, with what would run."""
+    model_parallel = config.tp_degree * config.pp_degree
+    if world_size % model_parallel:
+        raise ConfigurationError(
+            f"MegatronLMPlugin: tp_degree x pp_degree = {config.tp_degree} x {config.pp_degree} = "
+            f"{model_parallel} must divide the number of processes ({world_size})"
+        )
+    if config.pp_degree > 1 and device.type != "cuda":
+        raise ConfigurationError(
+            f"MegatronLMPlugin.pp_degree={config.pp_degree} needs CUDA: megatron-core's pipeline schedules "
+            f"allocate their buffers on 'cuda' (this process computes on {device.type}); use pp_degree=1 here "
+            "(tensor, sequence and data parallelism run on CPU)"
+        )
+    if config.sequence_parallelism and device.type != "cuda":
+        raise ConfigurationError(
+            "MegatronLMPlugin.sequence_parallelism=True needs CUDA: megatron-core's sequence-parallel all-gather "
+            f"writes into a buffer it allocates on 'cuda' (this process computes on {device.type}); leave it off "
+            "on CPU"
+        )
+    if config.use_distributed_optimizer and device.type != "cuda":
+        raise ConfigurationError(
+            "MegatronLMPlugin.use_distributed_optimizer=True needs CUDA: megatron-core's optimizers and "
+            f"gradient buffers allocate on 'cuda' (this process computes on {device.type}); leave it off on CPU"
+        )
+
+
+def join(
+    device: torch.device, init_kwargs: dict[str, Any], config: MegatronLMPlugin
+) -> DistributedEnvironment:
+    """``setup_process_group`` of the megatron backend: the torchrun process group, then megatron-core's
+    groups; data is shared out by data-parallel rank (every tensor/pipeline-parallel peer sees the same batch)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    environment = join_process_group(device, init_kwargs)
+    if not dist.is_initialized():
+        _join_alone(device)
+    world_size = dist.get_world_size()
+    check_degrees(config, world_size, device)
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=config.tp_degree,
+        pipeline_model_parallel_size=config.pp_degree,
+        virtual_pipeline_model_parallel_size=_virtual_stages(config),
+    )
+    return attrs.evolve(
+        environment,
+        num_processes=world_size,
+        process_index=dist.get_rank(),
+        distributed_type=DistributedType.MEGATRON_LM,
+        torch_backend=dist.get_backend(),
+        collectives=TorchCollectives(),
+        shutdown=shutdown,
+        data_parallel_size=parallel_state.get_data_parallel_world_size(),
+        data_parallel_rank=parallel_state.get_data_parallel_rank(),
+    )
+
+
+def _virtual_stages(config: MegatronLMPlugin) -> int | None:
+    if config.num_layers_per_virtual_pipeline_stage is None or config.pp_degree == 1:
+        return None
+    layers = (config.other_megatron_args or {}).get("num_layers")
+    if layers is None:
+        raise ConfigurationError(
+            "MegatronLMPlugin.num_layers_per_virtual_pipeline_stage needs the model's layer count: pass "
+            "other_megatron_args={'num_layers': N}"
+        )
+    return int(layers) // config.pp_degree // config.num_layers_per_virtual_pipeline_stage
+
+
+def data_parallel_size() -> int:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_data_parallel_world_size()
+
+
+def data_parallel_group() -> Any:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_data_parallel_group()
+
+
+def layout() -> dict[str, int]:
+    """This process's coordinates and the degrees, as written into checkpoints."""
+    from megatron.core import parallel_state as ps
+
+    return {
+        "tp_degree": ps.get_tensor_model_parallel_world_size(),
+        "pp_degree": ps.get_pipeline_model_parallel_world_size(),
+        "dp_degree": ps.get_data_parallel_world_size(),
+        "tp_rank": ps.get_tensor_model_parallel_rank(),
+        "pp_rank": ps.get_pipeline_model_parallel_rank(),
+        "dp_rank": ps.get_data_parallel_rank(),
+    }

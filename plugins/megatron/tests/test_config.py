@@ -1,0 +1,270 @@
+"""MegatronLMPlugin from the constructor, launch flags, the config file and MEGATRON_LM_* variables; what
+runs in one process (groups of one, the dummy scheduler, train steps); the clear errors for what cannot run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+from drivetrain_megatron.config import MegatronLMPlugin
+from drivetrain_megatron.process_group import check_degrees
+
+from drivetrain.errors import ConfigurationError
+
+SEED_FIELDS = (
+    "tp_degree",
+    "pp_degree",
+    "num_micro_batches",
+    "gradient_clipping",
+    "sequence_parallelism",
+    "recompute_activations",
+    "use_distributed_optimizer",
+    "pipeline_model_parallel_split_rank",
+    "num_layers_per_virtual_pipeline_stage",
+    "is_train_batch_min",
+    "train_iters",
+    "train_samples",
+    "weight_decay_incr_style",
+    "start_weight_decay",
+    "end_weight_decay",
+    "lr_decay_style",
+    "lr_decay_iters",
+    "lr_decay_samples",
+    "lr_warmup_iters",
+    "lr_warmup_samples",
+    "lr_warmup_fraction",
+    "min_lr",
+    "consumed_samples",
+    "no_wd_decay_cond",
+    "scale_lr_cond",
+    "lr_mult",
+    "megatron_dataset_flag",
+    "seq_length",
+    "encoder_seq_length",
+    "decoder_seq_length",
+    "tensorboard_dir",
+    "set_all_logging_options",
+    "eval_iters",
+    "eval_interval",
+    "return_logits",
+    "custom_train_step_class",
+    "custom_train_step_kwargs",
+    "custom_model_provider_function",
+    "custom_prepare_model_function",
+    "custom_megatron_datasets_provider_function",
+    "custom_get_batch_function",
+    "custom_loss_function",
+    "other_megatron_args",
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    for name in ("DRIVETRAIN_BACKEND_CONFIG", "DRIVETRAIN_CONFIG_FILE", "MEGATRON_LM_TP_DEGREE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_accelerates_fields_and_defaults():
+    plugin = MegatronLMPlugin(tp_degree=2)
+    for name in SEED_FIELDS:
+        assert hasattr(plugin, name), name
+    resolved = plugin.resolved()
+    assert (resolved.tp_degree, resolved.pp_degree, resolved.num_micro_batches) == (2, 1, 1)
+    assert resolved.gradient_clipping == 1.0 and resolved.lr_decay_style == "linear"
+    assert resolved.sequence_parallelism is False and resolved.use_distributed_optimizer is False
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"tp_degree": 0}, "tp_degree must be an integer >= 1"),
+        ({"sequence_parallelism": "maybe"}, "sequence_parallelism must be true or false"),
+        ({"lr_decay_style": "steps"}, "lr_decay_style='steps' is not valid; choose one of"),
+        ({"custom_loss_function": 3}, "custom_loss_function must be callable"),
+    ],
+)
+def test_bad_values_name_the_field(fields, words):
+    with pytest.raises(ConfigurationError, match=words):
+        MegatronLMPlugin(**fields)
+
+
+def test_combinations_that_cannot_run():
+    with pytest.raises(ConfigurationError, match="sequence_parallelism=True needs tp_degree > 1"):
+        MegatronLMPlugin(sequence_parallelism=True).resolved()
+    with pytest.raises(ConfigurationError, match="num_micro_batches=4 needs pp_degree > 1"):
+        MegatronLMPlugin(num_micro_batches=4).resolved()
+    cpu = torch.device("cpu")
+    with pytest.raises(ConfigurationError, match=r"= 4 must divide the number of processes \(2\)"):
+        check_degrees(MegatronLMPlugin(tp_degree=4).resolved(), 2, cpu)
+    with pytest.raises(
+        ConfigurationError, match="pp_degree=2 needs CUDA: megatron-core's pipeline schedules"
+    ):
+        check_degrees(MegatronLMPlugin(pp_degree=2).resolved(), 2, cpu)
+    with pytest.raises(ConfigurationError, match="sequence_parallelism=True needs CUDA"):
+        check_degrees(MegatronLMPlugin(tp_degree=2, sequence_parallelism=True).resolved(), 2, cpu)
+    with pytest.raises(ConfigurationError, match="use_distributed_optimizer=True needs CUDA"):
+        check_degrees(MegatronLMPlugin(use_distributed_optimizer=True).resolved(), 2, cpu)
+
+
+def test_launch_flags_reach_the_plugin(monkeypatch):
+    from drivetrain.contract.manager import get_plugin_manager
+
+    manager = get_plugin_manager()
+    manager.load("megatron")
+    parser = argparse.ArgumentParser()
+    for owner, add_arguments in manager.extensions.launch_options:
+        if owner == "megatron":
+            add_arguments(parser)
+    flags = parser.parse_args(["--megatron_lm_tp_degree", "2", "--megatron_lm_sequence_parallelism", "true"])
+    # drivetrain launch hands the set flags to the processes in DRIVETRAIN_BACKEND_CONFIG
+    monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({k: v for k, v in vars(flags).items() if v}))
+    resolved = MegatronLMPlugin().resolved()
+    assert resolved.tp_degree == 2 and resolved.sequence_parallelism is True
+    info = manager.info("megatron")
+    assert (info.distributed_type, info.config_section, info.launch_flag) == (
+        "MEGATRON_LM",
+        "megatron_lm_config",
+        "use_megatron_lm",
+    )
+
+
+def test_accelerate_config_file_section(tmp_path, monkeypatch):
+    path = tmp_path / "megatron_gpt_config.yaml"
+    path.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MEGATRON_LM\nmegatron_lm_config:\n"
+        "  megatron_lm_gradient_clipping: 0.5\n  megatron_lm_num_micro_batches: 2\n  megatron_lm_pp_degree: 2\n"
+        "  megatron_lm_recompute_activations: true\n  megatron_lm_tp_degree: 2\n"
+    )
+    monkeypatch.setenv("DRIVETRAIN_CONFIG_FILE", str(path))
+    resolved = MegatronLMPlugin().resolved()
+    assert (resolved.tp_degree, resolved.pp_degree, resolved.num_micro_batches) == (2, 2, 2)
+    assert resolved.gradient_clipping == 0.5 and resolved.recompute_activations is True
+
+
+def test_environment_variables_and_conflicts(monkeypatch):
+    monkeypatch.setenv("MEGATRON_LM_TP_DEGREE", "2")
+    assert MegatronLMPlugin().resolved().tp_degree == 2
+    assert MegatronLMPlugin(tp_degree=2).resolved().tp_degree == 2
+    with pytest.raises(
+        ConfigurationError, match="conflicting megatron setting 'tp_degree'.*MEGATRON_LM_TP_DEGREE"
+    ):
+        MegatronLMPlugin(tp_degree=4).resolved()
+    monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({"megatron_lm_tp_degre": 2}))
+    with pytest.raises(ConfigurationError, match="unknown megatron setting 'megatron_lm_tp_degre'"):
+        MegatronLMPlugin().resolved()
+    monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({"megatron_lm_pp_degree": "two"}))
+    with pytest.raises(ConfigurationError, match="DRIVETRAIN_BACKEND_CONFIG.*pp_degree must be an integer"):
+        MegatronLMPlugin().resolved()
+
+
+def test_accelerate_names_are_exported():
+    from drivetrain_megatron import dummies, train_steps
+
+    import drivetrain
+    import drivetrain.utils as utils
+
+    assert drivetrain.MegatronLMPlugin is MegatronLMPlugin
+    assert utils.MegatronLMDummyScheduler is dummies.MegatronLMDummyScheduler
+    assert utils.MegatronLMDummyDataLoader is dummies.MegatronLMDummyDataLoader
+    for name in ("AbstractTrainStep", "GPTTrainStep", "BertTrainStep", "T5TrainStep"):
+        assert getattr(utils, name) is getattr(train_steps, name)
+    assert utils.avg_losses_across_data_parallel_group is train_steps.avg_losses_across_data_parallel_group
+
+
+@pytest.fixture
+def one_process():
+    """A real one-process megatron run (a gloo group of one), torn down afterwards."""
+    from drivetrain_megatron.process_group import shutdown
+
+    from drivetrain import reset_state
+
+    yield
+    reset_state()
+    shutdown()
+
+
+def test_one_process_run_scheduler_and_train_step(one_process):
+    from megatron.core import parallel_state
+
+    from drivetrain import Accelerator, DistributedType
+    from drivetrain.utils import GPTTrainStep, MegatronLMDummyScheduler, avg_losses_across_data_parallel_group
+
+    plugin = MegatronLMPlugin(gradient_clipping=0, lr_warmup_iters=2, lr_decay_style="linear", min_lr=0.01)
+    accelerator = Accelerator(megatron_lm_plugin=plugin)
+    assert accelerator.distributed_type == DistributedType.MEGATRON_LM
+    assert (
+        parallel_state.model_parallel_is_initialized() and parallel_state.get_data_parallel_world_size() == 1
+    )
+    assert accelerator.state.megatron_lm_plugin is plugin
+
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = MegatronLMDummyScheduler(optimizer, total_num_steps=6, warmup_num_steps=5)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    lrs = []
+    for _ in range(6):
+        accelerator.backward(model(torch.ones(2, 4)).sum())
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        lrs.append(round(optimizer.param_groups[0]["lr"], 6))
+    # the plugin's lr_warmup_iters=2 wins over warmup_num_steps: 0.05, 0.1 (the first step ran at 0), then
+    # linear decay to min_lr=0.01 at step 6 (total_num_steps)
+    assert lrs == pytest.approx([0.05, 0.1, 0.0775, 0.055, 0.0325, 0.01])
+    state = scheduler.state_dict()
+    assert state["num_steps"] == 6
+
+    class TokenLoss(torch.nn.Module):
+        def forward(self, tokens, position_ids, attention_mask, labels):
+            assert attention_mask.shape == (1, 1, 3, 3) and attention_mask[0, 0, 0, 1]
+            return (labels == tokens).float() + position_ids.float()
+
+    step = GPTTrainStep(plugin)
+    output, loss_func = step.forward_step(iter([{"input_ids": torch.tensor([[5, 5, 6, 7]])}]), TokenLoss())
+    loss, logged = loss_func(output)
+    # per-token losses (1, 0, 0) + positions (0, 1, 2): mean 4/3, averaged over a data-parallel group of one
+    assert loss.item() == pytest.approx(4 / 3) and logged["lm loss"].item() == pytest.approx(4 / 3)
+    assert avg_losses_across_data_parallel_group([torch.tensor(2.0), torch.tensor(4.0)]).tolist() == [
+        2.0,
+        4.0,
+    ]
+
+
+def test_dummy_data_loader_and_bert_step(one_process):
+    from drivetrain import Accelerator
+    from drivetrain.utils import BertTrainStep, MegatronLMDummyDataLoader
+
+    def datasets(seq_length, **_):
+        assert seq_length == 4
+        return [list(range(n)) for n in (10, 4, 2)]
+
+    plugin = MegatronLMPlugin(custom_megatron_datasets_provider_function=datasets)
+    accelerator = Accelerator(megatron_lm_plugin=plugin)
+    megatron_loader = MegatronLMDummyDataLoader(seq_length=4, micro_batch_size=2)
+    train, valid, test = accelerator.prepare(megatron_loader, megatron_loader, megatron_loader)
+    assert plugin.megatron_dataset_flag is True and plugin.global_batch_size == 2
+    assert sorted(torch.cat(list(train)).tolist()) == list(range(10))
+    assert [batch.tolist() for batch in valid] == [[0, 1], [2, 3]] and len(test) == 1
+    with pytest.raises(ConfigurationError, match="prepared at most 3 times"):
+        accelerator.prepare(megatron_loader)
+
+    step = BertTrainStep(plugin)
+    batch = {
+        "text": torch.tensor([[1, 2]]),
+        "types": torch.tensor([[0, 0]]),
+        "labels": torch.tensor([[1, 2]]),
+        "is_random": torch.tensor([1]),
+        "loss_mask": torch.tensor([[1.0, 0.0]]),
+        "padding_mask": torch.tensor([[1, 1]]),
+    }
+
+    def model(tokens, padding_mask, tokentype_ids, lm_labels):
+        return torch.tensor([[0.5, 9.0]]), torch.tensor([[0.0, 0.0]])
+
+    output, loss_func = step.forward_step(iter([batch]), model)
+    loss, logged = loss_func(output)
+    # masked-LM loss keeps the first token (0.5); sentence order: cross-entropy of equal logits, log 2
+    assert loss.item() == pytest.approx(0.5 + 0.693147, abs=1e-5)
+    assert logged["sop loss"].item() == pytest.approx(0.693147, abs=1e-5)
