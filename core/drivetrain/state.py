@@ -12,6 +12,7 @@ import contextlib
 import functools
 import math
 import os
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -496,3 +497,31 @@ def reset_state(destroy_process_group: bool = False) -> None:
     AcceleratorState._reset_state()
     GradientState._reset_state()
     PartialState._reset_state(destroy_process_group=destroy_process_group)
+
+
+def is_initialized() -> bool:
+    """Whether an ``AcceleratorState`` has been created in this process (Accelerate's ``state.is_initialized``)."""
+    return bool(AcceleratorState._shared_state)
+
+
+def do_nothing(*args: Any, **kwargs: Any) -> None:
+    """Stands in for a method that must do nothing on this process (Accelerate's helper)."""
+    return None
+
+
+class ThreadLocalSharedDict(threading.local):
+    """A dictionary per thread, used as a class attribute descriptor: Accelerate's shared state on runtimes where
+    every thread drives its own device. ``SharedDict`` is this there, ``dict`` elsewhere."""
+
+    def __init__(self, thread_local: bool = False) -> None:
+        self._storage: dict[Any, Any] = {}
+
+    def __get__(self, obj: Any, objtype: Any = None) -> dict[Any, Any]:
+        return self._storage
+
+    def __set__(self, obj: Any, value: dict[Any, Any]) -> None:
+        self._storage = value
+
+
+#: Accelerate's ``SharedDict``: the shared-state dictionary type (a plain dict on every runtime drivetrain runs).
+SharedDict = dict

@@ -25,10 +25,10 @@ from drivetrain.big_modeling.sizes import (
     get_max_memory,
     parse_size,
 )
-from drivetrain.compat.names import MODULE_HOOK_NAMES, OFFLOAD_FUNCTION_NAMES
+from drivetrain.compat.names import MODULE_HOOK_NAMES, OFFLOAD_FUNCTION_NAMES, PLUGIN_NAMES_BY_PATH
 
 # Provided by the offload plugin, resolved on first use.
-PLUGIN_NAMES = (*MODULE_HOOK_NAMES, *OFFLOAD_FUNCTION_NAMES)
+PLUGIN_NAMES = (*MODULE_HOOK_NAMES, *OFFLOAD_FUNCTION_NAMES, *PLUGIN_NAMES_BY_PATH["accelerate.big_modeling"])
 
 __all__ = [
     "LoadResult",
@@ -45,15 +45,20 @@ __all__ = [
     "load_checkpoint_and_dispatch",
     "load_checkpoint_in_model",
     "parse_size",
-    *PLUGIN_NAMES,
+    "logger",
+    *dict.fromkeys(PLUGIN_NAMES),
 ]
 
 
 def __getattr__(name: str) -> Any:
     if name in PLUGIN_NAMES:
-        from drivetrain.contract.exports import resolve_export
+        from drivetrain.compat.reexport import plugin_name
 
-        value = resolve_export(name)
+        value = plugin_name(name, PLUGIN_NAMES_BY_PATH["accelerate.big_modeling"].get(name), __name__)
         globals()[name] = value
         return value
+    if name == "logger":
+        from drivetrain.logging import get_logger
+
+        return get_logger(__name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

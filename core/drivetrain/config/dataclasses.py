@@ -154,6 +154,21 @@ class TorchDynamoPlugin:
     def enabled(self) -> bool:
         return self.backend != DynamoBackend.NO and not self.disable
 
+    def to_dict(self) -> dict[str, Any]:
+        """The settings, the backend as its lower-case name (``"inductor"``), as Accelerate writes them."""
+        values = attrs.asdict(self, recurse=False)
+        values["backend"] = self.backend.value.lower()
+        return values
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The settings that differ from the defaults (Accelerate's ``KwargsHandler.to_kwargs``); defaults are
+        taken with the ``ACCELERATE_DYNAMO_*`` variables cleared."""
+        from drivetrain.environment import clear_environment
+
+        with clear_environment():
+            defaults = type(self)().to_dict()
+        return {key: value for key, value in self.to_dict().items() if defaults[key] != value}
+
     def to_compile_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"backend": self.backend.value.lower()}
         for name in ("mode", "dynamic", "options"):

@@ -1,0 +1,9 @@
+"""Accelerate's ``accelerate.utils.megatron_lm``: names of a backend plugin."""
+
+from drivetrain.compat.reexport import reexport
+
+__getattr__, __dir__, __all__ = reexport(
+    __name__,
+    {
+    },
+)
