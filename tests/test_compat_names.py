@@ -44,6 +44,14 @@ def test_a_plugin_name_without_its_plugin_is_importable_and_names_the_distributi
         "entry_points",
         lambda **kwargs: [entry for entry in installed(**kwargs) if entry.name != "FP8RecipeKwargs"],
     )
+    version = importlib.metadata.version
+
+    def not_installed(distribution):
+        if distribution == "drivetrain-fp8":
+            raise importlib.metadata.PackageNotFoundError(distribution)
+        return version(distribution)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
     from drivetrain.compat.reexport import reexport
 
     getattr_, _, public = reexport("drivetrain.utils.dataclasses", {})

@@ -80,3 +80,11 @@ def load_custom_state(obj: Any, path: str | os.PathLike, index: int = 0) -> None
 
 
 __all__ += ["load_custom_state", "save_custom_state"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "logger":  # Accelerate's module logger, made when asked for (the logging module reads the state)
+        from drivetrain.logging import get_logger
+
+        return get_logger(__name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

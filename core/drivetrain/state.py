@@ -525,3 +525,12 @@ class ThreadLocalSharedDict(threading.local):
 
 #: Accelerate's ``SharedDict``: the shared-state dictionary type (a plain dict on every runtime drivetrain runs).
 SharedDict = dict
+
+
+def __getattr__(name: str) -> Any:
+    if name == "logger":  # Accelerate's module logger, made when asked for
+        import importlib
+
+        # drivetrain.logging reads this module's state: imported by name so the two do not import each other
+        return importlib.import_module("drivetrain.logging").get_logger(__name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

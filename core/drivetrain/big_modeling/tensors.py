@@ -68,9 +68,10 @@ def dtype_byte_size(dtype: Any) -> float:
     (Accelerate's ``CustomDtype`` values count as their widths)."""
     if dtype == torch.bool:
         return 1 / 8
-    custom = {"int2": 1 / 4, "int4": 1 / 2, "fp8": 1}
-    if getattr(dtype, "value", None) in custom:
-        return custom[dtype.value]
+    from drivetrain.config.enums import CustomDtype
+
+    if isinstance(dtype, CustomDtype):  # members in order: the 8-bit float, int4, int2
+        return dict(zip(CustomDtype, (1, 1 / 2, 1 / 4), strict=True))[dtype]
     if any(dtype == getattr(torch, name, None) for name in _ONE_BYTE_FLOATS):
         return 1
     bits = re.search(r"[^\d](\d+)$", str(dtype))
@@ -524,7 +525,9 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
     device_type = state.device.type
     if precision == "fp16":
         return torch.autocast(device_type=device_type, dtype=torch.float16, **kwargs)
-    if precision in ("bf16", "fp8"):
+    from drivetrain.compat import names
+
+    if precision in names.ACCELERATE_BF16_AUTOCAST_PRECISIONS:
         return torch.autocast(device_type=device_type, dtype=torch.bfloat16, **kwargs)
     return torch.autocast(device_type=device_type, **kwargs)
 
@@ -535,9 +538,10 @@ def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> Any:
     from drivetrain.compat import names
 
     if distributed_type is not None and str(getattr(distributed_type, "value", distributed_type)) in names.ACCELERATE_SHARDED_SCALER_TYPES:
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+        import importlib
 
-        return ShardedGradScaler(**kwargs)
+        module, _, attribute = names.SHARDED_GRAD_SCALER.partition(":")
+        return getattr(importlib.import_module(module), attribute)(**kwargs)
     accelerator = getattr(torch, "accelerator", None)
     current = accelerator.current_accelerator() if accelerator is not None and accelerator.is_available() else None
     return torch.amp.GradScaler(current.type if current is not None else "cuda", **kwargs)

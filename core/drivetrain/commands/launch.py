@@ -796,3 +796,73 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``drivetrain launch`` and ``python -m drivetrain.launch``."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     return exit_code_of(lambda: run(parse_arguments(arguments)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Accelerate's ``accelerate.commands.launch`` entry points, for tools that build or call the launcher.
+
+#: Accelerate's log line format for the launcher.
+FORMAT = "%(asctime)s - %(levelname)s - %(name)s - %(message)s"
+
+
+def __getattr__(name: str) -> Any:
+    from drivetrain.compat import names
+
+    if name == "options_to_group":
+        return dict(names.ACCELERATE_LAUNCH_OPTION_GROUPS)
+    if name == "logger":
+        from drivetrain.logging import get_logger
+
+        return get_logger(__name__)
+    owned = names.PLUGIN_NAMES_BY_PATH["accelerate.commands.launch"]
+    if name in owned:
+        from drivetrain.compat.reexport import plugin_name
+
+        return plugin_name(name, owned[name], __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def clean_option(option: str) -> str | None:
+    """``--num-processes`` -> ``num_processes`` (the ``dest`` of a long option); None for a short one."""
+    from drivetrain.compat import names
+
+    if names.ACCELERATE_PRECISION_BACKEND_OPTION in option:
+        option = "--" + names.ACCELERATE_PRECISION_BACKEND_OPTION
+    return option[2:].replace("-", "_") if option.startswith("--") else None
+
+
+class CustomHelpFormatter(argparse.HelpFormatter):
+    """Accelerate's help formatter name; drivetrain's launcher help already lists each option once, grouped."""
+
+
+def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The ``launch`` parser with every option (the plugins' included), added to ``subparsers`` when given;
+    ``args.func`` is :func:`launch_command`. Accelerate's options are all accepted: implemented, read by the
+    plugin that implements them, or refused in one line naming the plugin to install."""
+    if subparsers is not None:
+        parser = subparsers.add_parser("launch", help=HELP, description=HELP)
+        register_parser(parser)
+    else:
+        parser = build_parser()
+    parser.set_defaults(func=launch_command)
+    return parser
+
+
+def launch_command(args: argparse.Namespace) -> None:
+    """Launch from parsed arguments (Accelerate's entry point): returns when every process exited with 0;
+    raises ``subprocess.CalledProcessError`` with the failing exit code otherwise, and ``UsageError`` (a
+    ``ValueError``) for a bad option."""
+    import subprocess
+
+    code = run(args)
+    if code:
+        raise subprocess.CalledProcessError(code, [args.training_script, *getattr(args, "training_script_args", [])])
+
+
+#: Accelerate's launchers by kind; drivetrain's launcher chooses from the options and the installed backends.
+simple_launcher = launch_command
+multi_gpu_launcher = launch_command
+
+
+if __name__ == "__main__":  # ``python -m drivetrain.commands.launch``
+    sys.exit(main())

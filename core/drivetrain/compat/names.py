@@ -197,7 +197,19 @@ ACCELERATE_DEVICE_ORDER = (
 #: Distributed types whose parameters are sharded: ``get_grad_scaler`` gives torch's sharded scaler there.
 ACCELERATE_SHARDED_SCALER_TYPES = ("FSDP",)
 #: Devices whose ``torch.<attribute>.is_bf16_supported()`` answers ``is_bf16_available`` when available.
-ACCELERATE_BF16_DEVICES = ("is_mlu_available", "is_xpu_available")
+ACCELERATE_BF16_DEVICES = (("is_mlu_available", "mlu"), ("is_xpu_available", "xpu"))
+#: Mixed precisions whose autocast computes in bfloat16 (``get_mixed_precision_context_manager``).
+ACCELERATE_BF16_AUTOCAST_PRECISIONS = ("bf16", "fp8")
+#: torch's gradient scaler for sharded parameters (``get_grad_scaler``), as ``module:attribute``.
+SHARDED_GRAD_SCALER = "torch.distributed.fsdp.sharded_grad_scaler:ShardedGradScaler"
+#: Accelerate reads this variable once at import (``USE_TORCH_XLA``): the XLA runtime is used unless it is false.
+ACCELERATE_RUNTIME_FLAG = ("USE_TORCH_XLA", "true")
+#: Accelerate's type aliases in ``utils.dataclasses`` (``typing.Literal`` values).
+ACCELERATE_LITERALS = {
+    "Backend": ("MSAMP", "TE"),
+    "OptLevel": ("O1", "O2"),
+    "ProfilerActivity": ("cpu", "xpu", "mtia", "cuda", "hpu"),
+}
 #: The check whose device does not support fp16 (``is_fp16_available`` is False there).
 ACCELERATE_NO_FP16_DEVICE = "is_habana_gaudi1"
 
@@ -223,7 +235,7 @@ KERNEL_NAMES_BY_PATH: dict[str, dict[str, str]] = {
         **{name: "drivetrain.utils.imports" for name in ACCELERATE_AVAILABILITY},
         "torchao_required": "drivetrain.utils.imports:library_required",
         "deepspeed_required": "drivetrain.utils.imports:backend_required",
-        "USE_TORCH_XLA": "drivetrain.utils.imports",
+        "USE_TORCH_XLA": "drivetrain.utils.imports:use_accelerator_runtime",
     },
     "accelerate.utils.constants": {name: "drivetrain.utils.constants" for name in ACCELERATE_BACKEND_CONSTANTS},
     "accelerate.utils": {
@@ -233,6 +245,7 @@ KERNEL_NAMES_BY_PATH: dict[str, dict[str, str]] = {
         "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION": "drivetrain.utils.constants",
         "check_cuda_fp8_capability": "drivetrain.utils.environment:check_cuda_float8_capability",
     },
+    "accelerate.utils.dataclasses": {name: "drivetrain.utils.dataclasses" for name in ACCELERATE_LITERALS},
     "accelerate.utils.environment": {
         "check_cuda_fp8_capability": "drivetrain.utils.environment:check_cuda_float8_capability"
     },
@@ -358,7 +371,7 @@ PLUGIN_NAMES_BY_PATH: dict[str, dict[str, str]] = {
     },
     "accelerate.commands.to_fsdp2": dict.fromkeys(
         "ARGUMENT_KEY_MAPPING ARGUMENT_VALUE_MAPPING ConversionStatus convert_config_to_fsdp2 to_fsdp2_command "
-        "to_fsdp2_command_parser main".split(),
+        "to_fsdp2_command_parser main load_config logger".split(),
         "drivetrain-fsdp",
     ),
     "accelerate.commands.tpu": dict.fromkeys(["tpu_command_launcher", "tpu_command_parser", "main"], "drivetrain-xla"),
@@ -372,3 +385,75 @@ PLUGIN_NAMES_BY_PATH: dict[str, dict[str, str]] = {
 }
 #: Accelerate's names in a megatron module that ``accelerate.utils`` exports under another name.
 MEGATRON_UTILS_ALIASES = _MEGATRON_IN_UTILS
+
+
+#: Accelerate's ``ClusterConfig`` fields after ``BaseConfig``'s, in order: (name, default); a ``dict``/``list``
+#: default means an empty one (``None`` in Accelerate's dataclass, filled in after construction).
+ACCELERATE_CLUSTER_CONFIG_FIELDS = (
+    ("num_processes", -1),
+    ("machine_rank", 0),
+    ("num_machines", 1),
+    ("gpu_ids", None),
+    ("main_process_ip", None),
+    ("main_process_port", None),
+    ("rdzv_backend", "static"),
+    ("same_network", False),
+    ("main_training_function", "main"),
+    ("enable_cpu_affinity", False),
+    ("fp8_config", dict),
+    ("deepspeed_config", dict),
+    ("fsdp_config", dict),
+    ("parallelism_config", dict),
+    ("megatron_lm_config", dict),
+    ("mpirun_config", dict),
+    ("downcast_bf16", False),
+    ("tpu_name", None),
+    ("tpu_zone", None),
+    ("tpu_use_cluster", False),
+    ("tpu_use_sudo", False),
+    ("command_file", None),
+    ("commands", None),
+    ("tpu_vm", None),
+    ("tpu_env", None),
+    ("dynamo_config", dict),
+)
+
+#: Accelerate's ``launch`` option groups by the option that opens them (``commands.launch.options_to_group``).
+ACCELERATE_LAUNCH_OPTION_GROUPS = {
+    "multi_gpu": "Distributed GPUs",
+    "tpu": "TPU",
+    "use_deepspeed": "DeepSpeed Arguments",
+    "use_fsdp": "FSDP Arguments",
+    "use_megatron_lm": "Megatron-LM Arguments",
+    "fp8_backend": "FP8 Arguments",
+}
+#: An option spelled with this inside is Accelerate's ``--fp8_backend`` (its ``clean_option``).
+ACCELERATE_PRECISION_BACKEND_OPTION = "fp8_backend"
+
+#: The plugin function ``merge-weights`` runs (Accelerate's ``merge_command``): merging a sharded checkpoint.
+ACCELERATE_MERGE_FUNCTION = "merge_fsdp_weights"
+#: Accelerate's commands that a plugin provides: command -> (distribution, module of drivetrain.commands with
+#: Accelerate's names, the options Accelerate's parser takes: (flag, takes a value, repeatable)). Without the
+#: plugin, ``drivetrain <command>`` accepts those options and says, in one line, what to install.
+ACCELERATE_PLUGIN_COMMANDS = {
+    "to-fsdp2": (
+        "drivetrain-fsdp",
+        "Convert an FSDP1 config file to FSDP2.",
+        (("--config_file", True, False), ("--output_file", True, False), ("--overwrite", False, False)),
+    ),
+    "tpu-config": (
+        "drivetrain-xla",
+        "Run commands on every worker of a TPU pod (e.g. install packages).",
+        (
+            ("--config_file", True, False),
+            ("--tpu_name", True, False),
+            ("--tpu_zone", True, False),
+            ("--use_alpha", False, False),
+            ("--command_file", True, False),
+            ("--command", True, True),
+            ("--install_accelerate", False, False),
+            ("--accelerate_version", True, False),
+            ("--debug", False, False),
+        ),
+    ),
+}

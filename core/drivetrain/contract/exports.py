@@ -61,6 +61,6 @@ def lazy_getattr(module_name: str, table: dict[str, str], name: str) -> Any:
     except AttributeError:
         raise AttributeError(f"module {module_name!r} has no attribute {name!r}") from None
     except ImportError:  # importable without its plugin; using it says what to install
-        from drivetrain.compat.reexport import missing_plugin_name
+        from drivetrain.compat.placeholders import missing_plugin_name
 
         return missing_plugin_name(name, PLUGIN_EXPORTS[name], module_name)

@@ -86,7 +86,6 @@ _EXPORTS = {
     "find_executable_batch_size": "drivetrain.operations.memory",
     "find_tied_parameters": "drivetrain.big_modeling",
     "gather": "drivetrain.operations",
-    "gather_across_data_parallel_groups": "drivetrain.utils.megatron_lm",
     "gather_for_metrics": "drivetrain.operations",
     "gather_object": "drivetrain.operations",
     "get_balanced_memory": "drivetrain.big_modeling",

@@ -8,6 +8,17 @@ import operator
 from typing import Any
 
 from drivetrain.compat import names
+from drivetrain.constants import (  # noqa: F401 - Accelerate's module lists them too
+    MODEL_NAME,
+    OPTIMIZER_NAME,
+    RNG_STATE_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+)
 
 SAFE_MODEL_NAME = "model"
 SAMPLER_NAME = "sampler"

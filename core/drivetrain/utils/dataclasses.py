@@ -7,10 +7,13 @@ from typing import Any, Literal
 
 from drivetrain.compat.reexport import LOGGER, reexport
 
-#: Accelerate's type aliases for options of the precision and profiling configurations.
-Backend = Literal["MSAMP", "TE"]
-OptLevel = Literal["O1", "O2"]
-ProfilerActivity = Literal["cpu", "xpu", "mtia", "cuda", "hpu"]
+
+
+def _literal(name: str) -> Any:
+    """Accelerate's type aliases for options of the precision and profiling configurations."""
+    from drivetrain.compat import names
+
+    return Literal[names.ACCELERATE_LITERALS[name]]  # type: ignore[valid-type]
 
 
 def get_module_class_from_name(module: Any, name: str) -> type | None:
@@ -32,7 +35,7 @@ _ENUMS = (
 ).split()
 _PARALLEL = "TorchContextParallelConfig TorchTensorParallelConfig TorchTensorParallelPlugin".split()
 
-__getattr__, __dir__, _names = reexport(
+_reexport_getattr, __dir__, _names = reexport(
     __name__,
     {
         **dict.fromkeys(_CONFIG, "drivetrain.config.dataclasses"),
@@ -43,4 +46,14 @@ __getattr__, __dir__, _names = reexport(
         "logger": LOGGER,
     },
 )
-__all__ = sorted({*_names, "Backend", "OptLevel", "ProfilerActivity", "get_module_class_from_name"})
+
+
+def __getattr__(name: str) -> Any:
+    from drivetrain.compat import names
+
+    if name in names.ACCELERATE_LITERALS:
+        return _literal(name)
+    return _reexport_getattr(name)
+
+
+__all__ = sorted({*_names, "get_module_class_from_name"})

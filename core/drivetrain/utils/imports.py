@@ -204,13 +204,13 @@ def is_cuda_available() -> bool:
         return torch.cuda.is_available()
 
 
-def is_bf16_available(ignore_tpu: bool = False) -> bool:
+def is_bf16_available(*args: Any, **kwargs: Any) -> bool:
     """Whether the device in use computes in bfloat16 (CPU always does)."""
     import torch
 
     if is_cuda_available():
         return torch.cuda.is_bf16_supported()
-    for check, attribute in zip(names.ACCELERATE_BF16_DEVICES, ("mlu", "xpu"), strict=True):
+    for check, attribute in names.ACCELERATE_BF16_DEVICES:
         if _evaluate(check):
             return bool(getattr(torch, attribute).is_bf16_supported())
     return True
@@ -251,8 +251,8 @@ def backend_required(function: Callable) -> Callable:
     return wrapper
 
 
-#: Accelerate reads this once at import: torch_xla in use unless ``USE_TORCH_XLA`` is false.
-USE_TORCH_XLA = os.environ.get("USE_TORCH_XLA", "true").lower() in _TRUE
+#: Accelerate reads this once at import (its name: :data:`drivetrain.compat.names.ACCELERATE_RUNTIME_FLAG`).
+use_accelerator_runtime = os.environ.get(*names.ACCELERATE_RUNTIME_FLAG).lower() in _TRUE
 
 __getattr__, __dir__, _names = reexport(
     __name__,
