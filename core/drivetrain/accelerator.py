@@ -136,7 +136,13 @@ class Accelerator(TrackingMixin, ProfilingMixin):
             raise ConfigurationError("pass either dynamo_backend or dynamo_plugin, not both")
         if dynamo_plugin is None:
             dynamo_setting = sources.resolve("dynamo_backend", dynamo_backend, default="no")
-            dynamo_plugin = TorchDynamoPlugin(backend=dynamo_setting.value)
+            # drivetrain launch --dynamo_mode / --dynamo_use_fullgraph / --dynamo_use_dynamic
+            dynamo_plugin = TorchDynamoPlugin(
+                backend=dynamo_setting.value,
+                mode=os.environ.get("DRIVETRAIN_DYNAMO_MODE") or None,
+                fullgraph=os.environ.get("DRIVETRAIN_DYNAMO_USE_FULLGRAPH") == "1",
+                dynamic=True if os.environ.get("DRIVETRAIN_DYNAMO_USE_DYNAMIC") == "1" else None,
+            )
         init_handler = self._handler(InitProcessGroupKwargs)
         self.state = AcceleratorState(
             mixed_precision=mixed_precision,

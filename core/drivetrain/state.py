@@ -76,6 +76,10 @@ class PartialState:
         device_plugins = manager.device_plugins()
         process_stack = manager.stack([*device_plugins, selection.value])
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if os.environ.get("DRIVETRAIN_CPU_AFFINITY", os.environ.get("ACCELERATE_CPU_AFFINITY")) == "1":
+            from drivetrain.utils.environment import set_numa_affinity  # drivetrain launch --enable_cpu_affinity
+
+            set_numa_affinity(local_rank)
         device = process_stack.call("detect_device", local_process_index=local_rank, cpu=cpu_setting.value)
         environment = process_stack.call(
             "setup_process_group", device=device, init_kwargs=dict(init_kwargs), parallelism=parallelism

@@ -239,8 +239,31 @@ def register_parser(parser: argparse.ArgumentParser, plugin_options: bool = True
     )
     add_option(faults, "--log_dir", metavar="DIR", help="directory for the launcher's per-process log files")
 
+    compile_group = parser.add_argument_group("torch.compile and processor placement (Accelerate's options)")
+    add_option(
+        compile_group,
+        "--dynamo_mode",
+        choices=("default", "reduce-overhead", "max-autotune"),
+        help="torch.compile mode (with --dynamo_backend)",
+    )
+    add_option(compile_group, "--dynamo_use_fullgraph", action="store_true", help="torch.compile fullgraph=True")
+    add_option(compile_group, "--dynamo_use_dynamic", action="store_true", help="torch.compile dynamic=True")
+    add_option(
+        compile_group,
+        "--dynamo_use_regional_compilation",
+        action="store_true",
+        help="compile repeated blocks one by one (not supported by drivetrain launch yet: refused when set)",
+    )
+    add_option(
+        compile_group,
+        "--enable_cpu_affinity",
+        action="store_true",
+        help="pin each process to its share of the machine's cores",
+    )
+
     if plugin_options:
         _add_plugin_options(parser)
+        _add_accelerate_stand_ins(parser)
 
 
 def _int_option(flag: str, minimum: int, maximum: int | None = None):
@@ -301,6 +324,62 @@ def _add_plugin_options(parser: argparse.ArgumentParser) -> None:
                 owners[action.dest] = plugin
                 defaults[action.dest] = action.default
     parser.set_defaults(_plugin_option_owners=owners, _plugin_option_defaults=defaults)
+
+
+def _add_accelerate_stand_ins(parser: argparse.ArgumentParser) -> None:
+    """Accelerate's launch options that no installed plugin declares (accepted; a run that sets one is refused
+    in one line naming the distribution that reads it), and the ``--kebab-case`` twin of every
+    ``--snake_case`` option a plugin declared with one spelling only."""
+    from drivetrain.compat.names import ACCELERATE_LAUNCH_PLUGIN_OPTIONS
+
+    group = parser.add_argument_group("Accelerate options of plugins that are not installed")
+    owners: dict[str, str] = {}
+    for spellings, dest, takes_value, distribution in ACCELERATE_LAUNCH_PLUGIN_OPTIONS:
+        if any(spelling in parser._option_string_actions for spelling in spellings):
+            continue  # an installed plugin declares it
+        if takes_value:
+            group.add_argument(*spellings, dest=dest, default=None, help=f"read by {distribution}")
+        else:
+            negative = spellings[0].startswith("--no")
+            group.add_argument(
+                *spellings, dest=dest, action="store_const", const=not negative, default=None, help=f"read by {distribution}"
+            )
+        owners[dest] = distribution
+    parser.set_defaults(_accelerate_stand_ins=owners)
+    # argparse keeps one action per spelling: a twin spelling points at the same action
+    for spelling, action in list(parser._option_string_actions.items()):
+        if spelling.startswith("--") and "_" in spelling:
+            twin = "--" + spelling[2:].replace("_", "-")
+            if twin not in parser._option_string_actions:
+                parser._option_string_actions[twin] = action
+                action.option_strings.append(twin)
+
+
+def _refuse_stand_ins(args: argparse.Namespace) -> None:
+    for dest, distribution in getattr(args, "_accelerate_stand_ins", {}).items():
+        if getattr(args, dest, None) is not None:
+            flag = "--" + dest
+            raise UsageError(f"{flag} is read by a plugin that is not installed: pip install {distribution}")
+    if getattr(args, "dynamo_use_regional_compilation", False):
+        raise UsageError(
+            "--dynamo_use_regional_compilation is not supported by drivetrain launch yet: compile regions in the "
+            "script with drivetrain.utils.compile_regions(model)"
+        )
+
+
+def _compile_and_placement_env(args: argparse.Namespace) -> dict[str, str]:
+    """Variables for the options the processes read themselves (``Accelerator`` builds its TorchDynamoPlugin
+    from them; ``PartialState`` pins the process)."""
+    env = {}
+    if getattr(args, "dynamo_mode", None):
+        env["DRIVETRAIN_DYNAMO_MODE"] = args.dynamo_mode
+    if getattr(args, "dynamo_use_fullgraph", False):
+        env["DRIVETRAIN_DYNAMO_USE_FULLGRAPH"] = "1"
+    if getattr(args, "dynamo_use_dynamic", False):
+        env["DRIVETRAIN_DYNAMO_USE_DYNAMIC"] = "1"
+    if getattr(args, "enable_cpu_affinity", False):
+        env["DRIVETRAIN_CPU_AFFINITY"] = "1"
+    return env
 
 
 # -- resolving the settings --------------------------------------------------------------------------------------
@@ -751,10 +830,12 @@ def launch(plan: LaunchPlan, args: argparse.Namespace | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.training_script.startswith("-"):
         raise UsageError(f"unknown option {args.training_script!r} (options go before the script)")
+    _refuse_stand_ins(args)
     try:
         plan = resolve_plan(args)
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
+    plan.env.update(_compile_and_placement_env(args))
     return launch(plan, args)
 
 

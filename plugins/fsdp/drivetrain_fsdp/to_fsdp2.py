@@ -34,9 +34,10 @@ DROPPED = {
 
 
 def register_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config_file", required=True, help="the config file to convert")
+    # both spellings, as Accelerate's parser takes them
+    parser.add_argument("--config_file", "--config-file", dest="config_file", required=True, help="the config file to convert")
     parser.add_argument(
-        "--output_file", help="where to write the converted file (default: needs --overwrite)"
+        "--output_file", "--output-file", dest="output_file", help="where to write the converted file (default: needs --overwrite)"
     )
     parser.add_argument(
         "--overwrite",
