@@ -940,6 +940,26 @@ def launch_command(args: argparse.Namespace) -> None:
         raise subprocess.CalledProcessError(code, [args.training_script, *getattr(args, "training_script_args", [])])
 
 
+def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespace, None, bool]:
+    """Accelerate's step that merges the config file into parsed arguments (tools call it): the settings the
+    launch would use (flags, then the config file, then defaults) are written back onto ``args``. Returns
+    ``(args, None, False)``, Accelerate's shape (drivetrain keeps no separate defaults)."""
+    _refuse_stand_ins(args)
+    try:
+        plan = resolve_plan(args)
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
+    for key in ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port"):
+        if hasattr(plan, key):
+            setattr(args, key, getattr(plan, key))
+    for key, value in plan.chosen.items():
+        if key == "use_cpu":
+            args.cpu = bool(value)
+        elif key in ("debug", "mixed_precision", "gradient_accumulation_steps", "dynamo_backend"):
+            setattr(args, key, value)
+    return args, None, False
+
+
 #: Accelerate's launchers by kind; drivetrain's launcher chooses from the options and the installed backends.
 simple_launcher = launch_command
 multi_gpu_launcher = launch_command
