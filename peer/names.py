@@ -29,6 +29,8 @@ SNAPSHOT = Path(__file__).resolve().parent / "reference_names.json"
 #: Names drivetrain does not provide yet, each with why: ``"module:name" = "reason"``.
 KNOWN_GAPS = Path(__file__).resolve().parent / "name_gaps.toml"
 TABLE = REPOSITORY / "docs" / "compat-coverage.md"
+#: Every option of the reference's commands: command -> list of spellings per option (peer/reference_cli.py).
+CLI_SNAPSHOT = Path(__file__).resolve().parent / "reference_cli.json"
 NOT_API = ("test_utils", "commands.menu")
 
 
@@ -175,12 +177,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--snapshot", action="store_true", help="rewrite peer/reference_names.json")
     parser.add_argument("--table", action="store_true", help="rewrite docs/compat-coverage.md")
+    parser.add_argument(
+        "--cli-snapshot", metavar="PYTHON", help="rewrite peer/reference_cli.json with the reference's interpreter"
+    )
     args = parser.parse_args()
     if args.snapshot:
         write_snapshot()
     if args.table:
         write_table()
-    if not (args.snapshot or args.table):
+    if args.cli_snapshot:
+        import subprocess
+
+        script = Path(__file__).resolve().parent / "reference_cli.py"
+        subprocess.run([args.cli_snapshot, str(script), str(CLI_SNAPSHOT)], check=True)
+    if not (args.snapshot or args.table or args.cli_snapshot):
         parser.print_help()
 
 
