@@ -110,11 +110,16 @@ def classify(reference_module: str, name: str) -> tuple[str, str]:
     if isinstance(value, reexport._MissingPluginName):
         return "plugin", value.missing_message.rsplit("pip install ", 1)[-1]
     owned = names.PLUGIN_NAMES_BY_PATH.get(reference_module, {}).get(name) or names.PLUGIN_EXPORTS.get(name)
-    return "implemented", f"plugin {owned}" if owned and getattr(value, "__module__", "").startswith("drivetrain_") else ""
+    return "implemented", f"plugin {owned}" if owned and getattr(value, "__module__", "").startswith(
+        "drivetrain_"
+    ) else ""
 
 
 def coverage() -> dict[str, dict[str, tuple[str, str]]]:
-    return {module: {name: classify(module, name) for name in found} for module, found in reference_names().items()}
+    return {
+        module: {name: classify(module, name) for name in found}
+        for module, found in reference_names().items()
+    }
 
 
 def write_table() -> None:
@@ -178,7 +183,9 @@ def main() -> None:
     parser.add_argument("--snapshot", action="store_true", help="rewrite peer/reference_names.json")
     parser.add_argument("--table", action="store_true", help="rewrite docs/compat-coverage.md")
     parser.add_argument(
-        "--cli-snapshot", metavar="PYTHON", help="rewrite peer/reference_cli.json with the reference's interpreter"
+        "--cli-snapshot",
+        metavar="PYTHON",
+        help="rewrite peer/reference_cli.json with the reference's interpreter",
     )
     args = parser.parse_args()
     if args.snapshot:

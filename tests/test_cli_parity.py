@@ -68,7 +68,9 @@ def test_launch_command_runs_a_script_from_parsed_arguments(tmp_path):
 
     marker = tmp_path / "ran"
     script = tmp_path / "script.py"
-    script.write_text(f"import os, pathlib\npathlib.Path({str(marker)!r}).write_text(os.environ['WORLD_SIZE'])\n")
+    script.write_text(
+        f"import os, pathlib\npathlib.Path({str(marker)!r}).write_text(os.environ['WORLD_SIZE'])\n"
+    )
     args = launch_command_parser().parse_args(["--cpu", "--num-processes", "1", "--quiet", str(script)])
     validated, _, _ = _validate_launch_command(args)
     assert validated.num_processes == 1 and validated.cpu

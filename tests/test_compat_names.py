@@ -31,10 +31,13 @@ def test_every_reference_name_is_importable_or_a_listed_gap(coverage):
     }
     new = {key: detail for key, detail in missing.items() if key not in known}
     filled = sorted(key for key in known if key not in missing)
-    assert not new, "Accelerate names drivetrain lacks (implement them, or list them in peer/name_gaps.toml):\n" + "\n".join(
-        f"{key}: {detail}" for key, detail in sorted(new.items())
+    assert not new, (
+        "Accelerate names drivetrain lacks (implement them, or list them in peer/name_gaps.toml):\n"
+        + "\n".join(f"{key}: {detail}" for key, detail in sorted(new.items()))
     )
-    assert not filled, "listed in peer/name_gaps.toml but importable now (take them off):\n" + "\n".join(filled)
+    assert not filled, "listed in peer/name_gaps.toml but importable now (take them off):\n" + "\n".join(
+        filled
+    )
 
 
 def test_a_plugin_name_without_its_plugin_is_importable_and_names_the_distribution(monkeypatch):
@@ -58,7 +61,10 @@ def test_a_plugin_name_without_its_plugin_is_importable_and_names_the_distributi
     assert "FP8RecipeKwargs" in public
     placeholder = getattr_("FP8RecipeKwargs")
     assert not isinstance(object(), placeholder)  # isinstance checks against it keep working
-    with pytest.raises(ImportError, match=r"^FP8RecipeKwargs is provided by a plugin that is not installed: pip install drivetrain-fp8$"):
+    with pytest.raises(
+        ImportError,
+        match=r"^FP8RecipeKwargs is provided by a plugin that is not installed: pip install drivetrain-fp8$",
+    ):
         placeholder(backend="te")
 
 

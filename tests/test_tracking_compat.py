@@ -88,7 +88,17 @@ def test_logger_type_to_class_and_filter_trackers(tmp_path, registered):
     from drivetrain.tracking import LOGGER_TYPE_TO_CLASS, filter_trackers, get_available_trackers
 
     assert LOGGER_TYPE_TO_CLASS["writer_at_start"] is WriterAtStart
-    for name in ("aim", "comet_ml", "mlflow", "tensorboard", "wandb", "clearml", "dvclive", "swanlab", "trackio"):
+    for name in (
+        "aim",
+        "comet_ml",
+        "mlflow",
+        "tensorboard",
+        "wandb",
+        "clearml",
+        "dvclive",
+        "swanlab",
+        "trackio",
+    ):
         assert LOGGER_TYPE_TO_CLASS[name].__name__.lower().startswith(name.replace("_", "")[:4])
     assert filter_trackers(["writer_at_start"], logging_dir=tmp_path) == ["writer_at_start"]
     with pytest.raises(ValueError, match="requires a `logging_dir`"):

@@ -136,13 +136,7 @@ class Accelerator(TrackingMixin, ProfilingMixin):
             raise ConfigurationError("pass either dynamo_backend or dynamo_plugin, not both")
         if dynamo_plugin is None:
             dynamo_setting = sources.resolve("dynamo_backend", dynamo_backend, default="no")
-            # drivetrain launch --dynamo_mode / --dynamo_use_fullgraph / --dynamo_use_dynamic
-            dynamo_plugin = TorchDynamoPlugin(
-                backend=dynamo_setting.value,
-                mode=os.environ.get("DRIVETRAIN_DYNAMO_MODE") or None,
-                fullgraph=os.environ.get("DRIVETRAIN_DYNAMO_USE_FULLGRAPH") == "1",
-                dynamic=True if os.environ.get("DRIVETRAIN_DYNAMO_USE_DYNAMIC") == "1" else None,
-            )
+            dynamo_plugin = TorchDynamoPlugin(backend=dynamo_setting.value)
         init_handler = self._handler(InitProcessGroupKwargs)
         self.state = AcceleratorState(
             mixed_precision=mixed_precision,
@@ -966,7 +960,9 @@ def _kind_of(obj: Any) -> str | None:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "logger":  # Accelerate's module logger, made when asked for (the logging module reads the state)
+    if (
+        name == "logger"
+    ):  # Accelerate's module logger, made when asked for (the logging module reads the state)
         from drivetrain.logging import get_logger
 
         return get_logger(__name__)

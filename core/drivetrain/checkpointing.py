@@ -66,9 +66,15 @@ __all__ = [
 ]
 
 
-def save_custom_state(obj: Any, path: str | os.PathLike, index: int = 0, save_on_each_node: bool = False) -> None:
+def save_custom_state(
+    obj: Any, path: str | os.PathLike, index: int = 0, save_on_each_node: bool = False
+) -> None:
     """Write ``obj.state_dict()`` to ``path/custom_checkpoint_<index>.pkl`` (Accelerate's layout and name)."""
-    save(obj.state_dict(), os.path.join(path, f"custom_checkpoint_{index}.pkl"), save_on_each_node=save_on_each_node)
+    save(
+        obj.state_dict(),
+        os.path.join(path, f"custom_checkpoint_{index}.pkl"),
+        save_on_each_node=save_on_each_node,
+    )
 
 
 def load_custom_state(obj: Any, path: str | os.PathLike, index: int = 0) -> None:
@@ -83,7 +89,9 @@ __all__ += ["load_custom_state", "save_custom_state"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "logger":  # Accelerate's module logger, made when asked for (the logging module reads the state)
+    if (
+        name == "logger"
+    ):  # Accelerate's module logger, made when asked for (the logging module reads the state)
         from drivetrain.logging import get_logger
 
         return get_logger(__name__)

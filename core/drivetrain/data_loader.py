@@ -14,7 +14,7 @@ from drivetrain.data import __all__ as _data_names
 from drivetrain.data.loaders import _PreparedDataLoader
 
 
-class DataLoaderStateMixin(metaclass=abc.ABCMeta):
+class DataLoaderStateMixin(metaclass=abc.ABCMeta):  # noqa: B024 - ABCMeta for register(), no abstract method
     """State a data loader shares with the ``GradientState`` while it iterates: ``end_of_dataloader`` (the last
     batch is being yielded) and ``remainder`` (samples in the last batch, -1 when unknown). A subclass creates a
     ``GradientState`` as ``self.gradient_state`` and calls :meth:`begin` and :meth:`end` around iteration."""
@@ -41,12 +41,14 @@ class DataLoaderStateMixin(metaclass=abc.ABCMeta):
         self.gradient_state._remove_dataloader(self)
 
 
-class DataLoaderAdapter(metaclass=abc.ABCMeta):
+class DataLoaderAdapter(metaclass=abc.ABCMeta):  # noqa: B024 - ABCMeta for register(), no abstract method
     """A torch ``DataLoader`` (or, with ``use_stateful_dataloader``, torchdata's ``StatefulDataLoader``) built
     from the arguments, that this object stands for: attributes are the loader's, ``isinstance(adapter,
     DataLoader)`` holds, and ``state_dict()`` gives the loader's state as of the last batch yielded."""
 
-    def __init__(self, dataset: Any, use_stateful_dataloader: bool = False, batch_sampler: Any = None, **kwargs: Any):
+    def __init__(
+        self, dataset: Any, use_stateful_dataloader: bool = False, batch_sampler: Any = None, **kwargs: Any
+    ):
         from torch.utils.data import DataLoader
 
         self.use_stateful_dataloader = use_stateful_dataloader

@@ -4,6 +4,5 @@ from drivetrain.compat.reexport import reexport
 
 __getattr__, __dir__, __all__ = reexport(
     __name__,
-    {
-    },
+    {},
 )

@@ -77,7 +77,7 @@ class PartialState:
         process_stack = manager.stack([*device_plugins, selection.value])
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         if os.environ.get("DRIVETRAIN_CPU_AFFINITY", os.environ.get("ACCELERATE_CPU_AFFINITY")) == "1":
-            from drivetrain.utils.environment import set_numa_affinity  # drivetrain launch --enable_cpu_affinity
+            from drivetrain.affinity import set_numa_affinity  # drivetrain launch --enable_cpu_affinity
 
             set_numa_affinity(local_rank)
         device = process_stack.call("detect_device", local_process_index=local_rank, cpu=cpu_setting.value)

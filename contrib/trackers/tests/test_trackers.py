@@ -344,13 +344,18 @@ def test_trackio(tmp_path):
         )
     )
     env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}
-    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     found = json.loads(line.removeprefix("RESULT "))
     assert found["started"]  # start() made the run, as in Accelerate
     assert (tmp_path / "trackio" / "drivetrain-test.db").is_file()
-    assert [(entry["step"], entry["loss"]) for entry in found["logs"] if "loss" in entry] == [(1, 0.5), (2, 0.25)]
+    assert [(entry["step"], entry["loss"]) for entry in found["logs"] if "loss" in entry] == [
+        (1, 0.5),
+        (2, 0.25),
+    ]
     assert {key: found["config"][key] for key in CONFIG} == CONFIG
 
 
@@ -382,5 +387,8 @@ def test_swanlab_offline(tmp_path):
 
     (config_file,) = glob.glob(str(logdir / "run-*" / "files" / "config.yaml"))
     stored = yaml.safe_load(open(config_file, encoding="utf-8"))
-    values = {key: (entry["value"] if isinstance(entry, dict) and "value" in entry else entry) for key, entry in stored.items()}
+    values = {
+        key: (entry["value"] if isinstance(entry, dict) and "value" in entry else entry)
+        for key, entry in stored.items()
+    }
     assert {key: values[key] for key in CONFIG} == CONFIG

@@ -38,7 +38,9 @@ def offload_weight(
         index[weight_name] = {"dtype": dtype or str(array.dtype), "shape": list(array.shape)}
     if array.ndim == 0:  # a memory map needs at least one dimension
         array = array[None]
-    mapped = numpy.memmap(os.path.join(offload_folder, f"{weight_name}.dat"), dtype=array.dtype, mode="w+", shape=array.shape)
+    mapped = numpy.memmap(
+        os.path.join(offload_folder, f"{weight_name}.dat"), dtype=array.dtype, mode="w+", shape=array.shape
+    )
     mapped[:] = array[:]
     mapped.flush()
     return index
@@ -113,7 +115,9 @@ class OffloadedWeightsLoader(Mapping):
         device: Any = None,
     ):
         if state_dict is None and save_folder is None and index is None:
-            raise ValueError("Need either a `state_dict`, a `save_folder` or an `index` containing offloaded weights.")
+            raise ValueError(
+                "Need either a `state_dict`, a `save_folder` or an `index` containing offloaded weights."
+            )
         self.state_dict = {} if state_dict is None else state_dict
         self.save_folder = save_folder
         if index is None and save_folder is not None:
@@ -152,7 +156,9 @@ class OffloadedWeightsLoader(Mapping):
         return len(self.all_keys)
 
 
-def extract_submodules_state_dict(state_dict: dict[str, torch.Tensor], submodule_names: list[str]) -> dict[str, torch.Tensor]:
+def extract_submodules_state_dict(
+    state_dict: dict[str, torch.Tensor], submodule_names: list[str]
+) -> dict[str, torch.Tensor]:
     """The entries of ``state_dict`` belonging to the named submodules (``h.1`` takes ``h.1.*``, not ``h.10.*``)."""
     return {
         key: value

@@ -94,7 +94,11 @@ def _device_from_index(device: Any) -> Any:
     """An integer device means the machine's accelerator of that index (``cuda:0``...)."""
     if isinstance(device, int):
         accelerator = getattr(torch, "accelerator", None)
-        current = accelerator.current_accelerator() if accelerator is not None and accelerator.is_available() else None
+        current = (
+            accelerator.current_accelerator()
+            if accelerator is not None and accelerator.is_available()
+            else None
+        )
         if current is not None and current.type != "cuda":
             return f"{current.type}:{device}"
     return device
@@ -148,7 +152,7 @@ def set_module_tensor_to_device(
     if value is not None:
         if old_value.shape != value.shape and parameter_class.__name__ != "Params4bit":
             raise ValueError(
-                f'Trying to set a tensor of shape {value.shape} in "{tensor_name}" (which has shape '
+                f'Trying to set a tensor of shape {value.shape} in "{name}" (which has shape '
                 f"{old_value.shape}), this looks incorrect."
             )
         if dtype is None:
@@ -159,10 +163,16 @@ def set_module_tensor_to_device(
     with torch.no_grad():
         if value is None:
             new_value = old_value.to(device, non_blocking=non_blocking)
-            if dtype is not None and str(device) == "meta" and not str(old_value.dtype).startswith(_INTEGER_PREFIXES):
+            if (
+                dtype is not None
+                and str(device) == "meta"
+                and not str(old_value.dtype).startswith(_INTEGER_PREFIXES)
+            ):
                 new_value = new_value.to(dtype, non_blocking=non_blocking)
                 if not is_buffer:
-                    owner._parameters[name] = parameter_class(new_value, requires_grad=old_value.requires_grad)
+                    owner._parameters[name] = parameter_class(
+                        new_value, requires_grad=old_value.requires_grad
+                    )
         elif isinstance(value, torch.Tensor):
             new_value = value.to(device, non_blocking=non_blocking)
         else:
@@ -174,7 +184,9 @@ def set_module_tensor_to_device(
             current_class = type(current)
             extra = {key: item for key, item in current.__dict__.items() if key != "_is_hf_initialized"}
             if current_class.__name__ in _QUANTIZED_PARAMETERS:
-                new_value = current_class(new_value, requires_grad=old_value.requires_grad, **extra).to(device)
+                new_value = current_class(new_value, requires_grad=old_value.requires_grad, **extra).to(
+                    device
+                )
             elif current_class is nn.Parameter or issubclass(current_class, nn.Parameter):
                 new_value = current_class(new_value, requires_grad=old_value.requires_grad).to(
                     device, non_blocking=non_blocking
@@ -202,14 +214,20 @@ def get_non_persistent_buffers(module: nn.Module, recurse: bool = False, fqns: b
     if recurse:
         for prefix, submodule in module.named_modules():
             if fqns:
-                found |= {f"{prefix}.{buffer}" if prefix else buffer for buffer in submodule._non_persistent_buffers_set}
+                found |= {
+                    f"{prefix}.{buffer}" if prefix else buffer
+                    for buffer in submodule._non_persistent_buffers_set
+                }
             else:
                 found |= submodule._non_persistent_buffers_set
     return found
 
 
 def named_module_tensors(
-    module: nn.Module, include_buffers: bool = True, recurse: bool = False, remove_non_persistent: bool = False
+    module: nn.Module,
+    include_buffers: bool = True,
+    recurse: bool = False,
+    remove_non_persistent: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Parameters then (with ``include_buffers``) buffers of ``module``, non-persistent buffers left out with
     ``remove_non_persistent``."""
@@ -229,9 +247,13 @@ def check_tied_parameters_in_config(model: nn.Module) -> bool:
     config = getattr(model, "config", None)
     decoder = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     word_embeddings = bool(
-        decoder is not None and getattr(decoder, "tie_word_embeddings", False) and model.get_output_embeddings()
+        decoder is not None
+        and getattr(decoder, "tie_word_embeddings", False)
+        and model.get_output_embeddings()
     )
-    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False) and getattr(config, "tie_encoder_decoder", False))
+    encoder_decoder = bool(
+        getattr(config, "is_encoder_decoder", False) and getattr(config, "tie_encoder_decoder", False)
+    )
     return word_embeddings or encoder_decoder or any(hasattr(sub, "_tie_weights") for sub in model.modules())
 
 
@@ -308,7 +330,9 @@ def compute_module_total_buffer_size(
     model: nn.Module, dtype: str | torch.dtype | None = None, special_dtypes: dict[str, Any] | None = None
 ) -> int:
     """Bytes of all the buffers of ``model``."""
-    return compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes, buffers_only=True).get("", 0)
+    return compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes, buffers_only=True).get(
+        "", 0
+    )
 
 
 def get_max_layer_size(
@@ -354,7 +378,11 @@ def clean_device_map(device_map: dict[str, Any], module_name: str = "") -> dict[
             del device_map[key]
         device_map[module_name] = values[0]
     depth = len(module_name.split(".")) + 1 if module_name else 1
-    children = {".".join(key.split(".")[:depth]) for key in device_map if key.startswith(prefix) and len(key) > len(module_name)}
+    children = {
+        ".".join(key.split(".")[:depth])
+        for key in device_map
+        if key.startswith(prefix) and len(key) > len(module_name)
+    }
     for child in children:
         clean_device_map(device_map, module_name=child)
     return device_map
@@ -367,7 +395,10 @@ def get_module_leaves(module_sizes: dict[str, int]) -> list[str]:
 
 
 def get_module_size_with_ties(
-    tied_params: list[str], module_size: int, module_sizes: dict[str, int], modules_to_treat: list[tuple[str, Any]]
+    tied_params: list[str],
+    module_size: int,
+    module_sizes: dict[str, int],
+    modules_to_treat: list[tuple[str, Any]],
 ) -> tuple[int, list[str], list[Any]]:
     """The size of a module placed together with the modules its tied parameters live in (a tied parameter
     counted once), and those modules' names and objects."""
@@ -378,11 +409,15 @@ def get_module_size_with_ties(
         name, module = next((n, m) for n, m in modules_to_treat if parameter.startswith(n + "."))
         names.append(name)
         modules.append(module)
-    total = module_size + sum(module_sizes[name] - module_sizes[parameter] for parameter, name in zip(tied_params, names))
+    total = module_size + sum(
+        module_sizes[name] - module_sizes[parameter] for parameter, name in zip(tied_params, names)
+    )
     return total, names, modules
 
 
-def load_state_dict(checkpoint_file: str, device_map: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
+def load_state_dict(
+    checkpoint_file: str, device_map: dict[str, Any] | None = None
+) -> dict[str, torch.Tensor]:
     """The tensors of one checkpoint file. A safetensors file must have been saved from torch (``format: pt``
     in its metadata; missing metadata is taken as torch's, with a warning); with ``device_map`` each tensor is
     read straight onto the device its module is mapped to (``"disk"`` and unmapped ones onto the CPU). Other
@@ -461,7 +496,9 @@ def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
                 state_dict[f"{name}.{key}"] = tensor.to("cpu")
     missing = on_meta - set(state_dict)
     if missing:
-        logger.warning(f"The following tensors were not saved because they were still on meta device: {missing}")
+        logger.warning(
+            f"The following tensors were not saved because they were still on meta device: {missing}"
+        )
     return state_dict
 
 
@@ -481,7 +518,9 @@ def get_state_dict_from_offload(
     return state_dict
 
 
-def load_offloaded_weights(model: nn.Module, index: dict[str, dict[str, Any]] | None, offload_folder: str) -> None:
+def load_offloaded_weights(
+    model: nn.Module, index: dict[str, dict[str, Any]] | None, offload_folder: str
+) -> None:
     """Load the weights offloaded to ``offload_folder`` (``.dat`` files, see ``offload_weight``) into ``model``
     on the CPU; 8-bit statistics (``SCB`` entries) go with their weight."""
     import os
@@ -494,7 +533,9 @@ def load_offloaded_weights(model: nn.Module, index: dict[str, dict[str, Any]] | 
         statistics_name = name.replace("weight", "SCB")
         statistics = None
         if "weight" in name and statistics_name in index:
-            statistics = load_offloaded_weight(os.path.join(offload_folder, f"{statistics_name}.dat"), index[statistics_name])
+            statistics = load_offloaded_weight(
+                os.path.join(offload_folder, f"{statistics_name}.dat"), index[statistics_name]
+            )
         weight = load_offloaded_weight(os.path.join(offload_folder, f"{name}.dat"), info)
         set_module_tensor_to_device(model, name, "cpu", value=weight, fp16_statistics=statistics)
 
@@ -537,11 +578,16 @@ def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> Any:
     scaler for a distributed type whose parameters are sharded."""
     from drivetrain.compat import names
 
-    if distributed_type is not None and str(getattr(distributed_type, "value", distributed_type)) in names.ACCELERATE_SHARDED_SCALER_TYPES:
+    if (
+        distributed_type is not None
+        and str(getattr(distributed_type, "value", distributed_type)) in names.ACCELERATE_SHARDED_SCALER_TYPES
+    ):
         import importlib
 
         module, _, attribute = names.SHARDED_GRAD_SCALER.partition(":")
         return getattr(importlib.import_module(module), attribute)(**kwargs)
     accelerator = getattr(torch, "accelerator", None)
-    current = accelerator.current_accelerator() if accelerator is not None and accelerator.is_available() else None
+    current = (
+        accelerator.current_accelerator() if accelerator is not None and accelerator.is_available() else None
+    )
     return torch.amp.GradScaler(current.type if current is not None else "cuda", **kwargs)

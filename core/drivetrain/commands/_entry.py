@@ -10,7 +10,9 @@ from typing import Any
 from drivetrain.commands.parsing import ArgumentParser, exit_code_of
 
 
-def command_parser(name: str, register: Callable, run: Callable, help_text: str) -> Callable[..., argparse.ArgumentParser]:
+def command_parser(
+    name: str, register: Callable, run: Callable, help_text: str
+) -> Callable[..., argparse.ArgumentParser]:
     def parser_for(subparsers: Any = None) -> argparse.ArgumentParser:
         if subparsers is not None:
             parser = subparsers.add_parser(name, help=help_text, description=help_text)

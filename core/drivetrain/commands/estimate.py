@@ -43,7 +43,10 @@ def check_has_model(error: BaseException) -> str:
 
 
 def create_empty_model(
-    model_name: str, library_name: str | None, trust_remote_code: bool = False, access_token: str | None = None
+    model_name: str,
+    library_name: str | None,
+    trust_remote_code: bool = False,
+    access_token: str | None = None,
 ) -> Any:
     """The model ``model_name`` built on the meta device (no memory), from a local folder, config file,
     ``module:Class`` or a model in the local cache."""
@@ -76,9 +79,14 @@ def create_ascii_table(headers: list[str], rows: list[list[str]], title: str) ->
 
 def gather_data(args: argparse.Namespace) -> list[list[Any]]:
     """``[dtype, largest layer bytes, total bytes, Adam training bytes]`` per dtype of ``args.dtypes``."""
-    model = create_empty_model(args.model_name, getattr(args, "library_name", None), getattr(args, "trust_remote_code", False))
+    model = create_empty_model(
+        args.model_name, getattr(args, "library_name", None), getattr(args, "trust_remote_code", False)
+    )
     dtypes = getattr(args, "dtypes", None) or ("float32", "float16", "int8", "int4")
-    return [[row["dtype"], row["largest_layer"], row["total_size"], row["training_adam"]] for row in estimate(model, dtypes)]
+    return [
+        [row["dtype"], row["largest_layer"], row["total_size"], row["training_adam"]]
+        for row in estimate(model, dtypes)
+    ]
 
 
 convert_bytes = _convert_bytes

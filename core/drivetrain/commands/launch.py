@@ -246,7 +246,9 @@ def register_parser(parser: argparse.ArgumentParser, plugin_options: bool = True
         choices=("default", "reduce-overhead", "max-autotune"),
         help="torch.compile mode (with --dynamo_backend)",
     )
-    add_option(compile_group, "--dynamo_use_fullgraph", action="store_true", help="torch.compile fullgraph=True")
+    add_option(
+        compile_group, "--dynamo_use_fullgraph", action="store_true", help="torch.compile fullgraph=True"
+    )
     add_option(compile_group, "--dynamo_use_dynamic", action="store_true", help="torch.compile dynamic=True")
     add_option(
         compile_group,
@@ -342,7 +344,12 @@ def _add_accelerate_stand_ins(parser: argparse.ArgumentParser) -> None:
         else:
             negative = spellings[0].startswith("--no")
             group.add_argument(
-                *spellings, dest=dest, action="store_const", const=not negative, default=None, help=f"read by {distribution}"
+                *spellings,
+                dest=dest,
+                action="store_const",
+                const=not negative,
+                default=None,
+                help=f"read by {distribution}",
             )
         owners[dest] = distribution
     parser.set_defaults(_accelerate_stand_ins=owners)
@@ -368,15 +375,15 @@ def _refuse_stand_ins(args: argparse.Namespace) -> None:
 
 
 def _compile_and_placement_env(args: argparse.Namespace) -> dict[str, str]:
-    """Variables for the options the processes read themselves (``Accelerator`` builds its TorchDynamoPlugin
-    from them; ``PartialState`` pins the process)."""
+    """Variables for the options the processes read themselves (Accelerate's names: ``TorchDynamoPlugin``
+    reads the compile settings from them; ``PartialState`` pins the process)."""
     env = {}
     if getattr(args, "dynamo_mode", None):
-        env["DRIVETRAIN_DYNAMO_MODE"] = args.dynamo_mode
+        env["ACCELERATE_DYNAMO_MODE"] = args.dynamo_mode
     if getattr(args, "dynamo_use_fullgraph", False):
-        env["DRIVETRAIN_DYNAMO_USE_FULLGRAPH"] = "1"
+        env["ACCELERATE_DYNAMO_USE_FULLGRAPH"] = "1"
     if getattr(args, "dynamo_use_dynamic", False):
-        env["DRIVETRAIN_DYNAMO_USE_DYNAMIC"] = "1"
+        env["ACCELERATE_DYNAMO_USE_DYNAMIC"] = "1"
     if getattr(args, "enable_cpu_affinity", False):
         env["DRIVETRAIN_CPU_AFFINITY"] = "1"
     return env
@@ -937,7 +944,9 @@ def launch_command(args: argparse.Namespace) -> None:
 
     code = run(args)
     if code:
-        raise subprocess.CalledProcessError(code, [args.training_script, *getattr(args, "training_script_args", [])])
+        raise subprocess.CalledProcessError(
+            code, [args.training_script, *getattr(args, "training_script_args", [])]
+        )
 
 
 def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespace, None, bool]:

@@ -16,7 +16,12 @@ description = HELP
 def register_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint_directory", help="folder holding the shards")
     parser.add_argument("output_path", help="folder to write the merged weights into")
-    add_option(parser, "--unsafe_serialization", action="store_true", help="write .bin (pickle) instead of .safetensors")
+    add_option(
+        parser,
+        "--unsafe_serialization",
+        action="store_true",
+        help="write .bin (pickle) instead of .safetensors",
+    )
     add_option(parser, "--remove_checkpoint_dir", action="store_true", help="delete the shards after merging")
 
 
@@ -26,7 +31,9 @@ def merge_command(args: argparse.Namespace) -> None:
     from drivetrain.compat import names
 
     merge = getattr(importlib.import_module("drivetrain.utils"), names.ACCELERATE_MERGE_FUNCTION)
-    merge(args.checkpoint_directory, args.output_path, not args.unsafe_serialization, args.remove_checkpoint_dir)
+    merge(
+        args.checkpoint_directory, args.output_path, not args.unsafe_serialization, args.remove_checkpoint_dir
+    )
 
 
 def run(args: argparse.Namespace) -> int:

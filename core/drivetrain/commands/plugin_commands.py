@@ -13,7 +13,9 @@ from drivetrain.compat import names
 from drivetrain.errors import UsageError
 
 
-def stand_in(command: str) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]:
+def stand_in(
+    command: str,
+) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]:
     """``(register_parser, run, help)`` of the stand-in for ``command``."""
     distribution, help_text, options = names.ACCELERATE_PLUGIN_COMMANDS[command]
 
@@ -25,6 +27,8 @@ def stand_in(command: str) -> tuple[Callable[[argparse.ArgumentParser], None], C
                 add_option(parser, flag, action="append" if repeatable else "store")
 
     def run(args: argparse.Namespace) -> int:
-        raise UsageError(f"`drivetrain {command}` is provided by a plugin that is not installed: pip install {distribution}")
+        raise UsageError(
+            f"`drivetrain {command}` is provided by a plugin that is not installed: pip install {distribution}"
+        )
 
     return register_parser, run, f"{help_text} [needs {distribution}]"

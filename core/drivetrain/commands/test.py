@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 import sys
+from typing import Any
 
 from drivetrain.commands.parsing import add_option
 

@@ -163,9 +163,13 @@ ACCELERATE_AVAILABILITY: dict[str, dict] = {
             ("intel_transformer_engine", "intel-transformer-engine", None),
         ]
     },
-    "is_transformer_engine_mxfp8_available": {"packages": [("transformer_engine", "transformer-engine", "2.1")]},
+    "is_transformer_engine_mxfp8_available": {
+        "packages": [("transformer_engine", "transformer-engine", "2.1")]
+    },
     "is_torchao_available": {"packages": [("torchao", None, "0.6.1")]},
-    "is_fp8_available": {"any_of": ["is_msamp_available", "is_transformer_engine_available", "is_torchao_available"]},
+    "is_fp8_available": {
+        "any_of": ["is_msamp_available", "is_transformer_engine_available", "is_torchao_available"]
+    },
     "is_torch_xla_available": {"packages": [("torch_xla", None, None)], "env": ("USE_TORCH_XLA", "true")},
     "is_megatron_lm_available": {
         "packages": [("megatron", "megatron-core", "0.8.0")],
@@ -215,7 +219,13 @@ ACCELERATE_NO_FP16_DEVICE = "is_habana_gaudi1"
 
 #: Accelerate's constants that name a backend (``accelerate.utils.constants``), same values.
 ACCELERATE_BACKEND_CONSTANTS = {
-    "FSDP_SHARDING_STRATEGY": ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"],
+    "FSDP_SHARDING_STRATEGY": [
+        "FULL_SHARD",
+        "SHARD_GRAD_OP",
+        "NO_SHARD",
+        "HYBRID_SHARD",
+        "HYBRID_SHARD_ZERO2",
+    ],
     "FSDP_AUTO_WRAP_POLICY": ["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"],
     "FSDP_BACKWARD_PREFETCH": ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"],
     "FSDP_STATE_DICT_TYPE": ["FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"],
@@ -237,7 +247,9 @@ KERNEL_NAMES_BY_PATH: dict[str, dict[str, str]] = {
         "deepspeed_required": "drivetrain.utils.imports:backend_required",
         "USE_TORCH_XLA": "drivetrain.utils.imports:use_accelerator_runtime",
     },
-    "accelerate.utils.constants": {name: "drivetrain.utils.constants" for name in ACCELERATE_BACKEND_CONSTANTS},
+    "accelerate.utils.constants": {
+        name: "drivetrain.utils.constants" for name in ACCELERATE_BACKEND_CONSTANTS
+    },
     "accelerate.utils": {
         **{name: "drivetrain.utils.imports" for name in ACCELERATE_AVAILABILITY},
         "torchao_required": "drivetrain.utils.imports:library_required",
@@ -249,7 +261,9 @@ KERNEL_NAMES_BY_PATH: dict[str, dict[str, str]] = {
     "accelerate.utils.environment": {
         "check_cuda_fp8_capability": "drivetrain.utils.environment:check_cuda_float8_capability"
     },
-    "accelerate.utils.operations": {"is_torch_xpu_tensor": "drivetrain.utils.operations:is_accelerator_tensor"},
+    "accelerate.utils.operations": {
+        "is_torch_xpu_tensor": "drivetrain.utils.operations:is_accelerator_tensor"
+    },
 }
 
 _FSDP_UTILS = (
@@ -280,7 +294,9 @@ _MEGATRON_CONFIG = (
     "parse_glm4_moe_config parse_gpt2_config parse_llama_config parse_t5_config"
 ).split()
 _FP8_CONFIG = "AORecipeKwargs FP8RecipeKwargs MSAMPRecipeKwargs TERecipeKwargs FP8BackendType FP8Format AmaxComputeAlgorithm"
-_TRANSFORMER_ENGINE = "apply_fp8_autowrap contextual_fp8_autocast convert_model has_transformer_engine_layers".split()
+_TRANSFORMER_ENGINE = (
+    "apply_fp8_autowrap contextual_fp8_autocast convert_model has_transformer_engine_layers".split()
+)
 _AO = (
     "convert_model_to_fp8_ao filter_first_and_last_linear_layers filter_linear_layers find_first_last_linear_layers "
     "has_ao_layers"
@@ -338,9 +354,14 @@ PLUGIN_NAMES_BY_PATH: dict[str, dict[str, str]] = {
         "prepare_tpu": "drivetrain-xla",
         "setup_fp8_env": "drivetrain-fp8",
     },
-    "accelerate.utils.modeling": {name: "drivetrain-offload" for name in ("align_module_device", "has_offloaded_params")},
+    "accelerate.utils.modeling": {
+        name: "drivetrain-offload" for name in ("align_module_device", "has_offloaded_params")
+    },
     "accelerate.utils.operations": {"GatheredParameters": "drivetrain-deepspeed"},
-    "accelerate.utils.other": {"compile_regions_deepspeed": "drivetrain-deepspeed", "compile_regions_fsdp2": "drivetrain-fsdp"},
+    "accelerate.utils.other": {
+        "compile_regions_deepspeed": "drivetrain-deepspeed",
+        "compile_regions_fsdp2": "drivetrain-fsdp",
+    },
     "accelerate.utils.dataclasses": {
         **dict.fromkeys(_DDP, "drivetrain-ddp"),
         **dict.fromkeys(_DEEPSPEED_CONFIG, "drivetrain-deepspeed"),
@@ -352,16 +373,29 @@ PLUGIN_NAMES_BY_PATH: dict[str, dict[str, str]] = {
     "accelerate.utils": {
         **dict.fromkeys(_DDP, "drivetrain-ddp"),
         **dict.fromkeys(_DEEPSPEED_CONFIG, "drivetrain-deepspeed"),
-        **dict.fromkeys([*_DEEPSPEED_UTILS, "GatheredParameters", "compile_regions_deepspeed"], "drivetrain-deepspeed"),
+        **dict.fromkeys(
+            [*_DEEPSPEED_UTILS, "GatheredParameters", "compile_regions_deepspeed"], "drivetrain-deepspeed"
+        ),
         **dict.fromkeys([n for n in _FSDP_UTILS if n != "get_parameters_from_modules"], "drivetrain-fsdp"),
         "FullyShardedDataParallelPlugin": "drivetrain-fsdp",
         "compile_regions_fsdp2": "drivetrain-fsdp",
-        **dict.fromkeys([*_FP8_CONFIG.split()[:4], *_TRANSFORMER_ENGINE, *_AO[:2], "has_ao_layers"], "drivetrain-fp8"),
         **dict.fromkeys(
-            [*_MEGATRON_UTILS[:11], *_MEGATRON_IN_UTILS, "MegatronLMPlugin", "add_model_config_to_megatron_parser"],
+            [*_FP8_CONFIG.split()[:4], *_TRANSFORMER_ENGINE, *_AO[:2], "has_ao_layers"], "drivetrain-fp8"
+        ),
+        **dict.fromkeys(
+            [
+                *_MEGATRON_UTILS[:11],
+                "gather_across_data_parallel_groups",
+                *_MEGATRON_IN_UTILS,
+                "MegatronLMPlugin",
+                "add_model_config_to_megatron_parser",
+            ],
             "drivetrain-megatron",
         ),
-        **dict.fromkeys(["BnbQuantizationConfig", "has_4bit_bnb_layers", "load_and_quantize_model"], QUANTIZATION_DISTRIBUTION),
+        **dict.fromkeys(
+            ["BnbQuantizationConfig", "has_4bit_bnb_layers", "load_and_quantize_model"],
+            QUANTIZATION_DISTRIBUTION,
+        ),
         "align_module_device": "drivetrain-offload",
         "has_offloaded_params": "drivetrain-offload",
         "install_xla": "drivetrain-xla",
@@ -374,7 +408,9 @@ PLUGIN_NAMES_BY_PATH: dict[str, dict[str, str]] = {
         "to_fsdp2_command_parser main load_config logger".split(),
         "drivetrain-fsdp",
     ),
-    "accelerate.commands.tpu": dict.fromkeys(["tpu_command_launcher", "tpu_command_parser", "main"], "drivetrain-xla"),
+    "accelerate.commands.tpu": dict.fromkeys(
+        ["tpu_command_launcher", "tpu_command_parser", "main"], "drivetrain-xla"
+    ),
     "accelerate.commands.config.sagemaker": {"get_sagemaker_input": SAGEMAKER_DISTRIBUTION},
     "accelerate.commands.launch": {
         "deepspeed_launcher": "drivetrain-deepspeed",
@@ -462,43 +498,203 @@ ACCELERATE_PLUGIN_COMMANDS = {
 #: (spellings, dest, takes a value, distribution). ``drivetrain launch`` accepts them, and refuses a run that sets
 #: one in one line naming the distribution that reads it.
 ACCELERATE_LAUNCH_PLUGIN_OPTIONS = (
-    (('--tpu-cluster', '--tpu_cluster'), 'tpu_use_cluster', False, 'drivetrain-xla'),
-    (('--no-tpu-cluster', '--no_tpu_cluster'), 'tpu_use_cluster', False, 'drivetrain-xla'),
-    (('--tpu-use-sudo', '--tpu_use_sudo'), 'tpu_use_sudo', False, 'drivetrain-xla'),
-    (('--vm',), 'vm', True, 'drivetrain-xla'),
-    (('--main-training-function', '--main_training_function'), 'main_training_function', True, 'drivetrain-xla'),
-    (('--downcast-bf16', '--downcast_bf16'), 'downcast_bf16', False, 'drivetrain-xla'),
-    (('--megatron-lm-tp-degree', '--megatron_lm_tp_degree'), 'megatron_lm_tp_degree', True, 'drivetrain-megatron'),
-    (('--megatron-lm-use-custom-fsdp', '--megatron_lm_use_custom_fsdp'), 'megatron_lm_use_custom_fsdp', True, 'drivetrain-megatron'),
-    (('--megatron-lm-no-load-optim', '--megatron_lm_no_load_optim'), 'megatron_lm_no_load_optim', True, 'drivetrain-megatron'),
-    (('--megatron-lm-eod-mask-loss', '--megatron_lm_eod_mask_loss'), 'megatron_lm_eod_mask_loss', True, 'drivetrain-megatron'),
-    (('--megatron-lm-overlap-cpu-optimizer-d2h-h2d', '--megatron_lm_overlap_cpu_optimizer_d2h_h2d'), 'megatron_lm_overlap_cpu_optimizer_d2h_h2d', True, 'drivetrain-megatron'),
-    (('--megatron-lm-no-save-optim', '--megatron_lm_no_save_optim'), 'megatron_lm_no_save_optim', True, 'drivetrain-megatron'),
-    (('--megatron-lm-optimizer-cpu-offload', '--megatron_lm_optimizer_cpu_offload'), 'megatron_lm_optimizer_cpu_offload', True, 'drivetrain-megatron'),
-    (('--megatron-lm-use-precision-aware-optimizer', '--megatron_lm_use_precision_aware_optimizer'), 'megatron_lm_use_precision_aware_optimizer', True, 'drivetrain-megatron'),
-    (('--megatron-lm-decoder-last-pipeline-num-layers', '--megatron_lm_decoder_last_pipeline_num_layers'), 'megatron_lm_decoder_last_pipeline_num_layers', True, 'drivetrain-megatron'),
-    (('--megatron-lm-pp-degree', '--megatron_lm_pp_degree'), 'megatron_lm_pp_degree', True, 'drivetrain-megatron'),
-    (('--megatron-lm-num-micro-batches', '--megatron_lm_num_micro_batches'), 'megatron_lm_num_micro_batches', True, 'drivetrain-megatron'),
-    (('--megatron-lm-sequence-parallelism', '--megatron_lm_sequence_parallelism'), 'megatron_lm_sequence_parallelism', True, 'drivetrain-megatron'),
-    (('--megatron-lm-recompute-activations', '--megatron_lm_recompute_activations'), 'megatron_lm_recompute_activations', True, 'drivetrain-megatron'),
-    (('--megatron-lm-use-distributed-optimizer', '--megatron_lm_use_distributed_optimizer'), 'megatron_lm_use_distributed_optimizer', True, 'drivetrain-megatron'),
-    (('--megatron-lm-gradient-clipping', '--megatron_lm_gradient_clipping'), 'megatron_lm_gradient_clipping', True, 'drivetrain-megatron'),
-    (('--megatron-lm-recompute-granularity', '--megatron_lm_recompute_granularity'), 'megatron_lm_recompute_granularity', True, 'drivetrain-megatron'),
-    (('--megatron-lm-recompute-method', '--megatron_lm_recompute_method'), 'megatron_lm_recompute_method', True, 'drivetrain-megatron'),
-    (('--megatron-lm-recompute-num-layers', '--megatron_lm_recompute_num_layers'), 'megatron_lm_recompute_num_layers', True, 'drivetrain-megatron'),
-    (('--megatron-lm-attention-backend', '--megatron_lm_attention_backend'), 'megatron_lm_attention_backend', True, 'drivetrain-megatron'),
-    (('--megatron-lm-expert-model-parallel-size', '--megatron_lm_expert_model_parallel_size'), 'megatron_lm_expert_model_parallel_size', True, 'drivetrain-megatron'),
-    (('--megatron-lm-context-parallel-size', '--megatron_lm_context_parallel_size'), 'megatron_lm_context_parallel_size', True, 'drivetrain-megatron'),
-    (('--megatron-lm-attention-dropout', '--megatron_lm_attention_dropout'), 'megatron_lm_attention_dropout', True, 'drivetrain-megatron'),
-    (('--megatron-lm-hidden-dropout', '--megatron_lm_hidden_dropout'), 'megatron_lm_hidden_dropout', True, 'drivetrain-megatron'),
-    (('--megatron-lm-attention-softmax-in-fp32', '--megatron_lm_attention_softmax_in_fp32'), 'megatron_lm_attention_softmax_in_fp32', True, 'drivetrain-megatron'),
-    (('--megatron-lm-expert-tensor-parallel-size', '--megatron_lm_expert_tensor_parallel_size'), 'megatron_lm_expert_tensor_parallel_size', True, 'drivetrain-megatron'),
-    (('--megatron-lm-calculate-per-token-loss', '--megatron_lm_calculate_per_token_loss'), 'megatron_lm_calculate_per_token_loss', True, 'drivetrain-megatron'),
-    (('--megatron-lm-use-rotary-position-embeddings', '--megatron_lm_use_rotary_position_embeddings'), 'megatron_lm_use_rotary_position_embeddings', True, 'drivetrain-megatron'),
-    (('--aws-access-key-id', '--aws_access_key_id'), 'aws_access_key_id', True, SAGEMAKER_DISTRIBUTION),
-    (('--aws-secret-access-key', '--aws_secret_access_key'), 'aws_secret_access_key', True, SAGEMAKER_DISTRIBUTION),
-    (('--mpirun-hostfile', '--mpirun_hostfile'), 'mpirun_hostfile', True, 'drivetrain-ipex'),
-    (('--parallelism-config-sp-seq-length', '--parallelism_config_sp_seq_length'), 'parallelism_config_sp_seq_length', True, 'drivetrain-deepspeed'),
-    (('--parallelism-config-sp-seq-length-is-variable', '--parallelism_config_sp_seq_length_is_variable'), 'parallelism_config_sp_seq_length_is_variable', True, 'drivetrain-deepspeed'),
-    (('--parallelism-config-sp-attn-implementation', '--parallelism_config_sp_attn_implementation'), 'parallelism_config_sp_attn_implementation', True, 'drivetrain-deepspeed'),
+    (("--tpu-cluster", "--tpu_cluster"), "tpu_use_cluster", False, "drivetrain-xla"),
+    (("--no-tpu-cluster", "--no_tpu_cluster"), "tpu_use_cluster", False, "drivetrain-xla"),
+    (("--tpu-use-sudo", "--tpu_use_sudo"), "tpu_use_sudo", False, "drivetrain-xla"),
+    (("--vm",), "vm", True, "drivetrain-xla"),
+    (
+        ("--main-training-function", "--main_training_function"),
+        "main_training_function",
+        True,
+        "drivetrain-xla",
+    ),
+    (("--downcast-bf16", "--downcast_bf16"), "downcast_bf16", False, "drivetrain-xla"),
+    (
+        ("--megatron-lm-tp-degree", "--megatron_lm_tp_degree"),
+        "megatron_lm_tp_degree",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-use-custom-fsdp", "--megatron_lm_use_custom_fsdp"),
+        "megatron_lm_use_custom_fsdp",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-no-load-optim", "--megatron_lm_no_load_optim"),
+        "megatron_lm_no_load_optim",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-eod-mask-loss", "--megatron_lm_eod_mask_loss"),
+        "megatron_lm_eod_mask_loss",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-overlap-cpu-optimizer-d2h-h2d", "--megatron_lm_overlap_cpu_optimizer_d2h_h2d"),
+        "megatron_lm_overlap_cpu_optimizer_d2h_h2d",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-no-save-optim", "--megatron_lm_no_save_optim"),
+        "megatron_lm_no_save_optim",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-optimizer-cpu-offload", "--megatron_lm_optimizer_cpu_offload"),
+        "megatron_lm_optimizer_cpu_offload",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-use-precision-aware-optimizer", "--megatron_lm_use_precision_aware_optimizer"),
+        "megatron_lm_use_precision_aware_optimizer",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-decoder-last-pipeline-num-layers", "--megatron_lm_decoder_last_pipeline_num_layers"),
+        "megatron_lm_decoder_last_pipeline_num_layers",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-pp-degree", "--megatron_lm_pp_degree"),
+        "megatron_lm_pp_degree",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-num-micro-batches", "--megatron_lm_num_micro_batches"),
+        "megatron_lm_num_micro_batches",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-sequence-parallelism", "--megatron_lm_sequence_parallelism"),
+        "megatron_lm_sequence_parallelism",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-recompute-activations", "--megatron_lm_recompute_activations"),
+        "megatron_lm_recompute_activations",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-use-distributed-optimizer", "--megatron_lm_use_distributed_optimizer"),
+        "megatron_lm_use_distributed_optimizer",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-gradient-clipping", "--megatron_lm_gradient_clipping"),
+        "megatron_lm_gradient_clipping",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-recompute-granularity", "--megatron_lm_recompute_granularity"),
+        "megatron_lm_recompute_granularity",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-recompute-method", "--megatron_lm_recompute_method"),
+        "megatron_lm_recompute_method",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-recompute-num-layers", "--megatron_lm_recompute_num_layers"),
+        "megatron_lm_recompute_num_layers",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-attention-backend", "--megatron_lm_attention_backend"),
+        "megatron_lm_attention_backend",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-expert-model-parallel-size", "--megatron_lm_expert_model_parallel_size"),
+        "megatron_lm_expert_model_parallel_size",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-context-parallel-size", "--megatron_lm_context_parallel_size"),
+        "megatron_lm_context_parallel_size",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-attention-dropout", "--megatron_lm_attention_dropout"),
+        "megatron_lm_attention_dropout",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-hidden-dropout", "--megatron_lm_hidden_dropout"),
+        "megatron_lm_hidden_dropout",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-attention-softmax-in-fp32", "--megatron_lm_attention_softmax_in_fp32"),
+        "megatron_lm_attention_softmax_in_fp32",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-expert-tensor-parallel-size", "--megatron_lm_expert_tensor_parallel_size"),
+        "megatron_lm_expert_tensor_parallel_size",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-calculate-per-token-loss", "--megatron_lm_calculate_per_token_loss"),
+        "megatron_lm_calculate_per_token_loss",
+        True,
+        "drivetrain-megatron",
+    ),
+    (
+        ("--megatron-lm-use-rotary-position-embeddings", "--megatron_lm_use_rotary_position_embeddings"),
+        "megatron_lm_use_rotary_position_embeddings",
+        True,
+        "drivetrain-megatron",
+    ),
+    (("--aws-access-key-id", "--aws_access_key_id"), "aws_access_key_id", True, SAGEMAKER_DISTRIBUTION),
+    (
+        ("--aws-secret-access-key", "--aws_secret_access_key"),
+        "aws_secret_access_key",
+        True,
+        SAGEMAKER_DISTRIBUTION,
+    ),
+    (("--mpirun-hostfile", "--mpirun_hostfile"), "mpirun_hostfile", True, "drivetrain-ipex"),
+    (
+        ("--parallelism-config-sp-seq-length", "--parallelism_config_sp_seq_length"),
+        "parallelism_config_sp_seq_length",
+        True,
+        "drivetrain-deepspeed",
+    ),
+    (
+        ("--parallelism-config-sp-seq-length-is-variable", "--parallelism_config_sp_seq_length_is_variable"),
+        "parallelism_config_sp_seq_length_is_variable",
+        True,
+        "drivetrain-deepspeed",
+    ),
+    (
+        ("--parallelism-config-sp-attn-implementation", "--parallelism_config_sp_attn_implementation"),
+        "parallelism_config_sp_attn_implementation",
+        True,
+        "drivetrain-deepspeed",
+    ),
 )

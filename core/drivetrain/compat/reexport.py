@@ -42,6 +42,9 @@ def plugin_name(name: str, distribution: str | None, module: str) -> Any:
     return placeholder
 
 
+#: The namespaces where every plugin-provided public name resolves (``from drivetrain import LocalSGD``).
+_PLUGIN_NAMESPACES = ("drivetrain", "drivetrain.utils")
+
 #: Table value for a module's ``logger`` (Accelerate's modules each have one): drivetrain's logger of that name.
 LOGGER = "@logger"
 
@@ -76,6 +79,8 @@ def reexport(
             value = getattr(importlib.import_module(module_path), attribute or name)
         elif name in owned:
             value = plugin_name(name, owned[name], module_name)
+        elif name in names.PLUGIN_EXPORTS and module_name in _PLUGIN_NAMESPACES:
+            value = plugin_name(name, names.PLUGIN_EXPORTS[name], module_name)
         else:
             raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
         setattr(sys.modules[module_name], name, value)

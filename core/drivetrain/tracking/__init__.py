@@ -25,15 +25,17 @@ _reexport_getattr, __dir__, _names = reexport(
 )
 __getattr__ = _reexport_getattr
 
-__all__ = sorted(
-    {
-        *_names,
-        "GeneralTracker",
-        "TrackingMixin",
-        "on_main_process",
-        "register_tracker_class",
-        "registered_trackers",
-        "resolve_log_with",
-        "validate_log_with",
-    }
-)
+__all__ = [
+    "LOGGER_TYPE_TO_CLASS",
+    "GeneralTracker",
+    "TrackingMixin",
+    "filter_trackers",
+    "get_available_trackers",
+    "logger",
+    "on_main_process",
+    "register_tracker_class",
+    "registered_trackers",
+    "resolve_log_with",
+    "validate_log_with",
+    *(name for name in _names if name.endswith("Tracker")),  # plugins' tracker classes
+]

@@ -159,7 +159,9 @@ def register_tracker_class(tracker_class: type) -> None:
         raise ValueError(f"`tracker_class` must be a subclass of `GeneralTracker`, but got {tracker_class}.")
     if not getattr(tracker_class, "name", None):
         raise ValueError("The tracker class to register must define a non-empty `name` attribute.")
-    if not hasattr(tracker_class, "requires_logging_directory"):
+    if "requires_logging_directory" not in {
+        name for cls in tracker_class.__mro__[:-1] if cls is not GeneralTracker for name in vars(cls)
+    }:
         raise ValueError(
             "The tracker class to register must define a `requires_logging_directory` class attribute. "
             "Set it to `True` if the tracker needs a logging directory, or `False` otherwise."
@@ -213,7 +215,7 @@ def _unknown_tracker_message(name: str, registered: dict[str, tuple[str, type]])
 def _check_logging_dir(cls: type, logging_dir: str | None) -> None:
     if cls.requires_logging_directory and logging_dir is None:
         raise ConfigurationError(
-            f"tracker {cls.name!r} writes files and needs a logging directory: pass "
+            f"Logging with `{cls.name}` requires a `logging_dir` to be passed in: pass "
             f"Accelerator(project_dir=...) or project_config=ProjectConfiguration(logging_dir=...)"
         )
 

@@ -175,8 +175,6 @@ _EXPORTS = {
     "parse_choice_from_env": "drivetrain.utils.environment",
     "parse_flag_from_env": "drivetrain.utils.environment",
     "patch_environment": "drivetrain.environment",
-    "prepare_multi_gpu_env": "drivetrain.utils.launch",
-    "prepare_simple_launcher_cmd_env": "drivetrain.utils.launch",
     "purge_accelerate_environment": "drivetrain.utils.environment",
     "recursive_getattr": "drivetrain.utils.other",
     "recursively_apply": "drivetrain.operations",

@@ -8,7 +8,6 @@ from typing import Any, Literal
 from drivetrain.compat.reexport import LOGGER, reexport
 
 
-
 def _literal(name: str) -> Any:
     """Accelerate's type aliases for options of the precision and profiling configurations."""
     from drivetrain.compat import names

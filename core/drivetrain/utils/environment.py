@@ -60,7 +60,9 @@ def convert_dict_to_env_variables(current_env: dict[str, str]) -> list[str]:
         if key and value and not any(character in text for character in _FORBIDDEN):
             lines.append(f"{key}={value}\n")
         else:
-            logger.warning(f"WARNING: Skipping {key}={value} as it contains forbidden characters or missing values.")
+            logger.warning(
+                f"WARNING: Skipping {key}={value} as it contains forbidden characters or missing values."
+            )
     return lines
 
 
@@ -84,12 +86,20 @@ def get_current_device_type() -> tuple[str, str]:
 def _nvidia_smi() -> str:
     if sys.platform == "win32":
         found = shutil.which("nvidia-smi")
-        return found or os.path.join(os.environ.get("systemdrive", "C:"), "Program Files", "NVIDIA Corporation", "NVSMI", "nvidia-smi.exe")
+        return found or os.path.join(
+            os.environ.get("systemdrive", "C:"),
+            "Program Files",
+            "NVIDIA Corporation",
+            "NVSMI",
+            "nvidia-smi.exe",
+        )
     return "nvidia-smi"
 
 
 def _query_gpus(field_names: str) -> list[str]:
-    output = subprocess.check_output([_nvidia_smi(), f"--query-gpu={field_names}", "--format=csv,noheader"], text=True)
+    output = subprocess.check_output(
+        [_nvidia_smi(), f"--query-gpu={field_names}", "--format=csv,noheader"], text=True
+    )
     return output.strip().splitlines()
 
 
@@ -135,50 +145,34 @@ class CPUInformation:
 
     rank: int = field(default=0, metadata={"help": "The rank of the current process."})
     world_size: int = field(default=1, metadata={"help": "The total number of processes in the world."})
-    local_rank: int = field(default=0, metadata={"help": "The rank of the current process on the local node."})
-    local_world_size: int = field(default=1, metadata={"help": "The total number of processes on the local node."})
+    local_rank: int = field(
+        default=0, metadata={"help": "The rank of the current process on the local node."}
+    )
+    local_world_size: int = field(
+        default=1, metadata={"help": "The total number of processes on the local node."}
+    )
 
 
 def get_cpu_distributed_information() -> CPUInformation:
     """Rank and sizes from the variables MPI implementations and torch's launcher set (first found wins)."""
     return CPUInformation(
         rank=get_int_from_env(["RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"], 0),
-        world_size=get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1),
+        world_size=get_int_from_env(
+            ["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1
+        ),
         local_rank=get_int_from_env(
             ["LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK"], 0
         ),
         local_world_size=get_int_from_env(
-            ["LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE"], 1
+            [
+                "LOCAL_WORLD_SIZE",
+                "MPI_LOCALNRANKS",
+                "OMPI_COMM_WORLD_LOCAL_SIZE",
+                "MV2_COMM_WORLD_LOCAL_SIZE",
+            ],
+            1,
         ),
     )
-
-
-def _cpus_of_local_process(local_process_index: int) -> list[int] | None:
-    """The cores of this process's share of the machine (cores split evenly across the local processes), or
-    None when the platform cannot set affinity."""
-    if not hasattr(os, "sched_setaffinity"):
-        return None
-    available = sorted(os.sched_getaffinity(0))
-    local_processes = max(1, get_int_from_env(["LOCAL_WORLD_SIZE", "ACCELERATE_NUM_PROCESSES"], 1))
-    share = max(1, len(available) // local_processes)
-    start = (local_process_index % local_processes) * share
-    return available[start : start + share] or None
-
-
-def override_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
-    """Pin this process to its share of the machine's cores."""
-    cores = _cpus_of_local_process(local_process_index)
-    if cores is None:
-        return
-    os.sched_setaffinity(0, cores)
-    if verbose if verbose is not None else parse_flag_from_env("ACCELERATE_DEBUG_MODE"):
-        logger.info(f"Assigning {len(cores)} cpu cores to process {local_process_index}: {cores}")
-
-
-@functools.cache
-def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
-    """:func:`override_numa_affinity`, once per process index."""
-    override_numa_affinity(local_process_index, verbose=verbose)
 
 
 def purge_accelerate_environment(func_or_cls: Any) -> Any:
@@ -225,6 +219,18 @@ def purge_accelerate_environment(func_or_cls: Any) -> Any:
 
 
 __getattr__, __dir__, _names = reexport(
-    __name__, {"patch_environment": "drivetrain.environment", "clear_environment": "drivetrain.environment"}
+    __name__,
+    {
+        "patch_environment": "drivetrain.environment",
+        "clear_environment": "drivetrain.environment",
+        "override_numa_affinity": "drivetrain.affinity",
+        "set_numa_affinity": "drivetrain.affinity",
+    },
 )
-__all__ = sorted({*_names, *(name for name, value in globals().items() if getattr(value, '__module__', None) == __name__), 'logger'})
+__all__ = sorted(
+    {
+        *_names,
+        *(name for name, value in globals().items() if getattr(value, "__module__", None) == __name__),
+        "logger",
+    }
+)

@@ -24,7 +24,9 @@ from drivetrain.utils.versions import compare_versions, is_torch_version
 _TRUE = ("1", "true", "yes", "y", "on", "t")
 
 
-def package_available(import_name: str, distribution: str | None = None, min_version: str | None = None) -> bool:
+def package_available(
+    import_name: str, distribution: str | None = None, min_version: str | None = None
+) -> bool:
     """Whether ``import_name`` can be imported and its distribution is installed (a bare folder of that name on
     ``sys.path`` is not the library), at ``min_version`` or newer when given."""
     try:
@@ -93,7 +95,9 @@ def _check(name: str) -> Callable[..., bool]:
     return check
 
 
-def _library(import_name: str, distribution: str | None = None, min_version: str | None = None) -> Callable[[], bool]:
+def _library(
+    import_name: str, distribution: str | None = None, min_version: str | None = None
+) -> Callable[[], bool]:
     def check(*args: Any, **kwargs: Any) -> bool:
         return package_available(import_name, distribution, min_version)
 

@@ -10,10 +10,6 @@ from typing import Any
 from drivetrain.compat.reexport import reexport
 
 
-class CannotPadNestedTensorWarning(UserWarning):
-    """Warned when ``pad_across_processes`` meets a nested tensor, which cannot be padded (returned as is)."""
-
-
 def _dtype_codes() -> dict[Any, int]:
     import torch
 
@@ -123,7 +119,9 @@ def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int
         new_shape = list(item.shape)
         new_shape[0] = batch_size + to_pad
         padded = item.new_zeros(tuple(new_shape))
-        padded[tuple(slice(0, item.shape[dim]) if axis == dim else slice(None) for axis in range(len(new_shape)))] = item
+        padded[
+            tuple(slice(0, item.shape[dim]) if axis == dim else slice(None) for axis in range(len(new_shape)))
+        ] = item
         return padded
 
     return recursively_apply(
@@ -145,9 +143,10 @@ _reexport_getattr, __dir__, _names = reexport(
         **dict.fromkeys(_OPERATIONS, "drivetrain.operations"),
         **dict.fromkeys(_NESTED, "drivetrain.operations.nested"),
         "TensorInformation": "drivetrain.operations.nested",
+        "CannotPadNestedTensorWarning": "drivetrain.operations.collective",
     },
 )
 __all__ = sorted(
-    {*_names, "CannotPadNestedTensorWarning", "TENSOR_TYPE_TO_INT", "TENSOR_INT_TO_DTYPE", "verify_operation",
+    {*_names, "TENSOR_TYPE_TO_INT", "TENSOR_INT_TO_DTYPE", "verify_operation",
      "chained_operation", "gather_tensor_shape", "pad_input_tensors"}
 )  # fmt: skip

@@ -221,5 +221,15 @@ def __getattr__(name: str) -> Any:
     return _reexport_getattr(name)
 
 
-_CALLABLES: list[Callable] = [value for value in list(globals().values()) if getattr(value, "__module__", None) == __name__]
-__all__ = sorted({*_names, "logger", "np_core", "TORCH_SAFE_GLOBALS", *(f.__name__ for f in _CALLABLES if not f.__name__.startswith("_"))})
+_CALLABLES: list[Callable] = [
+    value for value in list(globals().values()) if getattr(value, "__module__", None) == __name__
+]
+__all__ = sorted(
+    {
+        *_names,
+        "logger",
+        "np_core",
+        "TORCH_SAFE_GLOBALS",
+        *(f.__name__ for f in _CALLABLES if not f.__name__.startswith("_")),
+    }
+)

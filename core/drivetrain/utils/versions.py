@@ -10,7 +10,14 @@ from typing import Any
 from packaging.version import Version, parse
 
 #: The comparison operators a requirement may use (Accelerate's ``STR_OPERATION_TO_FUNC``).
-OPERATIONS = {">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne, "<=": operator.le, "<": operator.lt}
+OPERATIONS = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<=": operator.le,
+    "<": operator.lt,
+}
 
 
 def compare_versions(library_or_version: str | Version, operation: str, requirement_version: str) -> bool:

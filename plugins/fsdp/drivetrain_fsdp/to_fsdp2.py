@@ -35,9 +35,14 @@ DROPPED = {
 
 def register_parser(parser: argparse.ArgumentParser) -> None:
     # both spellings, as Accelerate's parser takes them
-    parser.add_argument("--config_file", "--config-file", dest="config_file", required=True, help="the config file to convert")
     parser.add_argument(
-        "--output_file", "--output-file", dest="output_file", help="where to write the converted file (default: needs --overwrite)"
+        "--config_file", "--config-file", dest="config_file", required=True, help="the config file to convert"
+    )
+    parser.add_argument(
+        "--output_file",
+        "--output-file",
+        dest="output_file",
+        help="where to write the converted file (default: needs --overwrite)",
     )
     parser.add_argument(
         "--overwrite",

@@ -69,7 +69,9 @@ def attach_layerwise_casting_hooks(
         if patterns is not None and any(re.search(pattern, name) for pattern in patterns):
             return
         if isinstance(current, CASTABLE_LAYERS):
-            add_hook_to_module(current, LayerwiseCastingHook(storage_dtype, compute_dtype, non_blocking), append=True)
+            add_hook_to_module(
+                current, LayerwiseCastingHook(storage_dtype, compute_dtype, non_blocking), append=True
+            )
             return
         for child_name, child in current.named_children():
             attach(child, f"{name}.{child_name}" if name else child_name)

@@ -1,7 +1,7 @@
 """``drivetrain config`` (the command lives in :mod:`drivetrain.commands.config_command`), and Accelerate's
 ``accelerate.commands.config`` package: its parsers and the config file classes (``config_args``)."""
 
-from drivetrain.commands.config_command import HELP, Questions, register_parser, run
+from drivetrain.commands.config_command import HELP, Questions, questionnaire, register_parser, run
 from drivetrain.compat.reexport import reexport
 
 _getattr, __dir__, _names = reexport(
@@ -17,4 +17,17 @@ _getattr, __dir__, _names = reexport(
     },
 )
 __getattr__ = _getattr
-__all__ = sorted({*_names, "HELP", "Questions", "register_parser", "run"})
+__all__ = [
+    "HELP",
+    "Questions",
+    "config_command_parser",
+    "default_command_parser",
+    "default_config_file",
+    "get_config_parser",
+    "load_config_from_file",
+    "main",
+    "questionnaire",
+    "register_parser",
+    "run",
+    "update_command_parser",
+]

@@ -44,4 +44,11 @@ def main() -> int:
     return exit_code_of(lambda: config_command(args))
 
 
-__all__ = ["config_command", "config_command_parser", "description", "get_config_parser", "get_user_input", "main"]
+__all__ = [
+    "config_command",
+    "config_command_parser",
+    "description",
+    "get_config_parser",
+    "get_user_input",
+    "main",
+]

@@ -46,7 +46,11 @@ class BaseConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The keys as written to a file: enums as their values, empty sections and None values left out."""
-        return {key: value for key, value in ((key, _plain(value)) for key, value in vars(self).items()) if value is not None}
+        return {
+            key: value
+            for key, value in ((key, _plain(value)) for key, value in vars(self).items())
+            if value is not None
+        }
 
     @staticmethod
     def process_config(config_dict: dict[str, Any]) -> dict[str, Any]:
@@ -126,7 +130,10 @@ def _cluster_post_init(self: Any) -> None:
 #: backends read (Accelerate's field names and defaults).
 ClusterConfig = dataclasses.make_dataclass(
     "ClusterConfig",
-    [(name, Any, dataclasses.field(default=None if default in (dict, list) else default)) for name, default in names.ACCELERATE_CLUSTER_CONFIG_FIELDS],
+    [
+        (name, Any, dataclasses.field(default=None if default in (dict, list) else default))
+        for name, default in names.ACCELERATE_CLUSTER_CONFIG_FIELDS
+    ],
     bases=(BaseConfig,),
     namespace={"__post_init__": _cluster_post_init, "__module__": __name__},
 )
@@ -171,7 +178,9 @@ def load_config_from_file(config_file: str | None) -> BaseConfig:
             import yaml
 
             data = yaml.safe_load(handle)
-    local = data.get("compute_environment", ComputeEnvironment.LOCAL_MACHINE) == ComputeEnvironment.LOCAL_MACHINE
+    local = (
+        data.get("compute_environment", ComputeEnvironment.LOCAL_MACHINE) == ComputeEnvironment.LOCAL_MACHINE
+    )
     config_class = ClusterConfig if local else SageMakerConfig
     return config_class.from_json_file(path) if path.endswith(".json") else config_class.from_yaml_file(path)
 
