@@ -97,7 +97,8 @@ def classify(reference_module: str, name: str) -> tuple[str, str]:
     """
     import importlib
 
-    from drivetrain.compat import names, reexport
+    from drivetrain.compat import names
+    from drivetrain.contract import reexport
 
     try:
         module = importlib.import_module(our_module(reference_module))

@@ -55,7 +55,7 @@ def test_a_plugin_name_without_its_plugin_is_importable_and_names_the_distributi
         return version(distribution)
 
     monkeypatch.setattr(importlib.metadata, "version", not_installed)
-    from drivetrain.compat.reexport import reexport
+    from drivetrain.contract.reexport import reexport
 
     getattr_, _, public = reexport("drivetrain.utils.dataclasses", {})
     assert "FP8RecipeKwargs" in public

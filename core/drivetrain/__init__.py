@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from drivetrain.compat import moved as _moved
-from drivetrain.compat import reexport as _reexport
+from drivetrain.contract import reexport as _reexport
 from drivetrain.contract.hookspecs import CONTRACT_VERSION, hookimpl, hookspec
 
 #: drivetrain's version is the version of Accelerate's API it implements (scripts written for Accelerate gate

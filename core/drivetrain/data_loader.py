@@ -8,7 +8,7 @@ import abc
 import contextlib
 from typing import Any
 
-from drivetrain.compat.reexport import LOGGER, reexport
+from drivetrain.contract.reexport import LOGGER, reexport
 from drivetrain.data import *  # noqa: F403
 from drivetrain.data import __all__ as _data_names
 from drivetrain.data.loaders import _PreparedDataLoader
@@ -53,9 +53,9 @@ class DataLoaderAdapter(metaclass=abc.ABCMeta):  # noqa: B024 - ABCMeta for regi
 
         self.use_stateful_dataloader = use_stateful_dataloader
         if use_stateful_dataloader:
-            from drivetrain.utils.imports import is_torchdata_stateful_dataloader_available
+            import importlib.util
 
-            if not is_torchdata_stateful_dataloader_available():
+            if importlib.util.find_spec("torchdata.stateful_dataloader") is None:
                 raise ImportError(
                     "use_stateful_dataloader=True needs torchdata 0.8.0 or newer: pip install 'torchdata>=0.8.0'"
                 )

@@ -5,6 +5,6 @@ These are **module hooks** (functions run around a module's forward, used for of
 they are importable, and using one raises an ImportError naming it.
 """
 
-from drivetrain.compat.reexport import reexport
+from drivetrain.contract.reexport import reexport
 
 __getattr__, __dir__, __all__ = reexport(__name__, {})

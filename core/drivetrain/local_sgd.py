@@ -1,6 +1,6 @@
 """Accelerate's ``accelerate.local_sgd``: ``LocalSGD``, provided by the data-parallel plugin."""
 
-from drivetrain.compat.reexport import reexport
+from drivetrain.contract.reexport import reexport
 
 __getattr__, __dir__, __all__ = reexport(
     __name__,

@@ -52,7 +52,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in PLUGIN_NAMES:
-        from drivetrain.compat.reexport import plugin_name
+        from drivetrain.contract.reexport import plugin_name
 
         value = plugin_name(name, PLUGIN_NAMES_BY_PATH["accelerate.big_modeling"].get(name), __name__)
         globals()[name] = value

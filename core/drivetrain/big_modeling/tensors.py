@@ -470,9 +470,9 @@ def _aligned(module: nn.Module, device: Any) -> Any:
     or nothing to do when no weight of ``module`` is offloaded."""
     if not any(hasattr(sub, "_hf_hook") for sub in module.modules()):
         return contextlib.nullcontext()
-    from drivetrain.utils.modeling import align_module_device
+    from drivetrain.contract.reexport import plugin_name
 
-    return align_module_device(module, device)
+    return plugin_name("align_module_device", None, __name__)(module, device)
 
 
 def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -538,19 +538,6 @@ def load_offloaded_weights(
             )
         weight = load_offloaded_weight(os.path.join(offload_folder, f"{name}.dat"), info)
         set_module_tensor_to_device(model, name, "cpu", value=weight, fp16_statistics=statistics)
-
-
-def is_peft_model(model: Any) -> bool:
-    """Whether ``model`` (once unwrapped) is a peft ``PeftModel``."""
-    from drivetrain.utils.imports import is_peft_available
-
-    if not is_peft_available():
-        return False
-    from peft import PeftModel
-
-    from drivetrain.training.modeling import extract_model_from_parallel
-
-    return isinstance(extract_model_from_parallel(model), PeftModel)
 
 
 def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwargs: Any = None) -> Any:

@@ -904,7 +904,7 @@ def __getattr__(name: str) -> Any:
         return get_logger(__name__)
     owned = names.PLUGIN_NAMES_BY_PATH["accelerate.commands.launch"]
     if name in owned:
-        from drivetrain.compat.reexport import plugin_name
+        from drivetrain.contract.reexport import plugin_name
 
         return plugin_name(name, owned[name], __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,6 +2,6 @@
 distribution to install). ``drivetrain`` accepts the command's options either way (see
 :mod:`drivetrain.commands.plugin_commands`)."""
 
-from drivetrain.compat.reexport import reexport
+from drivetrain.contract.reexport import reexport
 
 __getattr__, __dir__, __all__ = reexport(__name__, {})

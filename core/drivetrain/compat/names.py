@@ -148,7 +148,7 @@ TRACKERS_DISTRIBUTION = "drivetrain-trackers"
 # ---------------------------------------------------------------------------------------------------------------
 # Accelerate's module paths (``accelerate.utils.modeling`` -> ``drivetrain.utils.modeling``): the names of each
 # path that spell a backend. The modules themselves (drivetrain/utils/*.py, ...) list the rest; see
-# drivetrain/compat/reexport.py and docs/compat-coverage.md.
+# drivetrain/contract/reexport.py and docs/compat-coverage.md.
 
 #: Accelerate's ``is_*_available`` checks, evaluated by drivetrain.utils.imports. Keys of a spec:
 #: ``packages``: alternatives ``(import name, distribution or None, minimum version or None)``, any installed;

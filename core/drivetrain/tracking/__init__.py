@@ -3,7 +3,7 @@
 (``drivetrain-trackers``): without it they are importable, and using one says what to install. See
 docs/tracking.md."""
 
-from drivetrain.compat.reexport import LOGGER, reexport
+from drivetrain.contract.reexport import LOGGER, reexport
 from drivetrain.tracking.trackers import (
     GeneralTracker,
     TrackingMixin,

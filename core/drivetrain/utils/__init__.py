@@ -7,7 +7,7 @@ placeholders whose use raises an ImportError naming the distribution to install.
 
 from __future__ import annotations
 
-from drivetrain.compat.reexport import reexport
+from drivetrain.contract.reexport import reexport
 
 _EXPORTS = {
     "AutocastKwargs": "drivetrain.config.kwargs_handlers",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from drivetrain.compat.reexport import LOGGER, reexport
+from drivetrain.contract.reexport import LOGGER, reexport
 
 
 def _literal(name: str) -> Any:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from drivetrain.compat import names
-from drivetrain.compat.reexport import reexport
+from drivetrain.contract.reexport import reexport
 from drivetrain.utils.versions import compare_versions, is_torch_version
 
 _TRUE = ("1", "true", "yes", "y", "on", "t")

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from drivetrain.compat.reexport import reexport
+from drivetrain.contract.reexport import reexport
 
 
 def env_var_path_add(env_var_name: str, path_to_add: Any) -> str:

@@ -2,7 +2,7 @@
 
 import gc
 
-from drivetrain.compat.reexport import reexport
+from drivetrain.contract.reexport import reexport
 
 
 def clear_device_cache(garbage_collection: bool = False) -> None:

@@ -1,7 +1,7 @@
 """Accelerate's ``accelerate.utils.offload``: writing tensors to an offload folder and reading them back
 (see :mod:`drivetrain.big_modeling.memmap_offload`)."""
 
-from drivetrain.compat.reexport import reexport
+from drivetrain.contract.reexport import reexport
 
 __getattr__, __dir__, __all__ = reexport(
     __name__,

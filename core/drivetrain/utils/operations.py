@@ -7,7 +7,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from drivetrain.compat.reexport import reexport
+from drivetrain.contract.reexport import reexport
 
 
 def _dtype_codes() -> dict[Any, int]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.compat.reexport import reexport
+from drivetrain.contract.reexport import reexport
 from drivetrain.logging import get_logger
 
 logger = get_logger(__name__)

@@ -1,6 +1,6 @@
 """Accelerate's ``accelerate.utils.random``: seeding and synchronising random number generators."""
 
-from drivetrain.compat.reexport import reexport
+from drivetrain.contract.reexport import reexport
 
 __getattr__, __dir__, __all__ = reexport(
     __name__,

@@ -1,6 +1,6 @@
 """Accelerate's ``accelerate.utils.torch_xla``: names of a backend plugin."""
 
-from drivetrain.compat.reexport import reexport
+from drivetrain.contract.reexport import reexport
 
 __getattr__, __dir__, __all__ = reexport(
     __name__,

@@ -2,7 +2,7 @@
 ``accelerate.commands.config`` package: its parsers and the config file classes (``config_args``)."""
 
 from drivetrain.commands.config_command import HELP, Questions, questionnaire, register_parser, run
-from drivetrain.compat.reexport import reexport
+from drivetrain.contract.reexport import reexport
 
 _getattr, __dir__, _names = reexport(
     __name__,

