@@ -50,6 +50,25 @@ __all__ = [
 ]
 
 
+def _refuse_recurrent_layers_under_sequence_parallelism(model: Any) -> None:
+    """Refuse a model whose configuration lists linear-attention layers when its sequence is to be sharded:
+    those layers carry a state along the sequence outside the attention call a sequence-parallel backend wraps,
+    so each rank would restart it from zero and the gradients would be wrong without any error (Accelerate's
+    check, same message)."""
+    config = getattr(model, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    recurrent = sorted(
+        {kind for kind in getattr(config, "layer_types", None) or [] if "linear_attention" in kind}
+    )
+    if recurrent:
+        raise ValueError(
+            f"Sequence parallelism does not support attention layers of type {recurrent} (model "
+            f"{type(model).__name__}). Those layers carry a recurrent state along the sequence and bypass the "
+            "attention interface, so sharding the sequence restarts the state on every rank and produces wrong "
+            "gradients without failing. Use a full-attention model, or disable sequence parallelism."
+        )
+
+
 def __getattr__(name: str) -> Any:
     if name in PLUGIN_NAMES:
         from drivetrain.contract.reexport import plugin_name

@@ -969,6 +969,25 @@ def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespa
     return args, None, False
 
 
+def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """``(command, environment)`` that runs the script of ``args`` as one process with the launch's settings
+    (Accelerate's helper; with ``--cpu``, Intel OpenMP's affinity variables are set as Accelerate sets them)."""
+    plan = resolve_plan(args)
+    command = [sys.executable, *(["-m"] if plan.module else []), plan.script, *plan.script_args]
+    if plan.no_python:
+        command = [plan.script, *plan.script_args]
+    environment = {**os.environ, **environment_for(plan)}
+    if plan.chosen.get("use_cpu"):
+        environment["KMP_AFFINITY"] = "granularity=fine,compact,1,0"
+        environment["KMP_BLOCKTIME"] = str(getattr(args, "kmp_blocktime", 1) or 1)
+    return command, environment
+
+
+def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment the launcher gives every process of the launch (Accelerate's helper)."""
+    return {**os.environ, **environment_for(resolve_plan(args))}
+
+
 #: Accelerate's launchers by kind; drivetrain's launcher chooses from the options and the installed backends.
 simple_launcher = launch_command
 multi_gpu_launcher = launch_command

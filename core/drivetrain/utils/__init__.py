@@ -10,6 +10,8 @@ from __future__ import annotations
 from drivetrain.contract.reexport import reexport
 
 _EXPORTS = {
+    "prepare_multi_gpu_env": "drivetrain.utils.launch",
+    "prepare_simple_launcher_cmd_env": "drivetrain.utils.launch",
     "AutocastKwargs": "drivetrain.config.kwargs_handlers",
     "CannotPadNestedTensorWarning": "drivetrain.utils.operations",
     "ComputeEnvironment": "drivetrain.config.enums",

@@ -38,7 +38,9 @@ def package_available(
         installed = importlib_metadata.version(distribution or import_name.partition(".")[0])
     except importlib_metadata.PackageNotFoundError:
         return False
-    return min_version is None or compare_versions(installed, ">=", min_version)
+    from packaging.version import parse
+
+    return min_version is None or compare_versions(parse(installed), ">=", min_version)
 
 
 def _device_available(package: str | None, attribute: str) -> bool:

@@ -45,5 +45,12 @@ class PrepareForLaunch:
         self.launcher(*args)
 
 
-__getattr__, __dir__, _names = reexport(__name__, {})
+# drivetrain launch's own helpers (the launcher sits above this layer: resolved by name on first use)
+__getattr__, __dir__, _names = reexport(
+    __name__,
+    {
+        "prepare_simple_launcher_cmd_env": "drivetrain.commands.launch",
+        "prepare_multi_gpu_env": "drivetrain.commands.launch",
+    },
+)
 __all__ = sorted({*_names, "env_var_path_add", "PrepareForLaunch"})
