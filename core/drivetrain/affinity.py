@@ -7,7 +7,8 @@ import functools
 import logging
 import os
 
-logger = logging.getLogger(__name__)
+#: Accelerate logs the pinning under its module ``utils.environment``; scripts and tests listen there.
+logger = logging.getLogger("drivetrain.utils.environment")
 
 
 def _local_processes() -> int:
