@@ -49,18 +49,24 @@ def convert_file_size_to_int(size: int | str) -> int:
         return size
     binary = {"GIB": 2**30, "MIB": 2**20, "KIB": 2**10}
     decimal = {"GB": 10**9, "MB": 10**6, "KB": 10**3}
+    size_in_bytes = -1
     try:
         upper = size.upper()
         for unit, factor in binary.items():
             if upper.endswith(unit):
-                return int(float(size[:-3]) * factor)
-        for unit, factor in decimal.items():
-            if upper.endswith(unit):
-                value = int(float(size[:-2]) * factor)
-                return value // 8 if size.endswith("b") else value
+                size_in_bytes = int(float(size[:-3]) * factor)
+                break
+        else:
+            for unit, factor in decimal.items():
+                if upper.endswith(unit):
+                    value = int(float(size[:-2]) * factor)
+                    size_in_bytes = value // 8 if size.endswith("b") else value
+                    break
     except ValueError:
         raise ValueError(message) from None
-    raise ValueError(message)
+    if size_in_bytes < 0:
+        raise ValueError(message)
+    return size_in_bytes
 
 
 def dtype_byte_size(dtype: Any) -> float:
