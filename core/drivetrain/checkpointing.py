@@ -89,9 +89,8 @@ __all__ += ["load_custom_state", "save_custom_state"]
 
 
 def __getattr__(name: str) -> Any:
-    if (
-        name == "logger"
-    ):  # Accelerate's module logger, made when asked for (the logging module reads the state)
+    # Accelerate's module logger, made when asked for
+    if name == "logger":
         from drivetrain.logging import get_logger
 
         return get_logger(__name__)
