@@ -163,10 +163,10 @@ def test_log_with_errors(tmp_path, registered):
         validate_log_with(JsonLinesTracker)
     with pytest.raises(ConfigurationError, match="not int"):
         validate_log_with([3])
-    with pytest.raises(ConfigurationError, match="needs a logging directory"):
+    with pytest.raises(ConfigurationError, match="requires a `logging_dir`"):
         resolve_log_with("jsonlines", logging_dir=None)
     # No project_dir: refused when the Accelerator is built, as Accelerate does, not later in the run.
-    with pytest.raises(ConfigurationError, match="'jsonlines' writes files and needs a logging directory"):
+    with pytest.raises(ConfigurationError, match="Logging with `jsonlines` requires a `logging_dir`"):
         Accelerator(cpu=True, log_with="jsonlines")
     with pytest.raises(ValueError, match="call accelerator.init_trackers"):
         Accelerator(cpu=True).get_tracker("jsonlines")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from drivetrain.compat import moved as _moved
+from drivetrain.contract import reexport as _reexport
 from drivetrain.contract.hookspecs import CONTRACT_VERSION, hookimpl, hookspec
 
 #: drivetrain's version is the version of Accelerate's API it implements (scripts written for Accelerate gate
@@ -48,17 +49,19 @@ _EXPORTS = {
     "infer_auto_device_map": "drivetrain.big_modeling",
     "load_checkpoint_in_model": "drivetrain.big_modeling",
     "get_logger": "drivetrain.logging",
+    "is_rich_available": "drivetrain.utils.imports",
 }
 
-__all__ = ["CONTRACT_VERSION", "__accelerate_api__", "__version__", "hookimpl", "hookspec", *_EXPORTS]
+_getattr, _dir, _names = _reexport.reexport(__name__, _EXPORTS)
+__all__ = ["CONTRACT_VERSION", "__accelerate_api__", "__version__", "hookimpl", "hookspec", *_names]
 
 
 def __getattr__(name: str) -> Any:
-    from drivetrain.contract.exports import lazy_getattr
+    if name == "rich":  # Accelerate's ``accelerate.rich``: importing it installs rich's traceback handler
+        import importlib
 
-    value = lazy_getattr(__name__, {key: f"{module}:{key}" for key, module in _EXPORTS.items()}, name)
-    globals()[name] = value
-    return value
+        return importlib.import_module("drivetrain.utils.rich")
+    return _getattr(name)
 
 
 def __dir__() -> list[str]:

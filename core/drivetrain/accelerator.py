@@ -957,3 +957,12 @@ def _kind_of(obj: Any) -> str | None:
     ):
         return "scheduler"
     return None
+
+
+def __getattr__(name: str) -> Any:
+    # Accelerate's module logger, made when asked for
+    if name == "logger":
+        from drivetrain.logging import get_logger
+
+        return get_logger(__name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

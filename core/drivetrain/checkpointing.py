@@ -7,6 +7,9 @@ names scripts use. See docs/checkpointing.md.
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 from drivetrain.checkpoint.checkpointer import (
     CHECKPOINTS_FOLDER,
     Checkpointer,
@@ -61,3 +64,34 @@ __all__ = [
     "write_model_weights",
     "write_training_objects",
 ]
+
+
+def save_custom_state(
+    obj: Any, path: str | os.PathLike, index: int = 0, save_on_each_node: bool = False
+) -> None:
+    """Write ``obj.state_dict()`` to ``path/custom_checkpoint_<index>.pkl`` (Accelerate's layout and name)."""
+    save(
+        obj.state_dict(),
+        os.path.join(path, f"custom_checkpoint_{index}.pkl"),
+        save_on_each_node=save_on_each_node,
+    )
+
+
+def load_custom_state(obj: Any, path: str | os.PathLike, index: int = 0) -> None:
+    """Load what :func:`save_custom_state` wrote into ``obj`` (``obj.load_state_dict``)."""
+    import torch
+
+    location = os.path.join(path, f"custom_checkpoint_{index}.pkl")
+    obj.load_state_dict(torch.load(location, map_location="cpu", weights_only=False))
+
+
+__all__ += ["load_custom_state", "save_custom_state"]
+
+
+def __getattr__(name: str) -> Any:
+    # Accelerate's module logger, made when asked for
+    if name == "logger":
+        from drivetrain.logging import get_logger
+
+        return get_logger(__name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -166,3 +166,10 @@ def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2)
         monitor_interval=0.1,
         env={"DRIVETRAIN_CPU": "1"},
     )
+
+
+def test_launch() -> None:
+    """Creates a ``PartialState`` (what ``accelerate test`` runs first to see that launching works)."""
+    from drivetrain.state import PartialState
+
+    PartialState()

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import math
 import os
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -80,6 +81,10 @@ class PartialState:
         device_plugins = manager.device_plugins()
         process_stack = manager.stack([*device_plugins, selection.value])
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if os.environ.get("DRIVETRAIN_CPU_AFFINITY", os.environ.get("ACCELERATE_CPU_AFFINITY")) == "1":
+            from drivetrain.affinity import set_numa_affinity  # drivetrain launch --enable_cpu_affinity
+
+            set_numa_affinity(local_rank)
         device = process_stack.call("detect_device", local_process_index=local_rank, cpu=cpu_setting.value)
         if selection.source.startswith(AUTOMATIC_SOURCES):
             selection = _backend_for_device(manager, selection, torch.device(device).type)
@@ -534,3 +539,40 @@ def _report_backend(name: str, source: str, process_index: int) -> None:
                 stream.write(f"{name}\t{source}")
         except OSError:
             pass  # the launcher's own folder went away: the report is a courtesy
+
+
+def is_initialized() -> bool:
+    """Whether an ``AcceleratorState`` has been created in this process (Accelerate's ``state.is_initialized``)."""
+    return bool(AcceleratorState._shared_state)
+
+
+def do_nothing(*args: Any, **kwargs: Any) -> None:
+    """Stands in for a method that must do nothing on this process (Accelerate's helper)."""
+    return None
+
+
+class ThreadLocalSharedDict(threading.local):
+    """A dictionary per thread, used as a class attribute descriptor: Accelerate's shared state on runtimes where
+    every thread drives its own device. ``SharedDict`` is this there, ``dict`` elsewhere."""
+
+    def __init__(self, thread_local: bool = False) -> None:
+        self._storage: dict[Any, Any] = {}
+
+    def __get__(self, obj: Any, objtype: Any = None) -> dict[Any, Any]:
+        return self._storage
+
+    def __set__(self, obj: Any, value: dict[Any, Any]) -> None:
+        self._storage = value
+
+
+#: Accelerate's ``SharedDict``: the shared-state dictionary type (a plain dict on every runtime drivetrain runs).
+SharedDict = dict
+
+
+def __getattr__(name: str) -> Any:
+    if name == "logger":  # Accelerate's module logger, made when asked for
+        import importlib
+
+        # drivetrain.logging reads this module's state: imported by name so the two do not import each other
+        return importlib.import_module("drivetrain.logging").get_logger(__name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

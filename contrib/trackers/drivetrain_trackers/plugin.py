@@ -9,12 +9,14 @@ from drivetrain_trackers.clearml_tracker import ClearMLTracker
 from drivetrain_trackers.comet_tracker import CometMLTracker
 from drivetrain_trackers.dvclive_tracker import DVCLiveTracker
 from drivetrain_trackers.mlflow_tracker import MLflowTracker
+from drivetrain_trackers.swanlab_tracker import SwanLabTracker
 from drivetrain_trackers.tensorboard_tracker import TensorBoardTracker
+from drivetrain_trackers.trackio_tracker import TrackioTracker
 from drivetrain_trackers.wandb_tracker import WandBTracker
 
 PLUGIN_INFO = PluginInfo(
     kind="extension",
-    description="experiment trackers: tensorboard, wandb, mlflow, aim, dvclive, comet_ml, clearml "
+    description="experiment trackers: tensorboard, wandb, mlflow, aim, dvclive, comet_ml, clearml, swanlab, trackio "
     "(each needs its own library: pip install 'drivetrain-trackers[<name>]')",
 )
 
@@ -26,6 +28,8 @@ TRACKERS = (
     DVCLiveTracker,
     CometMLTracker,
     ClearMLTracker,
+    SwanLabTracker,
+    TrackioTracker,
 )
 
 

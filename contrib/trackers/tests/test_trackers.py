@@ -86,6 +86,8 @@ def test_plugin_registers_every_tracker():
         "dvclive",
         "comet_ml",
         "clearml",
+        "swanlab",
+        "trackio",
     }
     assert all(cls.name == name for name, (_plugin, cls) in trackers.items())
 
@@ -317,3 +319,76 @@ def test_clearml_offline(tmp_path):
     task = json.load(open(os.path.join(folder, "task.json")))
     assert task["configuration"]["General"]["value"] == "lr = 0.01"
     assert os.path.exists(folder + ".zip")
+
+
+def test_trackio(tmp_path):
+    """The run lands in trackio's local SQLite file for the project, read back with trackio's own storage. In a
+    child process: trackio reads ``TRACKIO_DIR`` when it is imported."""
+    pytest.importorskip("trackio")
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import json, sys
+            sys.path.insert(0, {os.path.dirname(__file__)!r})
+            from test_trackers import run_training
+            from trackio.sqlite_storage import SQLiteStorage
+
+            accelerator = run_training("trackio", {str(tmp_path)!r}, {{"name": "run-1"}})
+            started = accelerator.get_tracker("trackio").tracker is not None
+            accelerator.end_training()
+            logs = SQLiteStorage.get_logs("drivetrain-test", "run-1")
+            config = SQLiteStorage.get_run_config("drivetrain-test", "run-1")
+            print("RESULT", json.dumps({{"started": started, "logs": logs, "config": config}}, default=str))
+            """
+        )
+    )
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    found = json.loads(line.removeprefix("RESULT "))
+    assert found["started"]  # start() made the run, as in Accelerate
+    assert (tmp_path / "trackio" / "drivetrain-test.db").is_file()
+    assert [(entry["step"], entry["loss"]) for entry in found["logs"] if "loss" in entry] == [
+        (1, 0.5),
+        (2, 0.25),
+    ]
+    assert {key: found["config"][key] for key in CONFIG} == CONFIG
+
+
+def test_swanlab_offline(tmp_path):
+    """An offline run is one ``.swanlab`` record file, read back with swanlab's own reader."""
+    pytest.importorskip("swanlab")
+    from swanlab.proto.swanlab.record.v1.record_pb2 import Record
+    from swanlab.sdk.internal.core_python.store import DataStoreReader
+
+    logdir = tmp_path / "swanlog"
+    accelerator = run_training(
+        "swanlab", tmp_path, {"experiment_name": "run-1", "mode": "offline", "logdir": str(logdir)}
+    )
+    assert accelerator.get_tracker("swanlab").tracker is not None  # start() made the run
+    accelerator.end_training()
+
+    (record_file,) = glob.glob(str(logdir / "run-*" / "run-*.swanlab"))
+    reader = DataStoreReader()
+    reader.open(record_file)
+    scalars = []
+    for payload in reader:
+        record = Record()
+        record.ParseFromString(payload)
+        if record.WhichOneof("record_type") == "scalar":
+            scalars.append((record.scalar.key, record.scalar.step, record.scalar.value.number))
+    reader.close()
+    assert scalars == [("loss", 1, 0.5), ("loss", 2, 0.25)]
+    import yaml
+
+    (config_file,) = glob.glob(str(logdir / "run-*" / "files" / "config.yaml"))
+    stored = yaml.safe_load(open(config_file, encoding="utf-8"))
+    values = {
+        key: (entry["value"] if isinstance(entry, dict) and "value" in entry else entry)
+        for key, entry in stored.items()
+    }
+    assert {key: values[key] for key in CONFIG} == CONFIG

@@ -25,10 +25,10 @@ from drivetrain.big_modeling.sizes import (
     get_max_memory,
     parse_size,
 )
-from drivetrain.compat.names import MODULE_HOOK_NAMES, OFFLOAD_FUNCTION_NAMES
+from drivetrain.compat.names import MODULE_HOOK_NAMES, OFFLOAD_FUNCTION_NAMES, PLUGIN_NAMES_BY_PATH
 
 # Provided by the offload plugin, resolved on first use.
-PLUGIN_NAMES = (*MODULE_HOOK_NAMES, *OFFLOAD_FUNCTION_NAMES)
+PLUGIN_NAMES = (*MODULE_HOOK_NAMES, *OFFLOAD_FUNCTION_NAMES, *PLUGIN_NAMES_BY_PATH["accelerate.big_modeling"])
 
 __all__ = [
     "LoadResult",
@@ -45,15 +45,39 @@ __all__ = [
     "load_checkpoint_and_dispatch",
     "load_checkpoint_in_model",
     "parse_size",
-    *PLUGIN_NAMES,
+    "logger",
+    *dict.fromkeys(PLUGIN_NAMES),
 ]
+
+
+def _refuse_recurrent_layers_under_sequence_parallelism(model: Any) -> None:
+    """Refuse a model whose configuration lists linear-attention layers when its sequence is to be sharded:
+    those layers carry a state along the sequence outside the attention call a sequence-parallel backend wraps,
+    so each rank would restart it from zero and the gradients would be wrong without any error (Accelerate's
+    check, same message)."""
+    config = getattr(model, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    recurrent = sorted(
+        {kind for kind in getattr(config, "layer_types", None) or [] if "linear_attention" in kind}
+    )
+    if recurrent:
+        raise ValueError(
+            f"Sequence parallelism does not support attention layers of type {recurrent} (model "
+            f"{type(model).__name__}). Those layers carry a recurrent state along the sequence and bypass the "
+            "attention interface, so sharding the sequence restarts the state on every rank and produces wrong "
+            "gradients without failing. Use a full-attention model, or disable sequence parallelism."
+        )
 
 
 def __getattr__(name: str) -> Any:
     if name in PLUGIN_NAMES:
-        from drivetrain.contract.exports import resolve_export
+        from drivetrain.contract.reexport import plugin_name
 
-        value = resolve_export(name)
+        value = plugin_name(name, PLUGIN_NAMES_BY_PATH["accelerate.big_modeling"].get(name), __name__)
         globals()[name] = value
         return value
+    if name == "logger":
+        from drivetrain.logging import get_logger
+
+        return get_logger(__name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -111,3 +111,19 @@ def run(args: argparse.Namespace) -> int:
         lines += [f"\t- {key}={value}" for key, value in report["environment"].items()]
     print("\n".join(lines))
     return 0
+
+
+# Accelerate's ``accelerate.commands.env`` entry points.
+def env_command(args: argparse.Namespace) -> int:
+    return run(args)
+
+
+def __getattr__(attribute: str) -> Any:
+    from drivetrain.commands._entry import command_main, command_parser
+
+    parser_for = command_parser("env", register_parser, env_command, HELP)
+    if attribute == "env_command_parser":
+        return parser_for
+    if attribute == "main":
+        return command_main(parser_for, env_command)
+    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")

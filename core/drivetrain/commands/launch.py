@@ -240,8 +240,33 @@ def register_parser(parser: argparse.ArgumentParser, plugin_options: bool = True
     )
     add_option(faults, "--log_dir", metavar="DIR", help="directory for the launcher's per-process log files")
 
+    compile_group = parser.add_argument_group("torch.compile and processor placement (Accelerate's options)")
+    add_option(
+        compile_group,
+        "--dynamo_mode",
+        choices=("default", "reduce-overhead", "max-autotune"),
+        help="torch.compile mode (with --dynamo_backend)",
+    )
+    add_option(
+        compile_group, "--dynamo_use_fullgraph", action="store_true", help="torch.compile fullgraph=True"
+    )
+    add_option(compile_group, "--dynamo_use_dynamic", action="store_true", help="torch.compile dynamic=True")
+    add_option(
+        compile_group,
+        "--dynamo_use_regional_compilation",
+        action="store_true",
+        help="compile repeated blocks one by one (not supported by drivetrain launch yet: refused when set)",
+    )
+    add_option(
+        compile_group,
+        "--enable_cpu_affinity",
+        action="store_true",
+        help="pin each process to its share of the machine's cores",
+    )
+
     if plugin_options:
         _add_plugin_options(parser)
+        _add_accelerate_stand_ins(parser)
 
 
 def _int_option(flag: str, minimum: int, maximum: int | None = None):
@@ -302,6 +327,67 @@ def _add_plugin_options(parser: argparse.ArgumentParser) -> None:
                 owners[action.dest] = plugin
                 defaults[action.dest] = action.default
     parser.set_defaults(_plugin_option_owners=owners, _plugin_option_defaults=defaults)
+
+
+def _add_accelerate_stand_ins(parser: argparse.ArgumentParser) -> None:
+    """Accelerate's launch options that no installed plugin declares (accepted; a run that sets one is refused
+    in one line naming the distribution that reads it), and the ``--kebab-case`` twin of every
+    ``--snake_case`` option a plugin declared with one spelling only."""
+    from drivetrain.compat.names import ACCELERATE_LAUNCH_PLUGIN_OPTIONS
+
+    group = parser.add_argument_group("Accelerate options of plugins that are not installed")
+    owners: dict[str, str] = {}
+    for spellings, dest, takes_value, distribution in ACCELERATE_LAUNCH_PLUGIN_OPTIONS:
+        if any(spelling in parser._option_string_actions for spelling in spellings):
+            continue  # an installed plugin declares it
+        if takes_value:
+            group.add_argument(*spellings, dest=dest, default=None, help=f"read by {distribution}")
+        else:
+            negative = spellings[0].startswith("--no")
+            group.add_argument(
+                *spellings,
+                dest=dest,
+                action="store_const",
+                const=not negative,
+                default=None,
+                help=f"read by {distribution}",
+            )
+        owners[dest] = distribution
+    parser.set_defaults(_accelerate_stand_ins=owners)
+    # argparse keeps one action per spelling: a twin spelling points at the same action
+    for spelling, action in list(parser._option_string_actions.items()):
+        if spelling.startswith("--") and "_" in spelling:
+            twin = "--" + spelling[2:].replace("_", "-")
+            if twin not in parser._option_string_actions:
+                parser._option_string_actions[twin] = action
+                action.option_strings.append(twin)
+
+
+def _refuse_stand_ins(args: argparse.Namespace) -> None:
+    for dest, distribution in getattr(args, "_accelerate_stand_ins", {}).items():
+        if getattr(args, dest, None) is not None:
+            flag = "--" + dest
+            raise UsageError(f"{flag} is read by a plugin that is not installed: pip install {distribution}")
+    if getattr(args, "dynamo_use_regional_compilation", False):
+        raise UsageError(
+            "--dynamo_use_regional_compilation is not supported by drivetrain launch yet: compile regions in the "
+            "script with drivetrain.utils.compile_regions(model)"
+        )
+
+
+def _compile_and_placement_env(args: argparse.Namespace) -> dict[str, str]:
+    """Variables for the options the processes read themselves (Accelerate's names: ``TorchDynamoPlugin``
+    reads the compile settings from them; ``PartialState`` pins the process)."""
+    env = {}
+    if getattr(args, "dynamo_mode", None):
+        env["ACCELERATE_DYNAMO_MODE"] = args.dynamo_mode
+    if getattr(args, "dynamo_use_fullgraph", False):
+        env["ACCELERATE_DYNAMO_USE_FULLGRAPH"] = "1"
+    if getattr(args, "dynamo_use_dynamic", False):
+        env["ACCELERATE_DYNAMO_USE_DYNAMIC"] = "1"
+    if getattr(args, "enable_cpu_affinity", False):
+        env["DRIVETRAIN_CPU_AFFINITY"] = "1"
+    return env
 
 
 # -- resolving the settings --------------------------------------------------------------------------------------
@@ -777,10 +863,12 @@ def used_backend_line(plan: LaunchPlan, report: str) -> str | None:
 def run(args: argparse.Namespace) -> int:
     if args.training_script.startswith("-"):
         raise UsageError(f"unknown option {args.training_script!r} (options go before the script)")
+    _refuse_stand_ins(args)
     try:
         plan = resolve_plan(args)
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
+    plan.env.update(_compile_and_placement_env(args))
     return launch(plan, args)
 
 
@@ -822,3 +910,114 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``drivetrain launch`` and ``python -m drivetrain.launch``."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     return exit_code_of(lambda: run(parse_arguments(arguments)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Accelerate's ``accelerate.commands.launch`` entry points, for tools that build or call the launcher.
+
+#: Accelerate's log line format for the launcher.
+FORMAT = "%(asctime)s - %(levelname)s - %(name)s - %(message)s"
+
+
+def __getattr__(name: str) -> Any:
+    from drivetrain.compat import names
+
+    if name == "options_to_group":
+        return dict(names.ACCELERATE_LAUNCH_OPTION_GROUPS)
+    if name == "logger":
+        from drivetrain.logging import get_logger
+
+        return get_logger(__name__)
+    owned = names.PLUGIN_NAMES_BY_PATH["accelerate.commands.launch"]
+    if name in owned:
+        from drivetrain.contract.reexport import plugin_name
+
+        return plugin_name(name, owned[name], __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def clean_option(option: str) -> str | None:
+    """``--num-processes`` -> ``num_processes`` (the ``dest`` of a long option); None for a short one."""
+    from drivetrain.compat import names
+
+    if names.ACCELERATE_PRECISION_BACKEND_OPTION in option:
+        option = "--" + names.ACCELERATE_PRECISION_BACKEND_OPTION
+    return option[2:].replace("-", "_") if option.startswith("--") else None
+
+
+class CustomHelpFormatter(argparse.HelpFormatter):
+    """Accelerate's help formatter name; drivetrain's launcher help already lists each option once, grouped."""
+
+
+def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The ``launch`` parser with every option (the plugins' included), added to ``subparsers`` when given;
+    ``args.func`` is :func:`launch_command`. Accelerate's options are all accepted: implemented, read by the
+    plugin that implements them, or refused in one line naming the plugin to install."""
+    if subparsers is not None:
+        parser = subparsers.add_parser("launch", help=HELP, description=HELP)
+        register_parser(parser)
+    else:
+        parser = build_parser()
+    parser.set_defaults(func=launch_command)
+    return parser
+
+
+def launch_command(args: argparse.Namespace) -> None:
+    """Launch from parsed arguments (Accelerate's entry point): returns when every process exited with 0;
+    raises ``subprocess.CalledProcessError`` with the failing exit code otherwise, and ``UsageError`` (a
+    ``ValueError``) for a bad option."""
+    import subprocess
+
+    code = run(args)
+    if code:
+        raise subprocess.CalledProcessError(
+            code, [args.training_script, *getattr(args, "training_script_args", [])]
+        )
+
+
+def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespace, None, bool]:
+    """Accelerate's step that merges the config file into parsed arguments (tools call it): the settings the
+    launch would use (flags, then the config file, then defaults) are written back onto ``args``. Returns
+    ``(args, None, False)``, Accelerate's shape (drivetrain keeps no separate defaults)."""
+    _refuse_stand_ins(args)
+    try:
+        plan = resolve_plan(args)
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
+    for key in ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port"):
+        if hasattr(plan, key):
+            setattr(args, key, getattr(plan, key))
+    for key, value in plan.chosen.items():
+        if key == "use_cpu":
+            args.cpu = bool(value)
+        elif key in ("debug", "mixed_precision", "gradient_accumulation_steps", "dynamo_backend"):
+            setattr(args, key, value)
+    return args, None, False
+
+
+def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """``(command, environment)`` that runs the script of ``args`` as one process with the launch's settings
+    (Accelerate's helper; with ``--cpu``, Intel OpenMP's affinity variables are set as Accelerate sets them)."""
+    plan = resolve_plan(args)
+    command = [sys.executable, *(["-m"] if plan.module else []), plan.script, *plan.script_args]
+    if plan.no_python:
+        command = [plan.script, *plan.script_args]
+    environment = {**os.environ, **environment_for(plan)}
+    if plan.chosen.get("use_cpu"):
+        environment["KMP_AFFINITY"] = "granularity=fine,compact,1,0"
+        environment["KMP_BLOCKTIME"] = str(getattr(args, "kmp_blocktime", 1) or 1)
+    return command, environment
+
+
+def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment the launcher gives every process of the launch (Accelerate's helper)."""
+    return {**os.environ, **environment_for(resolve_plan(args))}
+
+
+#: Accelerate's launchers by kind; drivetrain's launcher chooses from the options and the installed backends.
+simple_launcher = launch_command
+multi_gpu_launcher = launch_command
+
+
+if __name__ == "__main__":  # ``python -m drivetrain.commands.launch``
+    sys.exit(main())

@@ -20,6 +20,7 @@ BUILTIN_COMMANDS = {
     "env": "env",
     "estimate-memory": "estimate_memory",
     "launch": "launch",
+    "merge-weights": "merge",
     "plugins": "plugins",
     "test": "test",
 }
@@ -55,7 +56,17 @@ def build_parser(plugin_errors: list[str] | None = None) -> ArgumentParser:
         module.register_parser(sub)
         sub.set_defaults(_run=module.run)
     errors = plugin_errors if plugin_errors is not None else []
-    for command, (plugin, register, run, help_text) in sorted(_plugin_commands(errors).items()):
+    plugin_commands = _plugin_commands(errors)
+    from drivetrain.commands.plugin_commands import stand_in
+    from drivetrain.compat.names import ACCELERATE_PLUGIN_COMMANDS
+
+    for command in ACCELERATE_PLUGIN_COMMANDS:  # Accelerate's plugin commands, when no plugin provides them
+        if command not in plugin_commands:
+            register, run, help_text = stand_in(command)
+            sub = subparsers.add_parser(command, help=help_text, description=help_text)
+            register(sub)
+            sub.set_defaults(_run=run)
+    for command, (plugin, register, run, help_text) in sorted(plugin_commands.items()):
         if command in BUILTIN_COMMANDS:
             errors.append(f"plugin {plugin!r} registers command {command!r}, which is built in; ignored")
             continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from drivetrain.commands.parsing import add_option
 
@@ -26,3 +27,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"Test failed (exit code {code}); the error is printed above.", file=sys.stderr)
     return code
+
+
+# Accelerate's ``accelerate.commands.test`` entry points.
+def test_command(args: argparse.Namespace) -> int:
+    return run(args)
+
+
+def __getattr__(attribute: str) -> Any:
+    from drivetrain.commands._entry import command_main, command_parser
+
+    parser_for = command_parser("test", register_parser, test_command, HELP)
+    if attribute == "test_command_parser":
+        return parser_for
+    if attribute == "main":
+        return command_main(parser_for, test_command)
+    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")

@@ -150,9 +150,41 @@ class TorchDynamoPlugin:
     options: dict[str, Any] | None = None
     disable: bool = attrs.field(default=False, validator=_bool)
 
+    def __attrs_post_init__(self) -> None:
+        # Accelerate's ACCELERATE_DYNAMO_* variables (``accelerate launch --dynamo_*`` sets them) fill the
+        # settings left at their defaults
+        import os
+
+        backend = os.environ.get("ACCELERATE_DYNAMO_BACKEND")
+        if self.backend == DynamoBackend.NO and backend:
+            self.backend = _dynamo_backend(backend)
+        mode = os.environ.get("ACCELERATE_DYNAMO_MODE")
+        if self.mode is None and mode:
+            self.mode = mode if mode in _COMPILE_MODES else self.mode
+        true = ("1", "true", "yes", "y", "on", "t")
+        if not self.fullgraph and os.environ.get("ACCELERATE_DYNAMO_USE_FULLGRAPH", "").lower() in true:
+            self.fullgraph = True
+        if self.dynamic is None and "ACCELERATE_DYNAMO_USE_DYNAMIC" in os.environ:
+            self.dynamic = os.environ["ACCELERATE_DYNAMO_USE_DYNAMIC"].lower() in true
+
     @property
     def enabled(self) -> bool:
         return self.backend != DynamoBackend.NO and not self.disable
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings, the backend as its lower-case name (``"inductor"``), as Accelerate writes them."""
+        values = attrs.asdict(self, recurse=False)
+        values["backend"] = self.backend.value.lower()
+        return values
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The settings that differ from the defaults (Accelerate's ``KwargsHandler.to_kwargs``); defaults are
+        taken with the ``ACCELERATE_DYNAMO_*`` variables cleared."""
+        from drivetrain.environment import clear_environment
+
+        with clear_environment():
+            defaults = type(self)().to_dict()
+        return {key: value for key, value in self.to_dict().items() if defaults[key] != value}
 
     def to_compile_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"backend": self.backend.value.lower()}

@@ -5,7 +5,37 @@ from __future__ import annotations
 import enum
 
 
-class _StrEnum(str, enum.Enum):
+class EnumWithContains(enum.EnumMeta):
+    """Enum metaclass whose ``in`` accepts values: ``"bf16" in PrecisionType`` (Accelerate's)."""
+
+    def __contains__(cls, item: object) -> bool:
+        try:
+            cls(item)
+        except ValueError:
+            return False
+        return True
+
+
+class BaseEnum(enum.Enum, metaclass=EnumWithContains):
+    """Accelerate's base enum: ``str(member)`` is its value, ``list()`` lists the values."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def list(cls) -> list[str]:
+        return [str(member) for member in cls]
+
+
+class CustomDtype(enum.Enum):
+    """Sizes of weights that are no torch dtype, for sizing device maps (``dtype_byte_size``)."""
+
+    FP8 = "fp8"
+    INT4 = "int4"
+    INT2 = "int2"
+
+
+class _StrEnum(str, enum.Enum, metaclass=EnumWithContains):
     """A str-valued enum whose members compare equal to their value (``PrecisionType.BF16 == "bf16"``)."""
 
     def __str__(self) -> str:
@@ -26,6 +56,9 @@ class DistributedType(_StrEnum):
     MULTI_MLU = "MULTI_MLU"
     MULTI_XPU = "MULTI_XPU"
     MULTI_HPU = "MULTI_HPU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_NEURON = "MULTI_NEURON"
     DEEPSPEED = "DEEPSPEED"
     FSDP = "FSDP"
     XLA = "XLA"
@@ -49,6 +82,9 @@ class RNGType(_StrEnum):
     XLA = "xla"
     XPU = "xpu"
     HPU = "hpu"
+    SDAA = "sdaa"
+    MUSA = "musa"
+    NEURON = "neuron"
     GENERATOR = "generator"
 
 
@@ -61,6 +97,8 @@ class LoggerType(_StrEnum):
     MLFLOW = "mlflow"
     CLEARML = "clearml"
     DVCLIVE = "dvclive"
+    TRACKIO = "trackio"
+    SWANLAB = "swanlab"
 
 
 class DynamoBackend(_StrEnum):

@@ -60,3 +60,7 @@ def lazy_getattr(module_name: str, table: dict[str, str], name: str) -> Any:
         return resolve_export(name)
     except AttributeError:
         raise AttributeError(f"module {module_name!r} has no attribute {name!r}") from None
+    except ImportError:  # importable without its plugin; using it says what to install
+        from drivetrain.compat.placeholders import missing_plugin_name
+
+        return missing_plugin_name(name, PLUGIN_EXPORTS[name], module_name)

@@ -12,6 +12,7 @@ letting torch.distributed hang on tensors of different sizes.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -249,12 +250,23 @@ def reduce(
     return recursively_apply(reduce_one, tensor, error_on_other_type=True)
 
 
+class CannotPadNestedTensorWarning(UserWarning):
+    """Warned when ``pad_across_processes`` meets a nested tensor, which it leaves as it is (its rows have no
+    common size to pad to)."""
+
+
 def pad_across_processes(
     tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False, state: PartialState | None = None
 ) -> Any:
     """Pad every tensor along ``dim`` to the largest size any process has there, with ``pad_index``, at the
     end (or at the start with ``pad_first``), so that the tensors can be gathered. Tensors with fewer than
     ``dim + 1`` dimensions and nested tensors are left as they are. One collective for the whole structure."""
+    if any(getattr(leaf, "is_nested", False) for _, leaf in iter_leaves(tensor)):
+        warnings.warn(
+            "Cannot pad nested tensors without more information. Leaving unprocessed.",
+            CannotPadNestedTensorWarning,
+            stacklevel=2,
+        )
     state = _current_state(state)
     if state.num_processes == 1:
         return tensor

@@ -63,6 +63,11 @@ class GeneralTracker:
         """The library's own object (a wandb run, a SummaryWriter, ...)."""
         return None
 
+    def start(self) -> None:
+        """Create the library's run. ``init_trackers`` calls it once on every tracker it built or was given,
+        after building them all and before ``store_init_configuration`` (Accelerate's order), so a tracker can
+        defer work that needs the processes to be set up."""
+
     def store_init_configuration(self, values: dict) -> None:
         """Record ``values`` once as the experiment's hyperparameters."""
 
@@ -136,7 +141,38 @@ def registered_trackers() -> dict[str, tuple[str, type]]:
             manager.load(name)
         except PluginError as exc:
             logger.warning("skipping plugin %r while looking for trackers: %s", name, exc)
-    return dict(manager.extensions.trackers)
+    return {**manager.extensions.trackers, **{name: ("user", cls) for name, cls in _USER_TRACKERS.items()}}
+
+
+#: Tracker classes registered with :func:`register_tracker_class`, by name.
+_USER_TRACKERS: dict[str, type] = {}
+
+
+def register_tracker_class(tracker_class: type) -> None:
+    """Make ``tracker_class`` (a :class:`GeneralTracker` subclass with a non-empty ``name`` and a
+    ``requires_logging_directory`` class attribute) usable by name in ``log_with``, like the trackers plugins
+    register (Accelerate's ``register_tracker_class``). Register before building the Accelerator. A name already
+    in use is taken over, with a warning."""
+    import warnings
+
+    if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
+        raise ValueError(f"`tracker_class` must be a subclass of `GeneralTracker`, but got {tracker_class}.")
+    if not getattr(tracker_class, "name", None):
+        raise ValueError("The tracker class to register must define a non-empty `name` attribute.")
+    if "requires_logging_directory" not in {
+        name for cls in tracker_class.__mro__[:-1] if cls is not GeneralTracker for name in vars(cls)
+    }:
+        raise ValueError(
+            "The tracker class to register must define a `requires_logging_directory` class attribute. "
+            "Set it to `True` if the tracker needs a logging directory, or `False` otherwise."
+        )
+    if tracker_class.name in registered_trackers():
+        warnings.warn(
+            f"A tracker with the name '{tracker_class.name}' is already registered and will be overwritten by "
+            f"{tracker_class}. This is especially significant when shadowing a built-in tracker.",
+            stacklevel=2,
+        )
+    _USER_TRACKERS[tracker_class.name] = tracker_class
 
 
 def _as_list(log_with: Any) -> list[Any]:
@@ -179,7 +215,7 @@ def _unknown_tracker_message(name: str, registered: dict[str, tuple[str, type]])
 def _check_logging_dir(cls: type, logging_dir: str | None) -> None:
     if cls.requires_logging_directory and logging_dir is None:
         raise ConfigurationError(
-            f"tracker {cls.name!r} writes files and needs a logging directory: pass "
+            f"Logging with `{cls.name}` requires a `logging_dir` to be passed in: pass "
             f"Accelerator(project_dir=...) or project_config=ProjectConfiguration(logging_dir=...)"
         )
 
@@ -316,6 +352,8 @@ class TrackingMixin:
             else:
                 tracker = entry(project_name, **kwargs)
             self.trackers.append(tracker)
+        for tracker in self.trackers:
+            tracker.start()
         if config is not None:
             for tracker in self.trackers:
                 tracker.store_init_configuration(config)

@@ -11,6 +11,8 @@ Other keys are kept as they are.
 from __future__ import annotations
 
 import argparse
+import enum
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,9 +36,15 @@ DROPPED = {
 
 
 def register_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config_file", required=True, help="the config file to convert")
+    # both spellings, as Accelerate's parser takes them
     parser.add_argument(
-        "--output_file", help="where to write the converted file (default: needs --overwrite)"
+        "--config_file", "--config-file", dest="config_file", required=True, help="the config file to convert"
+    )
+    parser.add_argument(
+        "--output_file",
+        "--output-file",
+        dest="output_file",
+        help="where to write the converted file (default: needs --overwrite)",
     )
     parser.add_argument(
         "--overwrite",
@@ -123,3 +131,87 @@ def run(args: argparse.Namespace) -> int:
     temporary.replace(target)
     print(f"wrote {target}")
     return 0
+
+
+# -- Accelerate's ``accelerate.commands.to_fsdp2`` names (tools and tests call them) ---------------------------
+class ConversionStatus(enum.Enum):
+    """Why an FSDP1 key has no FSDP2 counterpart (values of :data:`ARGUMENT_KEY_MAPPING`)."""
+
+    NOT_YET_IMPLEMENTED = 0
+    REMOVED = -1
+
+
+#: FSDP1 key -> its FSDP2 key, or why it has none (Accelerate's table).
+ARGUMENT_KEY_MAPPING: dict[str, Any] = {
+    "fsdp_version": "fsdp_version",
+    "fsdp_reshard_after_forward": "fsdp_reshard_after_forward",
+    "fsdp_auto_wrap_policy": "fsdp_auto_wrap_policy",
+    "fsdp_backward_prefetch": ConversionStatus.REMOVED,
+    "fsdp_forward_prefetch": ConversionStatus.NOT_YET_IMPLEMENTED,
+    "fsdp_cpu_ram_efficient_loading": "fsdp_cpu_ram_efficient_loading",
+    "fsdp_offload_params": "fsdp_offload_params",
+    "fsdp_sharding_strategy": "fsdp_reshard_after_forward",
+    "fsdp_state_dict_type": "fsdp_state_dict_type",
+    "fsdp_sync_module_states": ConversionStatus.REMOVED,
+    "fsdp_transformer_layer_cls_to_wrap": "fsdp_transformer_layer_cls_to_wrap",
+    "fsdp_min_num_params": "fsdp_min_num_params",
+    "fsdp_use_orig_params": ConversionStatus.REMOVED,
+    "fsdp_activation_checkpointing": "fsdp_activation_checkpointing",
+}
+#: FSDP1 values -> FSDP2 values, per key (sharding strategies become ``reshard_after_forward``).
+ARGUMENT_VALUE_MAPPING = {
+    key: dict(RESHARD_AFTER_FORWARD) for key in ("fsdp_sharding_strategy", "fsdp_reshard_after_forward")
+}
+
+logger = logging.getLogger(__name__)
+
+
+def convert_config_to_fsdp2(config: dict[str, Any]) -> dict[str, Any]:
+    """The config file's keys with ``fsdp_config`` converted to FSDP2 (what was dropped is logged)."""
+    converted, notes = convert(config)
+    for note in notes:
+        logger.warning(note)
+    return converted
+
+
+def load_config(config_file: str) -> dict[str, Any]:
+    """The YAML config file as a dict; an empty file is refused."""
+    import yaml
+
+    with open(config_file, encoding="utf-8") as handle:
+        config = yaml.safe_load(handle)
+    if not config:
+        raise ValueError("Config file is empty")
+    return config
+
+
+def to_fsdp2_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The ``to-fsdp2`` parser (added to ``subparsers`` when given); ``args.func`` is :func:`to_fsdp2_command`."""
+    description = "Convert an FSDP1 config file to FSDP2"
+    if subparsers is not None:
+        parser = subparsers.add_parser("to-fsdp2", description=description)
+    else:
+        parser = argparse.ArgumentParser(prog="drivetrain to-fsdp2", description=description)
+    register_parser(parser)
+    parser.set_defaults(func=to_fsdp2_command)
+    return parser
+
+
+def to_fsdp2_command(args: argparse.Namespace) -> None:
+    """Convert ``args.config_file`` into ``args.output_file`` (or over itself with ``--overwrite``); raises
+    FileNotFoundError, ValueError or FileExistsError on bad arguments, as Accelerate's does."""
+    import yaml
+
+    if not Path(args.config_file).exists():
+        raise FileNotFoundError(f"Config file {args.config_file} not found")
+    if not args.overwrite and args.output_file is None:
+        raise ValueError("If --overwrite is not set, --output_file must be provided")
+    if not args.overwrite and Path(args.output_file).exists():
+        raise FileExistsError(f"Output file {args.output_file} already exists and --overwrite is not set")
+    converted = convert_config_to_fsdp2(load_config(args.config_file))
+    target = Path(args.output_file or args.config_file)
+    target.write_text(yaml.safe_dump(converted, sort_keys=False), encoding="utf-8")
+
+
+def main() -> None:
+    to_fsdp2_command(to_fsdp2_command_parser().parse_args())

@@ -357,3 +357,39 @@ def test_state_fsdp_plugin_is_none_outside_fsdp_runs():
 
     Accelerator(cpu=True)
     assert AcceleratorState().fsdp_plugin is None
+
+
+def test_accelerate_to_fsdp2_entry_points_convert_a_file(tmp_path):
+    """Accelerate's ``to_fsdp2_command_parser`` / ``to_fsdp2_command`` (importable from
+    ``drivetrain.commands.to_fsdp2``): FSDP1 keys converted, removed ones dropped, bad arguments refused."""
+    import yaml
+
+    from drivetrain.commands.to_fsdp2 import to_fsdp2_command, to_fsdp2_command_parser
+
+    source = tmp_path / "fsdp1.yaml"
+    source.write_text(
+        yaml.safe_dump(
+            {
+                "distributed_type": "FSDP",
+                "fsdp_config": {
+                    "fsdp_sharding_strategy": "SHARD_GRAD_OP",
+                    "fsdp_use_orig_params": True,
+                    "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+                },
+            }
+        )
+    )
+    target = tmp_path / "fsdp2.yaml"
+    parser = to_fsdp2_command_parser()
+    to_fsdp2_command(parser.parse_args(["--config_file", str(source), "--output_file", str(target)]))
+    assert yaml.safe_load(target.read_text())["fsdp_config"] == {
+        "fsdp_reshard_after_forward": False,
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_version": 2,
+    }
+    with pytest.raises(FileExistsError):
+        to_fsdp2_command(parser.parse_args(["--config_file", str(source), "--output_file", str(target)]))
+    with pytest.raises(ValueError, match="--output_file must be provided"):
+        to_fsdp2_command(parser.parse_args(["--config_file", str(source)]))
+    with pytest.raises(FileNotFoundError):
+        to_fsdp2_command(parser.parse_args(["--config_file", str(tmp_path / "nope.yaml"), "--overwrite"]))

@@ -26,6 +26,9 @@ _WHERE = {
     "OffloadedWeights": "weights",
     "align_module_device": "inspection",
     "has_offloaded_params": "inspection",
+    "LayerwiseCastingHook": "layerwise_casting",
+    "attach_layerwise_casting_hooks": "layerwise_casting",
+    "CpuOffload": "module_hooks",
 }
 __all__ = sorted(_WHERE)
 

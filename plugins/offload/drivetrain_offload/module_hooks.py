@@ -317,6 +317,10 @@ class CpuOffloadHook(ModelHook):
         return send_to_device(args, self.execution_device), send_to_device(kwargs, self.execution_device)
 
 
+#: Accelerate's name for this hook (``accelerate.hooks.CpuOffload``).
+CpuOffload = CpuOffloadHook
+
+
 class UserCpuOffloadHook:
     """Handle returned by ``cpu_offload_with_hook``: ``offload()`` sends the model back to the CPU,
     ``remove()`` takes the module hook off."""

@@ -1,0 +1,35 @@
+"""Placeholders for plugin-provided names whose plugin is not installed: importable, and every use raises the
+ImportError naming the distribution to install. No drivetrain imports (the kernel's lazy namespaces use it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class _MissingPluginName(type):
+    """Type of a placeholder for a plugin-provided name whose plugin is not installed: importable, and every
+    use raises the ImportError naming the distribution. ``isinstance(x, Placeholder)`` is False for every x,
+    so code that tests against it (``isinstance(handler, FP8RecipeKwargs)``) keeps working."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        raise ImportError(cls.missing_message)
+
+    def __getattr__(cls, attribute: str) -> Any:
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        raise ImportError(cls.missing_message)
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return False
+
+    def __subclasscheck__(cls, subclass: Any) -> bool:
+        return subclass is cls
+
+    def __repr__(cls) -> str:
+        return f"<{cls.__name__}: {cls.missing_message}>"
+
+
+def missing_plugin_name(name: str, distribution: str, module: str) -> Any:
+    """A placeholder for ``name`` (see :class:`_MissingPluginName`)."""
+    message = f"{name} is provided by a plugin that is not installed: pip install {distribution}"
+    return _MissingPluginName(name, (), {"missing_message": message, "__module__": module})

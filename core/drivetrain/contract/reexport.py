@@ -1,0 +1,91 @@
+"""The machinery behind Accelerate's module paths (``drivetrain.utils.modeling``, ``drivetrain.tracking``, ...):
+each such module is a thin table of where its names live in drivetrain, resolved on first use, so importing one
+loads that module and nothing else until a name is asked for.
+
+A name that belongs to a backend plugin resolves through the plugin's ``drivetrain.exports`` entry point; when
+the plugin is not installed it is still importable (``from drivetrain.utils import DeepSpeedPlugin`` works) and
+using it (calling it, reading an attribute) raises an ImportError naming the distribution to install.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from drivetrain.compat import names
+from drivetrain.compat.placeholders import _MissingPluginName, missing_plugin_name  # noqa: F401
+
+
+def plugin_name(name: str, distribution: str | None, module: str) -> Any:
+    """``name`` from the installed plugin exporting it, else its placeholder (naming the distribution to install,
+    or saying that the installed one does not provide the name)."""
+    import importlib.metadata as importlib_metadata
+
+    from drivetrain.contract.info import EXPORTS_GROUP
+
+    for entry_point in importlib_metadata.entry_points(group=EXPORTS_GROUP):
+        if entry_point.name == name:
+            return entry_point.load()
+    hinted = distribution or names.PLUGIN_EXPORTS.get(name)
+    if hinted is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    try:
+        installed = importlib_metadata.version(hinted)
+    except importlib_metadata.PackageNotFoundError:
+        return missing_plugin_name(name, hinted, module)
+    placeholder = missing_plugin_name(name, hinted, module)
+    placeholder.missing_message = (
+        f"{name} ({accelerate_path(module)}) is not provided by the installed {hinted} {installed}"
+    )
+    return placeholder
+
+
+#: The namespaces where every plugin-provided public name resolves (``from drivetrain import LocalSGD``).
+_PLUGIN_NAMESPACES = ("drivetrain", "drivetrain.utils")
+
+#: Table value for a module's ``logger`` (Accelerate's modules each have one): drivetrain's logger of that name.
+LOGGER = "@logger"
+
+
+def accelerate_path(module_name: str) -> str:
+    """``drivetrain.utils.modeling`` -> ``accelerate.utils.modeling``."""
+    return "accelerate" + module_name[len("drivetrain") :]
+
+
+def reexport(
+    module_name: str, table: dict[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
+    """``(__getattr__, __dir__, __all__)`` for the module ``module_name``.
+
+    ``table`` maps a name to ``"module"`` (same name there) or ``"module:attribute"``. Names for this Accelerate
+    path that spell a backend (``is_<backend>_available``, ``<BACKEND>_MODEL_NAME``) and the names plugins own
+    are listed in :mod:`drivetrain.compat.names` and merged in here.
+    """
+    accelerate_module = accelerate_path(module_name)
+    full = {**table, **names.KERNEL_NAMES_BY_PATH.get(accelerate_module, {})}
+    owned = names.PLUGIN_NAMES_BY_PATH.get(accelerate_module, {})
+    public = sorted({*full, *owned})
+
+    def __getattr__(name: str) -> Any:
+        target = full.get(name)
+        if target == LOGGER:
+            # drivetrain.logging sits above the contract layer: looked up by name, when first asked for
+            value = importlib.import_module("drivetrain.logging").get_logger(module_name)
+        elif target is not None:
+            module_path, _, attribute = target.partition(":")
+            value = getattr(importlib.import_module(module_path), attribute or name)
+        elif name in owned:
+            value = plugin_name(name, owned[name], module_name)
+        elif name in names.PLUGIN_EXPORTS and module_name in _PLUGIN_NAMESPACES:
+            value = plugin_name(name, names.PLUGIN_EXPORTS[name], module_name)
+        else:
+            raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
+        setattr(sys.modules[module_name], name, value)
+        return value
+
+    def __dir__() -> list[str]:
+        return public
+
+    return __getattr__, __dir__, public

@@ -1,0 +1,56 @@
+"""Accelerate's ``accelerate.utils.launch``: helpers of the launchers. The command-line launcher is
+``drivetrain launch`` (:mod:`drivetrain.commands.launch`); backend-specific preparations come from plugins."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from drivetrain.contract.reexport import reexport
+
+
+def env_var_path_add(env_var_name: str, path_to_add: Any) -> str:
+    """The value of the path-list variable ``env_var_name`` with ``path_to_add`` appended (not set: the caller
+    sets it)."""
+    paths = [path for path in os.environ.get(env_var_name, "").split(":") if path]
+    return ":".join([*paths, str(path_to_add)])
+
+
+class PrepareForLaunch:
+    """``launcher`` made into the function each forked worker runs (``worker(index, *args)``): in debug mode it
+    joins a gloo group through the rendezvous file of ``ACCELERATE_DEBUG_RDV_FILE``; for a multi-process
+    ``distributed_type`` it sets ``LOCAL_RANK`` and ``RANK`` (from ``NPROC`` and ``NODE_RANK``); then it marks the
+    process ``FORK_LAUNCHED`` and calls ``launcher(*args)``."""
+
+    def __init__(self, launcher: Callable, distributed_type: Any = "NO", debug: bool = False):
+        from drivetrain.config.enums import DistributedType
+
+        self.launcher = launcher
+        self.distributed_type = DistributedType(distributed_type)
+        self.debug = debug
+
+    def __call__(self, index: int, *args: Any) -> None:
+        if self.debug:
+            import torch.distributed
+
+            world_size = int(os.environ["WORLD_SIZE"])
+            store = torch.distributed.FileStore(os.environ["ACCELERATE_DEBUG_RDV_FILE"], world_size)
+            torch.distributed.init_process_group("gloo", rank=index, store=store, world_size=world_size)
+        elif self.distributed_type.value.startswith("MULTI_"):
+            os.environ["LOCAL_RANK"] = str(index)
+            processes_per_node = int(os.environ.get("NPROC", 1))
+            os.environ["RANK"] = str(processes_per_node * int(os.environ.get("NODE_RANK", 0)) + index)
+        os.environ["FORK_LAUNCHED"] = "1"
+        self.launcher(*args)
+
+
+# drivetrain launch's own helpers (the launcher sits above this layer: resolved by name on first use)
+__getattr__, __dir__, _names = reexport(
+    __name__,
+    {
+        "prepare_simple_launcher_cmd_env": "drivetrain.commands.launch",
+        "prepare_multi_gpu_env": "drivetrain.commands.launch",
+    },
+)
+__all__ = sorted({*_names, "env_var_path_add", "PrepareForLaunch"})

@@ -1,0 +1,8 @@
+"""Accelerate's ``accelerate.utils.megatron_lm``: names of a backend plugin."""
+
+from drivetrain.contract.reexport import reexport
+
+__getattr__, __dir__, __all__ = reexport(
+    __name__,
+    {},
+)

@@ -1,0 +1,98 @@
+"""Accelerate's public names (peer/reference_names.json, the pinned reference's snapshot) are importable from
+drivetrain's modules of the same path: implemented, or owned by a plugin (importable; using it names the
+distribution to install). The names not there yet are listed with their reason in peer/name_gaps.toml: a new
+gap fails here, and so does a listed gap that has been filled (take it off the list)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+
+import pytest
+
+from peer import names as reference
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def coverage():
+    return reference.coverage()
+
+
+def test_every_reference_name_is_importable_or_a_listed_gap(coverage):
+    known = reference.known_gaps()
+    missing = {
+        f"{module}:{name}": detail
+        for module, found in coverage.items()
+        for name, (status, detail) in found.items()
+        if status == "missing"
+    }
+    new = {key: detail for key, detail in missing.items() if key not in known}
+    filled = sorted(key for key in known if key not in missing)
+    assert not new, (
+        "Accelerate names drivetrain lacks (implement them, or list them in peer/name_gaps.toml):\n"
+        + "\n".join(f"{key}: {detail}" for key, detail in sorted(new.items()))
+    )
+    assert not filled, "listed in peer/name_gaps.toml but importable now (take them off):\n" + "\n".join(
+        filled
+    )
+
+
+def test_a_plugin_name_without_its_plugin_is_importable_and_names_the_distribution(monkeypatch):
+    installed = importlib.metadata.entry_points
+    monkeypatch.setattr(
+        importlib.metadata,
+        "entry_points",
+        lambda **kwargs: [entry for entry in installed(**kwargs) if entry.name != "FP8RecipeKwargs"],
+    )
+    version = importlib.metadata.version
+
+    def not_installed(distribution):
+        if distribution == "drivetrain-fp8":
+            raise importlib.metadata.PackageNotFoundError(distribution)
+        return version(distribution)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    from drivetrain.contract.reexport import reexport
+
+    getattr_, _, public = reexport("drivetrain.utils.dataclasses", {})
+    assert "FP8RecipeKwargs" in public
+    placeholder = getattr_("FP8RecipeKwargs")
+    assert not isinstance(object(), placeholder)  # isinstance checks against it keep working
+    with pytest.raises(
+        ImportError,
+        match=r"^FP8RecipeKwargs is provided by a plugin that is not installed: pip install drivetrain-fp8$",
+    ):
+        placeholder(backend="te")
+
+
+def test_snapshot_covers_the_paths_scripts_import():
+    modules = reference.reference_names()
+    for path in (
+        "accelerate.utils.modeling",
+        "accelerate.utils.operations",
+        "accelerate.utils.dataclasses",
+        "accelerate.utils.constants",
+        "accelerate.commands.config.config_args",
+        "accelerate.commands.launch",
+        "accelerate.tracking",
+        "accelerate.local_sgd",
+        "accelerate.parallelism_config",
+    ):
+        assert path in modules
+    assert "set_module_tensor_to_device" in modules["accelerate.utils.modeling"]
+    assert "LOGGER_TYPE_TO_CLASS" in modules["accelerate.tracking"]
+
+
+def test_a_compatibility_path_loads_only_itself():
+    """Importing an Accelerate path imports neither torch nor the modules its names live in."""
+    code = (
+        "import sys, drivetrain.utils.modeling, drivetrain.utils.operations, drivetrain.utils.dataclasses, "
+        "drivetrain.hooks, drivetrain.local_sgd, drivetrain.utils.offload;"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('drivetrain.big_modeling', "
+        "'drivetrain.operations', 'drivetrain.config.dataclasses'))))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
