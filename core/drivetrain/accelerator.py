@@ -53,6 +53,21 @@ from drivetrain.training.optimizer import AcceleratedOptimizer
 from drivetrain.training.profiling import ProfilingMixin
 from drivetrain.training.scheduler import AcceleratedScheduler, rebind_scheduler
 
+#: Distributed types whose models torch's ``Join`` can shadow (plain data parallelism; sharded or compiled
+#: engines have their own collectives that Join does not know).
+_JOINABLE_TYPES = frozenset(
+    {
+        DistributedType.MULTI_CPU,
+        DistributedType.MULTI_GPU,
+        DistributedType.MULTI_NPU,
+        DistributedType.MULTI_MLU,
+        DistributedType.MULTI_XPU,
+        DistributedType.MULTI_HPU,
+        DistributedType.MULTI_SDAA,
+        DistributedType.MULTI_MUSA,
+    }
+)
+
 
 def _backend_config_from(backend_config: Any, named: dict[str, Any], deepspeed_plugins: Any) -> Any:
     """Merge ``backend_config`` with its Accelerate-style aliases; more than one is an error."""
@@ -652,13 +667,32 @@ class Accelerator(TrackingMixin, ProfilingMixin):
             return
         from torch.distributed.algorithms.join import Join
 
+        if self.distributed_type not in _JOINABLE_TYPES:
+            warnings.warn(
+                f"join_uneven_inputs is only supported for multi-GPU/multi-CPU data parallelism (DDP), not "
+                f"{self.distributed_type}; the block runs without it",
+                UserWarning,
+                stacklevel=3,
+            )
+            yield
+            return
         previous: dict[int, tuple[Any, bool]] = {}
         if even_batches is not None:
+            iterable_seen = False
             for loader in self.prepared.dataloaders:
                 sampler: Any = getattr(loader, "batch_sampler", None)
                 if hasattr(sampler, "even_batches"):
                     previous[id(sampler)] = (sampler, sampler.even_batches)
                     sampler.even_batches = even_batches
+                else:
+                    iterable_seen = True
+            if iterable_seen:
+                warnings.warn(
+                    "join_uneven_inputs(even_batches=...) is only supported for map-style datasets: the "
+                    "iterable (or dispatched) data loaders prepared here keep padding their last batch",
+                    UserWarning,
+                    stacklevel=3,
+                )
         try:
             with Join(joinables):
                 yield

@@ -75,7 +75,9 @@ class PartialState:
         device_plugins = manager.device_plugins()
         process_stack = manager.stack([*device_plugins, selection.value])
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        device = process_stack.call("detect_device", local_process_index=local_rank, cpu=cpu_setting.value)
+        device = _device_override() or process_stack.call(
+            "detect_device", local_process_index=local_rank, cpu=cpu_setting.value
+        )
         environment = process_stack.call(
             "setup_process_group", device=device, init_kwargs=dict(init_kwargs), parallelism=parallelism
         )
@@ -161,6 +163,12 @@ class PartialState:
     @property
     def distributed_type(self) -> DistributedType:
         return self.environment.distributed_type
+
+    @distributed_type.setter
+    def distributed_type(self, value: DistributedType) -> None:
+        # Scripts written for Accelerate relabel the state (tests of code paths for other setups); the
+        # label is shared by every state object of the process, as the environment is.
+        self.environment.distributed_type = DistributedType(value)
 
     @property
     def backend(self) -> str | None:
@@ -496,3 +504,26 @@ def reset_state(destroy_process_group: bool = False) -> None:
     AcceleratorState._reset_state()
     GradientState._reset_state()
     PartialState._reset_state(destroy_process_group=destroy_process_group)
+
+
+#: Variables that pin this process's device (``cuda:3``), overriding what the device plugins detect;
+#: Accelerate's name is honoured for scripts and launchers written for it.
+DEVICE_OVERRIDE_ENV = ("DRIVETRAIN_TORCH_DEVICE", "ACCELERATE_TORCH_DEVICE")
+
+
+def _device_override() -> torch.device | None:
+    for variable in DEVICE_OVERRIDE_ENV:
+        value = os.environ.get(variable, "").strip()
+        if not value:
+            continue
+        try:
+            device = torch.device(value)
+        except RuntimeError:
+            raise ConfigurationError(
+                f"{variable}={value!r} is not a torch device; use a name like 'cpu', 'cuda' or 'cuda:1'"
+            ) from None
+        device_module = getattr(torch, device.type, None)
+        if device.index is not None and hasattr(device_module, "set_device"):
+            device_module.set_device(device)
+        return device
+    return None

@@ -316,6 +316,12 @@ class TrackingMixin:
             else:
                 tracker = entry(project_name, **kwargs)
             self.trackers.append(tracker)
+        for tracker in self.trackers:
+            # Accelerate's trackers open their run in ``start()`` (a GeneralTracker written for it sets up its
+            # writer there), called once the run is initialised, before the configuration is stored.
+            start = getattr(tracker, "start", None)
+            if callable(start):
+                start()
         if config is not None:
             for tracker in self.trackers:
                 tracker.store_init_configuration(config)

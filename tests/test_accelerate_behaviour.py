@@ -1,0 +1,136 @@
+"""Behaviour scripts written for Accelerate rely on, found by the peer suite (issue 17): each test asserts
+what such a script observes."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, TensorDataset
+
+from drivetrain import Accelerator
+from drivetrain.config.kwargs_handlers import KwargsHandler
+from drivetrain.data.samplers import BatchSamplerShard
+
+
+def test_scheduler_does_not_step_when_the_optimizer_step_was_skipped():
+    # Accelerate's AcceleratedOptimizer keeps the overflow flag in `_is_overflow`; scripts set it directly.
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lambda n: 1 - n / 10)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    optimizer._is_overflow = False
+    scheduler.step()
+    assert scheduler.get_last_lr()[0] == pytest.approx(0.9)
+    optimizer._is_overflow = True
+    assert optimizer.step_was_skipped
+    scheduler.step()
+    assert scheduler.get_last_lr()[0] == pytest.approx(0.9)
+
+
+def test_user_dataclass_kwargs_handler_reports_changed_fields():
+    @dataclasses.dataclass
+    class MyHandler(KwargsHandler):
+        a: int = 0
+        b: bool = False
+        c: float = 3.0
+        d: list = dataclasses.field(default_factory=list)
+
+    assert MyHandler().to_kwargs() == {}
+    assert MyHandler(a=2).to_kwargs() == {"a": 2}
+    assert MyHandler(a=2, c=2.25, d=[1]).to_kwargs() == {"a": 2, "c": 2.25, "d": [1]}
+
+
+def test_batch_sampler_without_batch_size_pads_whole_batches_with_even_batches():
+    batches = [[0, 1, 2], [3, 4], [5, 6, 7, 8], [9, 10, 11], [12, 13]]
+    shards = [BatchSamplerShard(batches, 2, rank, even_batches=True) for rank in range(2)]
+    assert list(shards[0]) == [[0, 1, 2], [5, 6, 7, 8], [12, 13]]
+    assert list(shards[1]) == [[3, 4], [9, 10, 11], [0, 1, 2]]
+    assert len(shards[0]) == len(shards[1]) == 3
+    three = [BatchSamplerShard([[0], [1, 2], [3], [4, 5]], 3, rank, even_batches=True) for rank in range(3)]
+    assert [list(shard) for shard in three] == [[[0], [4, 5]], [[1, 2], [0]], [[3], [1, 2]]]
+    with pytest.raises(ValueError, match="split_batches=True"):
+        BatchSamplerShard(batches, 2, 0, split_batches=True)
+
+
+def test_unwrap_keeps_compile_but_removes_data_parallel_inside_it():
+    model = torch.nn.Linear(2, 2)
+    compiled_parallel = torch.compile(torch.nn.DataParallel(model))
+    accelerator = Accelerator(cpu=True)
+    unwrapped = accelerator.unwrap_model(compiled_parallel, keep_torch_compile=True)
+    assert unwrapped._orig_mod is model
+    assert isinstance(compiled_parallel._orig_mod, torch.nn.DataParallel)  # the caller's object is untouched
+    assert accelerator.unwrap_model(compiled_parallel, keep_torch_compile=False) is model
+
+
+def test_torch_device_variable_overrides_the_detected_device(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "cpu:3")
+    monkeypatch.setattr(torch.cpu, "set_device", lambda device: None, raising=False)
+    assert str(Accelerator().device) == "cpu:3"
+
+
+def test_torch_device_variable_rejects_a_non_device(monkeypatch):
+    monkeypatch.setenv("DRIVETRAIN_TORCH_DEVICE", "warp-drive")
+    with pytest.raises(Exception, match="DRIVETRAIN_TORCH_DEVICE='warp-drive' is not a torch device"):
+        Accelerator()
+
+
+def test_custom_tracker_is_started_before_configuration_and_logs(tmp_path):
+    from drivetrain.tracking import GeneralTracker
+
+    class ListTracker(GeneralTracker):
+        name = "list_tracker"
+        requires_logging_directory = False
+
+        def __init__(self):
+            super().__init__()
+            self.writer = None
+
+        def start(self):
+            self.writer = []
+
+        @property
+        def tracker(self):
+            return self.writer
+
+        def store_init_configuration(self, values):
+            self.writer.append(("config", values))
+
+        def log(self, values, step=None, **kwargs):
+            self.writer.append(("log", values, step))
+
+    tracker = ListTracker()
+    accelerator = Accelerator(cpu=True, log_with=tracker)
+    accelerator.init_trackers("run", {"lr": 0.1})
+    accelerator.log({"loss": 1.0}, step=3)
+    accelerator.end_training()
+    assert tracker.writer == [("config", {"lr": 0.1}), ("log", {"loss": 1.0}, 3)]
+
+
+def test_prepared_dataloaders_and_accelerator_pickle():
+    accelerator = Accelerator(cpu=True)
+    loader = DataLoader(TensorDataset(torch.arange(10)), batch_size=2)
+    prepared = accelerator.prepare(loader)
+    restored = pickle.loads(pickle.dumps(prepared))
+    assert [batch[0].tolist() for batch in restored] == [batch[0].tolist() for batch in prepared]
+    restored_accelerator = pickle.loads(pickle.dumps(accelerator))
+    assert len(restored_accelerator._dataloaders) == 1
+
+
+def test_join_warns_for_single_process_and_iterable_loaders():
+    accelerator = Accelerator(cpu=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with accelerator.join_uneven_inputs([torch.nn.Linear(1, 1)], even_batches=False):
+            pass
+    assert any(issubclass(w.category, UserWarning) for w in caught)
+
+
+def test_batch_sampler_shard_round_robin_still_exact():
+    sampler = BatchSampler(range(10), batch_size=3, drop_last=False)
+    shards = [list(BatchSamplerShard(sampler, 2, rank, even_batches=True)) for rank in range(2)]
+    assert shards == [[[0, 1, 2], [6, 7, 8]], [[3, 4, 5], [9, 0, 1]]]
