@@ -222,6 +222,14 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         self._backward_hook = self._plugins.caller("backward")
         self._autocast_kwargs = (self._handler(AutocastKwargs) or AutocastKwargs()).to_kwargs()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The pre-resolved backward call is a closure over pluggy's hook; it is rebuilt from the plugin stack.
+        return {key: value for key, value in self.__dict__.items() if key != "_backward_hook"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._backward_hook = self._plugins.caller("backward")
+
     # ---------------------------------------------------------------------------------------------------------
     # Construction helpers
     # ---------------------------------------------------------------------------------------------------------

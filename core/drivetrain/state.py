@@ -37,6 +37,15 @@ __all__ = [
 ]
 
 
+def _shared_state_object(cls: type) -> Any:
+    """The process's ``cls`` state object, without initialising anything: what a pickled state object
+    unpickles as. The state objects are views of process-wide state (devices, process groups, plugin
+    modules), so a pickled one stands for "this process's state" (Accelerate's users pickle Accelerators)."""
+    state = cls.__new__(cls)
+    state.__dict__ = cls._shared_state  # type: ignore[attr-defined]
+    return state
+
+
 def _cuda_forbidden_is_set() -> bool:
     return sources.to_bool(os.environ.get("DRIVETRAIN_CPU", "0"))
 
@@ -51,6 +60,9 @@ class PartialState:
     """
 
     _shared_state: dict[str, Any] = {}
+
+    def __reduce__(self) -> tuple[Any, tuple[type]]:
+        return _shared_state_object, (type(self),)
 
     def __init__(
         self, cpu: bool = False, backend: str | None = None, backend_config: Any = None, **kwargs: Any
@@ -336,6 +348,9 @@ class AcceleratorState:
 
     _shared_state: dict[str, Any] = {}
 
+    def __reduce__(self) -> tuple[Any, tuple[type]]:
+        return _shared_state_object, (type(self),)
+
     def __init__(
         self,
         mixed_precision: str | None = None,
@@ -423,6 +438,9 @@ class GradientState:
     """
 
     _shared_state: dict[str, Any] = {}
+
+    def __reduce__(self) -> tuple[Any, tuple[type]]:
+        return _shared_state_object, (type(self),)
 
     def __init__(self, gradient_accumulation_plugin: Any = None) -> None:
         self.__dict__ = self._shared_state
@@ -527,3 +545,4 @@ def _device_override() -> torch.device | None:
             device_module.set_device(device)
         return device
     return None
+
