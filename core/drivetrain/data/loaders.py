@@ -379,8 +379,17 @@ class DataLoaderShard(_PreparedDataLoader):
     :func:`~drivetrain.data_loader.prepare_data_loader`), moved to ``device``."""
 
     @property
+    def _batch_shard(self) -> BatchSamplerShard | None:
+        """The BatchSamplerShard this loader draws from: its batch sampler, or its sampler when that yields
+        whole batches (``DataLoader(sampler=BatchSampler(...), batch_size=None)``)."""
+        for owner in (self.batch_sampler, self.sampler):
+            if isinstance(owner, BatchSamplerShard):
+                return owner
+        return None
+
+    @property
     def total_batch_size(self) -> int | None:
-        sampler = self.batch_sampler
+        sampler = self._batch_shard or self.batch_sampler
         if isinstance(sampler, BatchSamplerShard):
             size = sampler.batch_size
             return size if sampler.split_batches else size * sampler.num_processes  # type: ignore[operator]
@@ -402,7 +411,7 @@ class DataLoaderShard(_PreparedDataLoader):
         return itertools.islice(batches, discard, None) if discard else batches
 
     def _final_remainder(self) -> int:
-        source = self.batch_sampler if isinstance(self.batch_sampler, BatchSamplerShard) else self.dataset
+        source = self._batch_shard or self.dataset
         real = getattr(source, "final_real_samples", None)
         if real is not None:
             return real
