@@ -134,3 +134,27 @@ def test_batch_sampler_shard_round_robin_still_exact():
     sampler = BatchSampler(range(10), batch_size=3, drop_last=False)
     shards = [list(BatchSamplerShard(sampler, 2, rank, even_batches=True)) for rank in range(2)]
     assert shards == [[[0, 1, 2], [6, 7, 8]], [[3, 4, 5], [9, 0, 1]]]
+
+
+@pytest.mark.parametrize(
+    ("dispatch_batches", "stateful"), [(False, False), (True, False), (True, True)], ids=["shard", "dispatch", "dispatch-stateful"]
+)
+def test_resume_with_worker_processes_skips_the_consumed_batches(tmp_path, dispatch_batches, stateful):
+    # torch's multi-worker iterator asks the index sampler for two iterators as it starts: the resume
+    # position went to the discarded one, and the whole epoch came again (64 batches where 61 were left).
+    pytest.importorskip("torchdata")
+    from drivetrain.utils import DataLoaderConfiguration
+
+    config = DataLoaderConfiguration(dispatch_batches=dispatch_batches, use_stateful_dataloader=stateful)
+    accelerator = Accelerator(cpu=True, dataloader_config=config)
+    data = TensorDataset(torch.arange(36))
+    loader = accelerator.prepare(DataLoader(data, batch_size=3, shuffle=True, num_workers=2))
+    rest = []
+    for step, (batch,) in enumerate(loader):
+        if step == 2:
+            accelerator.save_state(tmp_path / "state")
+        if step > 2:
+            rest.append(batch.tolist())
+    accelerator.load_state(tmp_path / "state")
+    assert [batch.tolist() for (batch,) in loader] == rest
+    assert len(rest) == 9

@@ -111,10 +111,17 @@ class _EpochIndices:
                 self.generator.set_state(self.pending_generator_state)
                 self.pending_generator_state = None
             self.epoch_start_state = self.generator.get_state()
+        return self._batches()
+
+    def _batches(self) -> Iterator[Any]:
+        # The resume skip is taken when the first batch is drawn, not in iter(): torch's multi-worker
+        # iterator calls iter() on the index sampler twice as it starts (in its base class and in its reset)
+        # and discards the first iterator unread. (Unread, it drew nothing from the generator either, so the
+        # state recorded by the second call is the one recorded by the first.)
         skip = self.skip + self.pending_skip
         self.pending_skip = 0
         batches = iter(self.batch_sampler)
-        return itertools.islice(batches, skip, None) if skip else batches
+        yield from (itertools.islice(batches, skip, None) if skip else batches)
 
 
 class _PreparedDataLoader(DataLoader):
