@@ -158,3 +158,22 @@ def test_resume_with_worker_processes_skips_the_consumed_batches(tmp_path, dispa
     accelerator.load_state(tmp_path / "state")
     assert [batch.tolist() for (batch,) in loader] == rest
     assert len(rest) == 9
+
+
+@pytest.mark.parametrize("safe_serialization", [True, False], ids=["safetensors", "pickle"])
+def test_save_model_gathers_weights_offloaded_to_cpu_and_disk(tmp_path, safe_serialization):
+    pytest.importorskip("drivetrain_offload")
+    from drivetrain.big_modeling import load_checkpoint_and_dispatch
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 5)).eval()
+    inputs = torch.randn(3, 3)
+    expected = model(inputs)
+    accelerator = Accelerator(cpu=True)
+    accelerator.save_model(model, tmp_path / "plain", safe_serialization=safe_serialization)
+    device_map = {"0": "cpu", "1": "disk", "2": "cpu"}
+    load_checkpoint_and_dispatch(model, tmp_path / "plain", device_map=device_map, offload_folder=tmp_path / "off")
+    assert model[1].weight.device.type == "meta"  # held by the offload hook between forwards
+    accelerator.save_model(model, tmp_path / "again", safe_serialization=safe_serialization)
+    fresh = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 5)).eval()
+    load_checkpoint_and_dispatch(fresh, tmp_path / "again")
+    assert torch.allclose(fresh(inputs), expected, atol=1e-6)
