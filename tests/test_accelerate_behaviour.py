@@ -177,3 +177,33 @@ def test_save_model_gathers_weights_offloaded_to_cpu_and_disk(tmp_path, safe_ser
     fresh = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 5)).eval()
     load_checkpoint_and_dispatch(fresh, tmp_path / "again")
     assert torch.allclose(fresh(inputs), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls_name", ["DataLoaderShard", "DataLoaderDispatcher", "SkipDataLoader"])
+def test_loader_constructors_take_use_stateful_dataloader(cls_name):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    import drivetrain.data_loader as data_loader
+
+    cls = getattr(data_loader, cls_name)
+    extra = {"skip_batches": 2} if cls_name == "SkipDataLoader" else {}
+    loader = cls(list(range(16)), batch_size=4, use_stateful_dataloader=True, **extra)
+    assert isinstance(loader, cls) and isinstance(loader, stateful.StatefulDataLoader)
+    assert loader.use_stateful_dataloader and loader.base_dataloader is loader
+    expected = [[8, 9, 10, 11], [12, 13, 14, 15]] if extra else [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert [batch.tolist() for batch in loader] == expected
+    assert not cls(list(range(4)), batch_size=2).use_stateful_dataloader
+
+
+def test_a_sampler_yielding_batches_is_sharded_like_a_batch_sampler():
+    from torch.utils.data import SequentialSampler, default_collate
+
+    from drivetrain.data_loader import prepare_data_loader
+
+    data = TensorDataset(torch.arange(10))
+    shards = []
+    for rank in range(2):
+        sampler = BatchSampler(SequentialSampler(data), batch_size=2, drop_last=False)
+        loader = DataLoader(data, sampler=sampler, batch_size=None, collate_fn=default_collate)
+        prepared = prepare_data_loader(loader, num_processes=2, process_index=rank, put_on_device=False)
+        shards.append([batch[0].tolist() for batch in prepared])
+    assert shards == [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], [0, 1]]]

@@ -130,6 +130,12 @@ class _PreparedDataLoader(DataLoader):
     #: set on the StatefulDataLoader variants built by :func:`stateful_variant`
     _stateful = False
 
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
+        # Accelerate's constructors take use_stateful_dataloader=True and return a StatefulDataLoader.
+        if use_stateful_dataloader and not cls._stateful:
+            cls = stateful_variant(cls)
+        return super().__new__(cls)
+
     def __init__(
         self,
         dataset: Any,
@@ -138,6 +144,7 @@ class _PreparedDataLoader(DataLoader):
         synchronized_generator: torch.Generator | None = None,
         skip_batches: int = 0,
         non_blocking: bool = False,
+        use_stateful_dataloader: bool = False,  # decided in __new__ (the class is the stateful variant)
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
@@ -183,6 +190,17 @@ class _PreparedDataLoader(DataLoader):
         return 1
 
     # -- facts the Accelerator and users read ----------------------------------------------------------------
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        """Whether this loader is built on torchdata's StatefulDataLoader."""
+        return self._stateful
+
+    @property
+    def base_dataloader(self) -> DataLoader:
+        """The DataLoader that does the reading: this object itself (Accelerate wraps one; here the prepared
+        loader is a DataLoader, or a StatefulDataLoader with ``use_stateful_dataloader``)."""
+        return self
+
     @property
     def total_batch_size(self) -> int | None:
         raise NotImplementedError

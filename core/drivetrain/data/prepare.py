@@ -223,11 +223,29 @@ def prepare_data_loader(
 
 
 class SkipDataLoader(DataLoader):
-    """A plain DataLoader over an iterable dataset that drops its first ``skip_batches`` batches."""
+    """A plain DataLoader over an iterable dataset that drops its first ``skip_batches`` batches
+    (a StatefulDataLoader with ``use_stateful_dataloader=True``)."""
 
-    def __init__(self, dataset: Any, skip_batches: int = 0, **kwargs: Any) -> None:
+    _stateful = False
+
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
+        if use_stateful_dataloader and not cls._stateful:
+            cls = stateful_variant(cls)
+        return super().__new__(cls)
+
+    def __init__(
+        self, dataset: Any, skip_batches: int = 0, use_stateful_dataloader: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(dataset, **kwargs)
         self.skip_batches = skip_batches
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        return self._stateful
+
+    @property
+    def base_dataloader(self) -> DataLoader:
+        return self
 
     def __len__(self) -> int:
         return max(super().__len__() - self.skip_batches, 0)
