@@ -207,3 +207,26 @@ def test_a_sampler_yielding_batches_is_sharded_like_a_batch_sampler():
         prepared = prepare_data_loader(loader, num_processes=2, process_index=rank, put_on_device=False)
         shards.append([batch[0].tolist() for batch in prepared])
     assert shards == [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], [0, 1]]]
+
+
+def test_state_after_reset_says_what_happened():
+    from drivetrain import PartialState
+    from drivetrain.state import AcceleratorState
+
+    state = PartialState(cpu=True)
+    with pytest.raises(AttributeError, match="'PartialState' object has no attribute 'someotherthing'"):
+        state.someotherthing  # noqa: B018
+    state._reset_state()
+    with pytest.raises(AttributeError, match=r"`PartialState._reset_state\(\)` was called"):
+        state.num_processes  # noqa: B018
+    state.someotherthing = "value"
+    assert state.someotherthing == "value"
+    AcceleratorState._reset_state()
+    with pytest.raises(AttributeError, match=r"`AcceleratorState._reset_state\(\)` was called"):
+        AcceleratorState.__new__(AcceleratorState).num_processes  # noqa: B018
+
+
+def test_register_for_checkpointing_names_the_item_without_state_dict():
+    accelerator = Accelerator(cpu=True)
+    with pytest.raises(ValueError, match="Item at index 0 .*Item at index 1"):
+        accelerator.register_for_checkpointing(torch.zeros(1), torch.ones(1), torch.nn.Linear(1, 1))

@@ -50,6 +50,24 @@ def _cuda_forbidden_is_set() -> bool:
     return sources.to_bool(os.environ.get("DRIVETRAIN_CPU", "0"))
 
 
+#: What ``PartialState.__init__`` sets up (and ``_reset_state`` forgets).
+_PARTIAL_STATE_FIELDS = frozenset(
+    {
+        "backend_name",
+        "backend_info",
+        "backend_source",
+        "backend_config",
+        "parallelism_config",
+        "device_plugins",
+        "cpu",
+        "device",
+        "environment",
+        "debug",
+        "fork_launched",
+    }
+)
+
+
 class PartialState:
     """The process's place in the run: device, ranks, backend and collectives.
 
@@ -115,6 +133,17 @@ class PartialState:
     @property
     def initialized(self) -> bool:
         return "environment" in self._shared_state
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes not found: the state set up in __init__ is gone after _reset_state().
+        # (A property reading that state, ``num_processes``, lands here too, under its own name.)
+        known = name in _PARTIAL_STATE_FIELDS or hasattr(type(self), name)
+        if known and "environment" not in self._shared_state:
+            raise AttributeError(
+                f"`PartialState` object has no attribute {name!r}. This happens if `PartialState._reset_state()` "
+                "was called and an `Accelerator` or `PartialState` was not built again since: build one first"
+            )
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r}")
 
     def _check_compatible(
         self, backend: str | None, backend_config: Any, cpu: bool, parallelism: Any
@@ -399,7 +428,9 @@ class AcceleratorState:
             raise AttributeError(name)
         if "partial_state" not in self._shared_state:
             raise AttributeError(
-                f"AcceleratorState has no attribute {name!r} yet: build an Accelerator (or AcceleratorState()) first"
+                f"`AcceleratorState` object has no attribute {name!r} yet. This happens if "
+                "`AcceleratorState._reset_state()` was called and an `Accelerator` or `AcceleratorState` was not "
+                "built again since: build one first"
             )
         try:
             return getattr(self._shared_state["partial_state"], name)

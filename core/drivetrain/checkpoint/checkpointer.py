@@ -75,7 +75,7 @@ class Checkpointer:
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and load ``objects`` with every checkpoint (each needs ``state_dict`` and ``load_state_dict``)."""
         invalid = [
-            f"item {index} ({type(obj).__name__})"
+            f"Item at index {index} ({type(obj).__name__})"
             for index, obj in enumerate(objects)
             if not (
                 callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))

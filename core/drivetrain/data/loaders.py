@@ -487,7 +487,7 @@ class DataLoaderDispatcher(_PreparedDataLoader):
         if split_batches and size is not None and size % num_processes != 0:
             raise ValueError(
                 f"split_batches=True needs a batch size that divides by the number of processes: batch size "
-                f"{size} cannot be split across {num_processes} processes"
+                f"{size} is not a round multiple of the {num_processes} processes"
             )
 
     @property

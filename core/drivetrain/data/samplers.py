@@ -104,7 +104,7 @@ class BatchSamplerShard(BatchSampler):
         if split_batches and self.batch_size % num_processes != 0:
             raise ValueError(
                 f"split_batches=True needs a batch size that divides by the number of processes: batch size "
-                f"{self.batch_size} cannot be split across {num_processes} processes; use a multiple of "
+                f"{self.batch_size} is not a round multiple of the {num_processes} processes; use a multiple of "
                 f"{num_processes} or split_batches=False"
             )
 
@@ -240,7 +240,7 @@ class IterableDatasetShard(IterableDataset):
         if split_batches and batch_size > 1 and batch_size % num_processes != 0:
             raise ValueError(
                 f"split_batches=True needs a batch size that divides by the number of processes: batch size "
-                f"{batch_size} cannot be split across {num_processes} processes"
+                f"{batch_size} is not a round multiple of the {num_processes} processes"
             )
         self.dataset = dataset
         self.batch_size = batch_size
