@@ -230,3 +230,17 @@ def test_register_for_checkpointing_names_the_item_without_state_dict():
     accelerator = Accelerator(cpu=True)
     with pytest.raises(ValueError, match="Item at index 0 .*Item at index 1"):
         accelerator.register_for_checkpointing(torch.zeros(1), torch.ones(1), torch.nn.Linear(1, 1))
+
+
+def test_prepare_marks_what_it_prepared_and_does_not_prepare_a_model_twice():
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    loader = DataLoader(TensorDataset(torch.arange(4)), batch_size=2)
+    other = [1, 2, 3]
+    prepared = accelerator.prepare(model, optimizer, scheduler, loader, other)
+    assert [getattr(obj, "_is_accelerate_prepared", False) for obj in prepared] == [True] * 4 + [False]
+    count = len(accelerator._models)
+    assert accelerator.prepare_model(prepared[0]) is prepared[0]
+    assert len(accelerator._models) == count

@@ -446,6 +446,9 @@ class Accelerator(TrackingMixin, ProfilingMixin):
                 for index, (obj, placement) in enumerate(zip(args, device_placement)):
                     if _kind_of(obj) == kind:
                         results[index] = self._prepare_one(kind, obj, placement)
+                        # Accelerate's marker, which libraries built on it (transformers' Trainer) test.
+                        with contextlib.suppress(AttributeError, TypeError):
+                            results[index]._is_accelerate_prepared = True
         finally:
             prepared.pending_optimizers = []
             prepared.pending_dataloaders = []
@@ -464,6 +467,8 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
     ) -> torch.nn.Module:
         """Place ``model`` on the device, apply mixed precision and let the active plugins wrap it."""
+        if any(model is prepared for prepared in self.prepared.models):
+            return model  # prepared already: wrapping it again would double-wrap and double-count it
         if device_placement is None:
             device_placement = self.device_placement
         original = model
