@@ -244,3 +244,15 @@ def test_prepare_marks_what_it_prepared_and_does_not_prepare_a_model_twice():
     count = len(accelerator._models)
     assert accelerator.prepare_model(prepared[0]) is prepared[0]
     assert len(accelerator._models) == count
+
+
+@pytest.mark.multiprocess
+def test_two_ranks_with_their_own_folders_save_and_resume_one_checkpoint(tmp_path):
+    pytest.importorskip("torchdata")
+    from pathlib import Path
+
+    from drivetrain.testing import launch_script
+
+    script = Path(__file__).parent / "scripts" / "accelerate_behaviour.py"
+    result = launch_script(str(script), num_processes=2, env={"TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"})
+    assert result.stdout.count("accelerate_behaviour OK") == 2

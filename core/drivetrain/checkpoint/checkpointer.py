@@ -183,6 +183,11 @@ class Checkpointer:
         in the background is raised by :meth:`wait_for_checkpoint` the same way)."""
         self.wait_for_checkpoint()
         location = os.path.abspath(self._save_location(output_dir))
+        if self.accelerator.num_processes > 1:
+            # One checkpoint, in the writer's folder: processes that name different folders (each its own
+            # tempfile.TemporaryDirectory(), as scripts written for Accelerate do) all write there, and
+            # load_state reads the folder the writer names, whatever the others pass.
+            location = self._gather(location)[self._writer_rank()]
         writer = writes_shared_files(self.accelerator)
         temporary = manifests.incomplete_path(location)
         not_written = f"; {location} was not written and earlier checkpoints are untouched"
