@@ -256,3 +256,23 @@ def test_two_ranks_with_their_own_folders_save_and_resume_one_checkpoint(tmp_pat
     script = Path(__file__).parent / "scripts" / "accelerate_behaviour.py"
     result = launch_script(str(script), num_processes=2, env={"TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"})
     assert result.stdout.count("accelerate_behaviour OK") == 2
+
+
+def _even_ranks_fail():
+    from drivetrain import PartialState
+
+    if PartialState().process_index % 2 == 0:
+        raise RuntimeError("even rank refuses")
+
+
+@pytest.mark.multiprocess
+def test_notebook_launcher_failure_is_torchs_child_failed_error_too():
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from drivetrain import notebook_launcher
+    from drivetrain.errors import DrivetrainError
+
+    with pytest.raises(ChildFailedError, match="even rank refuses") as caught:
+        notebook_launcher(_even_ranks_fail, (), num_processes=2, monitor_interval=0.05)
+    assert isinstance(caught.value, DrivetrainError)
+    assert str(caught.value).startswith("process of rank 0 failed")
