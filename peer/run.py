@@ -523,7 +523,9 @@ def main(argv: list[str] | None = None) -> int:
     if lost:
         print(f"peer: {len(lost)} that pass on the reference do not pass here ({len(lost) - len(new)} known)")
     if fixed:
-        print(f"peer: {len(fixed)} listed in {KNOWN_FAILURES.name} pass now, remove them: {', '.join(fixed[:10])}")
+        print(
+            f"peer: {len(fixed)} listed in {KNOWN_FAILURES.name} pass now, remove them: {', '.join(fixed[:10])}"
+        )
     if new:
         print(f"peer: {len(new)} regressions (not in {KNOWN_FAILURES.name}): {', '.join(new[:10])}")
     return 1 if new and not args.report_only else 0

@@ -137,7 +137,9 @@ def test_batch_sampler_shard_round_robin_still_exact():
 
 
 @pytest.mark.parametrize(
-    ("dispatch_batches", "stateful"), [(False, False), (True, False), (True, True)], ids=["shard", "dispatch", "dispatch-stateful"]
+    ("dispatch_batches", "stateful"),
+    [(False, False), (True, False), (True, True)],
+    ids=["shard", "dispatch", "dispatch-stateful"],
 )
 def test_resume_with_worker_processes_skips_the_consumed_batches(tmp_path, dispatch_batches, stateful):
     # torch's multi-worker iterator asks the index sampler for two iterators as it starts: the resume
@@ -171,7 +173,9 @@ def test_save_model_gathers_weights_offloaded_to_cpu_and_disk(tmp_path, safe_ser
     accelerator = Accelerator(cpu=True)
     accelerator.save_model(model, tmp_path / "plain", safe_serialization=safe_serialization)
     device_map = {"0": "cpu", "1": "disk", "2": "cpu"}
-    load_checkpoint_and_dispatch(model, tmp_path / "plain", device_map=device_map, offload_folder=tmp_path / "off")
+    load_checkpoint_and_dispatch(
+        model, tmp_path / "plain", device_map=device_map, offload_folder=tmp_path / "off"
+    )
     assert model[1].weight.device.type == "meta"  # held by the offload hook between forwards
     accelerator.save_model(model, tmp_path / "again", safe_serialization=safe_serialization)
     fresh = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 5)).eval()
@@ -189,7 +193,11 @@ def test_loader_constructors_take_use_stateful_dataloader(cls_name):
     loader = cls(list(range(16)), batch_size=4, use_stateful_dataloader=True, **extra)
     assert isinstance(loader, cls) and isinstance(loader, stateful.StatefulDataLoader)
     assert loader.use_stateful_dataloader and loader.base_dataloader is loader
-    expected = [[8, 9, 10, 11], [12, 13, 14, 15]] if extra else [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    expected = (
+        [[8, 9, 10, 11], [12, 13, 14, 15]]
+        if extra
+        else [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    )
     assert [batch.tolist() for batch in loader] == expected
     assert not cls(list(range(4)), batch_size=2).use_stateful_dataloader
 
@@ -254,7 +262,9 @@ def test_two_ranks_with_their_own_folders_save_and_resume_one_checkpoint(tmp_pat
     from drivetrain.testing import launch_script
 
     script = Path(__file__).parent / "scripts" / "accelerate_behaviour.py"
-    result = launch_script(str(script), num_processes=2, env={"TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"})
+    result = launch_script(
+        str(script), num_processes=2, env={"TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    )
     assert result.stdout.count("accelerate_behaviour OK") == 2
 
 
@@ -276,3 +286,65 @@ def test_notebook_launcher_failure_is_torchs_child_failed_error_too():
         notebook_launcher(_even_ranks_fail, (), num_processes=2, monitor_interval=0.05)
     assert isinstance(caught.value, DrivetrainError)
     assert str(caught.value).startswith("process of rank 0 failed")
+
+
+class _ThreeLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear1 = torch.nn.Linear(3, 4)  # 64 bytes
+        self.batchnorm = torch.nn.BatchNorm1d(4)  # 72 bytes (with its running statistics)
+        self.linear2 = torch.nn.Linear(4, 5)  # 100 bytes
+
+
+def test_device_map_keeps_room_for_the_largest_layer_on_the_first_device():
+    from drivetrain.big_modeling import infer_auto_device_map
+
+    # Device 0 keeps 100 bytes for linear2 (offloaded layers visit it), so batchnorm starts device 1.
+    assert infer_auto_device_map(_ThreeLayers(), max_memory={0: 200, 1: 200}) == {
+        "linear1": 0,
+        "batchnorm": 1,
+        "linear2": 1,
+    }
+    stacked = torch.nn.Sequential(_ThreeLayers(), _ThreeLayers(), _ThreeLayers())
+    assert infer_auto_device_map(stacked, max_memory={0: 500, 1: 500}) == {
+        "0": 0,
+        "1.linear1": 0,
+        "1.batchnorm": 0,
+        "1.linear2": 1,
+        "2": 1,
+    }
+    kept = infer_auto_device_map(
+        stacked, max_memory={0: 500, 1: 500}, no_split_module_classes=["_ThreeLayers"]
+    )
+    assert kept == {"0": 0, "1": 1, "2": 1}
+
+
+def test_device_map_fallback_allocation_and_offloaded_buffer_warning(caplog):
+    from collections import OrderedDict
+
+    from drivetrain.big_modeling import infer_auto_device_map
+
+    inner = torch.nn.Sequential(
+        OrderedDict(
+            [
+                ("linear1", torch.nn.Linear(10, 4)),
+                ("linear2", torch.nn.Linear(4, 4)),
+                ("linear3", torch.nn.Linear(4, 8)),
+            ]
+        )
+    )
+    model = torch.nn.Sequential(OrderedDict([("module", inner)]))
+    with caplog.at_level("INFO"):
+        plain = infer_auto_device_map(model, max_memory={0: 256})
+    assert set(plain.values()) == {"disk"} and "insufficient memory" in caplog.text
+    fallback = infer_auto_device_map(model, max_memory={0: 256}, fallback_allocation=True)
+    assert fallback == {"module.linear1": "disk", "module.linear2": 0, "module.linear3": "disk"}
+
+    buffered = _ThreeLayers()
+    buffered.batchnorm.register_buffer("extra", torch.zeros(10, 3))
+    buffered.linear2.register_buffer("extra", torch.zeros(10, 3))
+    with pytest.warns(UserWarning, match="offload_buffers=True"):
+        infer_auto_device_map(buffered, max_memory={0: 300, "cpu": "1GB"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        infer_auto_device_map(buffered, max_memory={0: 300, "cpu": "1GB"}, offload_buffers=True)

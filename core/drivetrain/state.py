@@ -576,4 +576,3 @@ def _device_override() -> torch.device | None:
             device_module.set_device(device)
         return device
     return None
-

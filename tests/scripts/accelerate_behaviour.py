@@ -45,7 +45,9 @@ def main() -> None:
         with accelerator.join_uneven_inputs([torch.nn.Linear(1, 1)]):
             pass
     accelerator.state.distributed_type = original
-    assert any("only supported for multi-GPU" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    assert any("only supported for multi-GPU" in str(w.message) for w in caught), [
+        str(w.message) for w in caught
+    ]
     print(f"accelerate_behaviour OK rank={rank}")
     accelerator.end_training()
 

@@ -467,7 +467,9 @@ def onloaded_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         with align_module_device(module, "cpu"):
             for name, tensor in module.named_parameters(recurse=False):
                 state_dict[f"{prefix}.{name}" if prefix else name] = tensor.detach().clone()
-    missing = [key for key, t in state_dict.items() if isinstance(t, torch.Tensor) and t.device.type == "meta"]
+    missing = [
+        key for key, t in state_dict.items() if isinstance(t, torch.Tensor) and t.device.type == "meta"
+    ]
     if missing:
         raise CheckpointError(
             f"cannot save {len(missing)} weights on the meta device that no offload hook holds (first: "

@@ -38,7 +38,11 @@ def _field_defaults(cls: type) -> list[tuple[str, Any]]:
     ``@dataclass`` as Accelerate's docs show; the nearest class in the MRO that declares fields decides. A
     field without a default has none to differ from (MISSING)."""
     declaring = next(
-        (klass for klass in cls.__mro__ if "__attrs_attrs__" in vars(klass) or "__dataclass_fields__" in vars(klass)),
+        (
+            klass
+            for klass in cls.__mro__
+            if "__attrs_attrs__" in vars(klass) or "__dataclass_fields__" in vars(klass)
+        ),
         object,
     )
     if "__attrs_attrs__" in vars(declaring):
@@ -53,7 +57,9 @@ def _field_defaults(cls: type) -> list[tuple[str, Any]]:
         return [
             (
                 field.name,
-                field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default,
+                field.default_factory()
+                if field.default_factory is not dataclasses.MISSING
+                else field.default,
             )
             for field in dataclasses.fields(cls)
         ]

@@ -218,7 +218,11 @@ def prepare_data_loader(
             split_batches=split_batches,
             even_batches=even_batches,
         )
-    sampling = {"sampler": batch_sampler, "batch_size": None} if sampler_yields_batches else {"batch_sampler": batch_sampler}
+    sampling = (
+        {"sampler": batch_sampler, "batch_size": None}
+        if sampler_yields_batches
+        else {"batch_sampler": batch_sampler}
+    )
     return cls_shard(dataset, **sampling, synchronized_generator=generator, **common, **settings)
 
 
