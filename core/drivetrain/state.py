@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 
-def _shared_state_object(cls: type) -> Any:
+def _shared_state_object(cls: Any) -> Any:
     """The process's ``cls`` state object, without initialising anything: what a pickled state object
     unpickles as. The state objects are views of process-wide state (devices, process groups, plugin
     modules), so a pickled one stands for "this process's state" (Accelerate's users pickle Accelerators)."""
@@ -571,8 +571,8 @@ def _device_override() -> torch.device | None:
             raise ConfigurationError(
                 f"{variable}={value!r} is not a torch device; use a name like 'cpu', 'cuda' or 'cuda:1'"
             ) from None
-        device_module = getattr(torch, device.type, None)
-        if device.index is not None and hasattr(device_module, "set_device"):
-            device_module.set_device(device)
+        set_device = getattr(getattr(torch, device.type, None), "set_device", None)
+        if device.index is not None and set_device is not None:
+            set_device(device)
         return device
     return None
