@@ -19,7 +19,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from drivetrain import operations
-from drivetrain.compat.names import BACKEND_CONFIG_KWARGS
+from drivetrain.compat.names import BACKEND_CONFIG_KWARGS, JOINABLE_DISTRIBUTED_TYPES
 from drivetrain.config import sources
 from drivetrain.config.dataclasses import (
     DataLoaderConfiguration,
@@ -52,21 +52,6 @@ from drivetrain.training.modeling import (
 from drivetrain.training.optimizer import AcceleratedOptimizer
 from drivetrain.training.profiling import ProfilingMixin
 from drivetrain.training.scheduler import AcceleratedScheduler, rebind_scheduler
-
-#: Distributed types whose models torch's ``Join`` can shadow (plain data parallelism; sharded or compiled
-#: engines have their own collectives that Join does not know).
-_JOINABLE_TYPES = frozenset(
-    {
-        DistributedType.MULTI_CPU,
-        DistributedType.MULTI_GPU,
-        DistributedType.MULTI_NPU,
-        DistributedType.MULTI_MLU,
-        DistributedType.MULTI_XPU,
-        DistributedType.MULTI_HPU,
-        DistributedType.MULTI_SDAA,
-        DistributedType.MULTI_MUSA,
-    }
-)
 
 
 def _backend_config_from(backend_config: Any, named: dict[str, Any], deepspeed_plugins: Any) -> Any:
@@ -223,11 +208,23 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         self._autocast_kwargs = (self._handler(AutocastKwargs) or AutocastKwargs()).to_kwargs()
 
     def __getstate__(self) -> dict[str, Any]:
-        # The pre-resolved backward call is a closure over pluggy's hook; it is rebuilt from the plugin stack.
-        return {key: value for key, value in self.__dict__.items() if key != "_backward_hook"}
+        # Plugins are modules and the pre-resolved backward call a closure over pluggy's hook: neither
+        # pickles. The stack is kept by its plugins' names and rebuilt where the Accelerator is unpickled.
+        state = {
+            key: value for key, value in self.__dict__.items() if key not in ("_backward_hook", "_plugins")
+        }
+        state["_plugin_names"] = list(self._plugins.names)
+        if "_checkpointer" in state:
+            state["_checkpointer"] = None  # built again on first use (it holds the plugin stack)
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        from drivetrain.contract.manager import get_plugin_manager
+
+        state = dict(state)
+        names = state.pop("_plugin_names")
         self.__dict__.update(state)
+        self._plugins = get_plugin_manager().stack(names)
         self._backward_hook = self._plugins.caller("backward")
 
     # ---------------------------------------------------------------------------------------------------------
@@ -680,9 +677,9 @@ class Accelerator(TrackingMixin, ProfilingMixin):
             return
         from torch.distributed.algorithms.join import Join
 
-        if self.distributed_type not in _JOINABLE_TYPES:
+        if str(self.distributed_type) not in JOINABLE_DISTRIBUTED_TYPES:
             warnings.warn(
-                f"join_uneven_inputs is only supported for multi-GPU/multi-CPU data parallelism (DDP), not "
+                f"join_uneven_inputs is only supported for multi-GPU or multi-CPU data parallelism, not "
                 f"{self.distributed_type}; the block runs without it",
                 UserWarning,
                 stacklevel=3,

@@ -27,12 +27,6 @@ from drivetrain.contract.info import KIND_ORDER
 trace_logger = logging.getLogger("drivetrain.plugins.trace")
 
 
-def _rebuild_stack(names: list[str]) -> PluginStack:
-    from drivetrain.contract.manager import get_plugin_manager
-
-    return get_plugin_manager().stack(names)
-
-
 def tracing_enabled() -> bool:
     return os.environ.get("DRIVETRAIN_TRACE_PLUGINS", "").lower() in ("1", "true", "yes", "on")
 
@@ -60,11 +54,6 @@ class PluginStack:
             self._pluggy.add_hookcall_monitoring(_trace_before, _trace_after)
         self.hook = self._pluggy.hook
         self._single: dict[tuple[str, str], Any] = {}
-
-    def __reduce__(self) -> tuple[Any, tuple[list[str]]]:
-        # Plugins are modules (not picklable); an unpickled stack is rebuilt from the names, loaded in the
-        # process that unpickles it (pickling an Accelerator, as Accelerate's users do, stays possible).
-        return _rebuild_stack, (list(self.names),)
 
     def implementers(self, hook: str) -> list[str]:
         """Names of the plugins that implement ``hook``, in the order they are called."""
