@@ -348,3 +348,11 @@ def test_device_map_fallback_allocation_and_offloaded_buffer_warning(caplog):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         infer_auto_device_map(buffered, max_memory={0: 300, "cpu": "1GB"}, offload_buffers=True)
+
+
+def test_a_quantized_model_offloaded_to_cpu_is_refused_with_a_value_error():
+    model = torch.nn.Linear(2, 2)
+    model.is_loaded_in_8bit = True
+    model.hf_device_map = {"": "cpu"}
+    with pytest.raises(ValueError, match="CPU or disk offload"):
+        Accelerator(cpu=True).prepare_model(model)

@@ -466,6 +466,14 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         """Place ``model`` on the device, apply mixed precision and let the active plugins wrap it."""
         if any(model is prepared for prepared in self.prepared.models):
             return model  # prepared already: wrapping it again would double-wrap and double-count it
+        quantized = getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)
+        offloaded = {str(device) for device in getattr(model, "hf_device_map", {}).values()} & {"cpu", "disk"}
+        if quantized and offloaded:
+            raise ValueError(
+                "a model loaded in 8-bit or 4-bit precision cannot be trained with CPU or disk offload (its "
+                f"hf_device_map puts modules on {', '.join(sorted(offloaded))}); load it with every module on "
+                "the accelerator (device_map={'': <device index>})"
+            )
         if device_placement is None:
             device_placement = self.device_placement
         original = model
