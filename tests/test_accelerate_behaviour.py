@@ -268,6 +268,14 @@ def test_two_ranks_with_their_own_folders_save_and_resume_one_checkpoint(tmp_pat
     assert result.stdout.count("accelerate_behaviour OK") == 2
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _even_ranks_fail():
     from drivetrain import PartialState
 
@@ -283,7 +291,7 @@ def test_notebook_launcher_failure_is_torchs_child_failed_error_too():
     from drivetrain.errors import DrivetrainError
 
     with pytest.raises(ChildFailedError, match="even rank refuses") as caught:
-        notebook_launcher(_even_ranks_fail, (), num_processes=2, monitor_interval=0.05)
+        notebook_launcher(_even_ranks_fail, (), num_processes=2, monitor_interval=0.05, use_port=_free_port())
     assert isinstance(caught.value, DrivetrainError)
     assert str(caught.value).startswith("process of rank 0 failed")
 
