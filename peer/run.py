@@ -41,6 +41,7 @@ PEER = REPOSITORY / "peer"
 RESULTS = PEER / "results"
 REFERENCE_COUNTS = PEER / "reference_counts.json"
 NOT_APPLICABLE = PEER / "not_applicable.toml"
+KNOWN_FAILURES = PEER / "known_failures.txt"
 
 # The multi-process scripts, and how the reference's own tests start each on several processes.
 SCRIPTS = {
@@ -381,6 +382,33 @@ def regressions(reference: dict, scripts: dict, units: dict) -> list[str]:
     return lost
 
 
+def load_known_failures() -> set[str]:
+    """Scripts (``script test_x.py``) and test ids that pass on the reference and are known not to pass here
+    yet (peer/known_failures.txt): a run fails only on what is not listed, so CI catches regressions while
+    the list shrinks."""
+    if not KNOWN_FAILURES.is_file():
+        return set()
+    lines = (line.split("#", 1)[0].strip() for line in KNOWN_FAILURES.read_text().splitlines())
+    return {line for line in lines if line}
+
+
+def write_known_failures(lost: list[str], ran: set[str]) -> None:
+    """Rewrite the list: entries of what this run covered become exactly what failed; the rest is kept."""
+    kept = {entry for entry in load_known_failures() if _covered_by(entry) not in ran}
+    header = [
+        "# What passes on the reference (peer/reference_counts.json) and does not pass on drivetrain yet: one",
+        "# `script <name>` or unit test id a line. `scripts/peer` exits 1 only on a failure not listed here;",
+        "# an entry that passes again is reported so it can be removed. Regenerate after a full run with",
+        "# `scripts/peer --all --update-known-failures` (a partial run rewrites only what it ran).",
+    ]
+    KNOWN_FAILURES.write_text("\n".join([*header, *sorted(kept | set(lost))]) + "\n")
+
+
+def _covered_by(entry: str) -> str:
+    """The script name or unit file an entry of the known-failures list belongs to."""
+    return entry.split(" ", 1)[1] if entry.startswith("script ") else entry.split("::", 1)[0]
+
+
 def write_table(entries: list[dict]) -> None:
     reference, ours = load_json(REFERENCE_COUNTS), load_json(RESULTS / "drivetrain.json")
     relabel(reference.get("files", {}), entries)
@@ -412,6 +440,11 @@ def main(argv: list[str] | None = None) -> int:
     how.add_argument("--test-timeout", type=float, default=180, help="seconds per unit test (default 180)")
     how.add_argument("--file-timeout", type=float, default=1800, help="seconds per unit file (default 1800)")
     how.add_argument("--report-only", action="store_true", help="exit 0 even when something regresses")
+    how.add_argument(
+        "--update-known-failures",
+        action="store_true",
+        help="rewrite peer/known_failures.txt with what this run saw fail (for what it ran)",
+    )
     args = parser.parse_args(argv)
 
     if args.reference and args.diagnose:
@@ -481,9 +514,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.reference or args.diagnose:
         return 0
     lost = regressions(load_json(REFERENCE_COUNTS), scripts, units)
+    if args.update_known_failures:
+        write_known_failures(lost, {*scripts, *units})
+    known = load_known_failures()
+    ran = {*scripts, *units}
+    fixed = sorted(entry for entry in known if _covered_by(entry) in ran and entry not in lost)
+    new = [entry for entry in lost if entry not in known]
     if lost:
-        print(f"peer: {len(lost)} that pass on the reference do not pass here; first: {', '.join(lost[:5])}")
-    return 1 if lost and not args.report_only else 0
+        print(f"peer: {len(lost)} that pass on the reference do not pass here ({len(lost) - len(new)} known)")
+    if fixed:
+        print(
+            f"peer: {len(fixed)} listed in {KNOWN_FAILURES.name} pass now, remove them: {', '.join(fixed[:10])}"
+        )
+    if new:
+        print(f"peer: {len(new)} regressions (not in {KNOWN_FAILURES.name}): {', '.join(new[:10])}")
+    return 1 if new and not args.report_only else 0
 
 
 if __name__ == "__main__":

@@ -212,7 +212,7 @@ def test_custom_sampler_and_batch_sampler_are_kept():
 
 
 def test_split_batches_that_do_not_divide_are_refused_with_the_numbers():
-    with pytest.raises(ValueError, match="batch size 3 cannot be split across 2 processes"):
+    with pytest.raises(ValueError, match="batch size 3 is not a round multiple of the 2 processes"):
         prepare_data_loader(
             DataLoader(TensorDataset(torch.arange(8)), batch_size=3),
             num_processes=2,

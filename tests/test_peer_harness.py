@@ -94,3 +94,25 @@ def test_not_applicable_list_matches_files_classes_and_globs(test_id, applies):
     entries = run.load_not_applicable()
     assert all(entry["reason"].strip() for entry in entries)
     assert (run.not_applicable_reason(test_id, entries) is None) == applies
+
+
+def test_known_failures_are_tolerated_and_rewritten_for_what_ran(tmp_path, monkeypatch):
+    listing = tmp_path / "known_failures.txt"
+    listing.write_text(
+        "# header\nscript test_ops.py\ntests/test_a.py::T::test_old  # fixed now\ntests/test_b.py::T::test_x\n"
+    )
+    monkeypatch.setattr(run, "KNOWN_FAILURES", listing)
+    assert run.load_known_failures() == {
+        "script test_ops.py",
+        "tests/test_a.py::T::test_old",
+        "tests/test_b.py::T::test_x",
+    }
+    # A run over test_ops.py and tests/test_a.py saw test_ops fail and tests/test_a.py::T::test_new fail.
+    run.write_known_failures(
+        ["script test_ops.py", "tests/test_a.py::T::test_new"], {"test_ops.py", "tests/test_a.py"}
+    )
+    assert run.load_known_failures() == {
+        "script test_ops.py",
+        "tests/test_a.py::T::test_new",
+        "tests/test_b.py::T::test_x",  # not run: kept
+    }

@@ -19,7 +19,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from drivetrain import operations
-from drivetrain.compat.names import BACKEND_CONFIG_KWARGS
+from drivetrain.compat.names import BACKEND_CONFIG_KWARGS, JOINABLE_DISTRIBUTED_TYPES
 from drivetrain.config import sources
 from drivetrain.config.dataclasses import (
     DataLoaderConfiguration,
@@ -206,6 +206,26 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         self._check_handlers_have_their_plugin()
         self._backward_hook = self._plugins.caller("backward")
         self._autocast_kwargs = (self._handler(AutocastKwargs) or AutocastKwargs()).to_kwargs()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Plugins are modules and the pre-resolved backward call a closure over pluggy's hook: neither
+        # pickles. The stack is kept by its plugins' names and rebuilt where the Accelerator is unpickled.
+        state = {
+            key: value for key, value in self.__dict__.items() if key not in ("_backward_hook", "_plugins")
+        }
+        state["_plugin_names"] = list(self._plugins.names)
+        if "_checkpointer" in state:
+            state["_checkpointer"] = None  # built again on first use (it holds the plugin stack)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from drivetrain.contract.manager import get_plugin_manager
+
+        state = dict(state)
+        names = state.pop("_plugin_names")
+        self.__dict__.update(state)
+        self._plugins = get_plugin_manager().stack(names)
+        self._backward_hook = self._plugins.caller("backward")
 
     # ---------------------------------------------------------------------------------------------------------
     # Construction helpers
@@ -423,6 +443,9 @@ class Accelerator(TrackingMixin, ProfilingMixin):
                 for index, (obj, placement) in enumerate(zip(args, device_placement)):
                     if _kind_of(obj) == kind:
                         results[index] = self._prepare_one(kind, obj, placement)
+                        # Accelerate's marker, which libraries built on it (transformers' Trainer) test.
+                        with contextlib.suppress(AttributeError, TypeError):
+                            results[index]._is_accelerate_prepared = True
         finally:
             prepared.pending_optimizers = []
             prepared.pending_dataloaders = []
@@ -441,6 +464,16 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
     ) -> torch.nn.Module:
         """Place ``model`` on the device, apply mixed precision and let the active plugins wrap it."""
+        if any(model is prepared for prepared in self.prepared.models):
+            return model  # prepared already: wrapping it again would double-wrap and double-count it
+        quantized = getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)
+        offloaded = {str(device) for device in getattr(model, "hf_device_map", {}).values()} & {"cpu", "disk"}
+        if quantized and offloaded:
+            raise ValueError(
+                "a model loaded in 8-bit or 4-bit precision cannot be trained with CPU or disk offload (its "
+                f"hf_device_map puts modules on {', '.join(sorted(offloaded))}); load it with every module on "
+                "the accelerator (device_map={'': <device index>})"
+            )
         if device_placement is None:
             device_placement = self.device_placement
         original = model
@@ -652,13 +685,32 @@ class Accelerator(TrackingMixin, ProfilingMixin):
             return
         from torch.distributed.algorithms.join import Join
 
+        if str(self.distributed_type) not in JOINABLE_DISTRIBUTED_TYPES:
+            warnings.warn(
+                f"join_uneven_inputs is only supported for multi-GPU or multi-CPU data parallelism, not "
+                f"{self.distributed_type}; the block runs without it",
+                UserWarning,
+                stacklevel=3,
+            )
+            yield
+            return
         previous: dict[int, tuple[Any, bool]] = {}
         if even_batches is not None:
+            iterable_seen = False
             for loader in self.prepared.dataloaders:
                 sampler: Any = getattr(loader, "batch_sampler", None)
                 if hasattr(sampler, "even_batches"):
                     previous[id(sampler)] = (sampler, sampler.even_batches)
                     sampler.even_batches = even_batches
+                else:
+                    iterable_seen = True
+            if iterable_seen:
+                warnings.warn(
+                    "join_uneven_inputs(even_batches=...) is only supported for map-style datasets: the "
+                    "iterable (or dispatched) data loaders prepared here keep padding their last batch",
+                    UserWarning,
+                    stacklevel=3,
+                )
         try:
             with Join(joinables):
                 yield

@@ -7,6 +7,7 @@ the notebook's globals. CUDA cannot survive a fork: if it was initialised before
 
 from __future__ import annotations
 
+import functools
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -63,9 +64,26 @@ def _fork_launch(
             return elastic_launch(config, _run_in_child)(function, args)
         except ChildFailedError as exc:
             rank, failure = exc.get_first_failure()
-            raise DrivetrainError(
-                f"process of rank {rank} failed (exit code {failure.exitcode}): {failure.message}"
-            ) from exc
+            message = f"process of rank {rank} failed (exit code {failure.exitcode}): {failure.message}"
+            raise _process_failed_class()(message, exc.name, exc.failures) from exc
+
+
+@functools.cache
+def _process_failed_class() -> type:
+    """The error notebook_launcher raises when a process fails: a DrivetrainError with a one-line message,
+    and torch's ChildFailedError (what Accelerate's notebook_launcher lets through, and its users catch).
+    Built on first use, so importing drivetrain does not import torch.distributed.elastic."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    class ProcessFailedError(DrivetrainError, ChildFailedError):
+        def __init__(self, message: str, name: str, failures: dict) -> None:
+            ChildFailedError.__init__(self, name, failures)
+            self.args = (message,)
+
+        def __str__(self) -> str:
+            return str(self.args[0])
+
+    return ProcessFailedError
 
 
 def _check_cuda_not_initialised() -> None:

@@ -43,8 +43,35 @@ __all__ = [
 ]
 
 
+def _shared_state_object(cls: Any) -> Any:
+    """The process's ``cls`` state object, without initialising anything: what a pickled state object
+    unpickles as. The state objects are views of process-wide state (devices, process groups, plugin
+    modules), so a pickled one stands for "this process's state" (Accelerate's users pickle Accelerators)."""
+    state = cls.__new__(cls)
+    state.__dict__ = cls._shared_state  # type: ignore[attr-defined]
+    return state
+
+
 def _cuda_forbidden_is_set() -> bool:
     return sources.to_bool(os.environ.get("DRIVETRAIN_CPU", "0"))
+
+
+#: What ``PartialState.__init__`` sets up (and ``_reset_state`` forgets).
+_PARTIAL_STATE_FIELDS = frozenset(
+    {
+        "backend_name",
+        "backend_info",
+        "backend_source",
+        "backend_config",
+        "parallelism_config",
+        "device_plugins",
+        "cpu",
+        "device",
+        "environment",
+        "debug",
+        "fork_launched",
+    }
+)
 
 
 class PartialState:
@@ -57,6 +84,9 @@ class PartialState:
     """
 
     _shared_state: dict[str, Any] = {}
+
+    def __reduce__(self) -> tuple[Any, tuple[type]]:
+        return _shared_state_object, (type(self),)
 
     def __init__(
         self, cpu: bool = False, backend: str | None = None, backend_config: Any = None, **kwargs: Any
@@ -85,7 +115,9 @@ class PartialState:
             from drivetrain.affinity import set_numa_affinity  # drivetrain launch --enable_cpu_affinity
 
             set_numa_affinity(local_rank)
-        device = process_stack.call("detect_device", local_process_index=local_rank, cpu=cpu_setting.value)
+        device = _device_override() or process_stack.call(
+            "detect_device", local_process_index=local_rank, cpu=cpu_setting.value
+        )
         if selection.source.startswith(AUTOMATIC_SOURCES):
             selection = _backend_for_device(manager, selection, torch.device(device).type)
             process_stack = manager.stack([*device_plugins, selection.value])
@@ -119,6 +151,17 @@ class PartialState:
     @property
     def initialized(self) -> bool:
         return "environment" in self._shared_state
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes not found: the state set up in __init__ is gone after _reset_state().
+        # (A property reading that state, ``num_processes``, lands here too, under its own name.)
+        known = name in _PARTIAL_STATE_FIELDS or hasattr(type(self), name)
+        if known and "environment" not in self._shared_state:
+            raise AttributeError(
+                f"`PartialState` object has no attribute {name!r}. This happens if `PartialState._reset_state()` "
+                "was called and an `Accelerator` or `PartialState` was not built again since: build one first"
+            )
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r}")
 
     def _check_compatible(
         self, backend: str | None, backend_config: Any, cpu: bool, parallelism: Any
@@ -181,6 +224,12 @@ class PartialState:
     @property
     def distributed_type(self) -> DistributedType:
         return self.environment.distributed_type
+
+    @distributed_type.setter
+    def distributed_type(self, value: DistributedType) -> None:
+        # Scripts written for Accelerate relabel the state (tests of code paths for other setups); the
+        # label is shared by every state object of the process, as the environment is.
+        self.environment.distributed_type = DistributedType(value)
 
     @property
     def backend(self) -> str | None:
@@ -359,6 +408,9 @@ class AcceleratorState:
 
     _shared_state: dict[str, Any] = {}
 
+    def __reduce__(self) -> tuple[Any, tuple[type]]:
+        return _shared_state_object, (type(self),)
+
     def __init__(
         self,
         mixed_precision: str | None = None,
@@ -407,7 +459,9 @@ class AcceleratorState:
             raise AttributeError(name)
         if "partial_state" not in self._shared_state:
             raise AttributeError(
-                f"AcceleratorState has no attribute {name!r} yet: build an Accelerator (or AcceleratorState()) first"
+                f"`AcceleratorState` object has no attribute {name!r} yet. This happens if "
+                "`AcceleratorState._reset_state()` was called and an `Accelerator` or `AcceleratorState` was not "
+                "built again since: build one first"
             )
         try:
             return getattr(self._shared_state["partial_state"], name)
@@ -446,6 +500,9 @@ class GradientState:
     """
 
     _shared_state: dict[str, Any] = {}
+
+    def __reduce__(self) -> tuple[Any, tuple[type]]:
+        return _shared_state_object, (type(self),)
 
     def __init__(self, gradient_accumulation_plugin: Any = None) -> None:
         self.__dict__ = self._shared_state
@@ -576,3 +633,26 @@ def __getattr__(name: str) -> Any:
         # drivetrain.logging reads this module's state: imported by name so the two do not import each other
         return importlib.import_module("drivetrain.logging").get_logger(__name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+#: Variables that pin this process's device (``cuda:3``), overriding what the device plugins detect;
+#: Accelerate's name is honoured for scripts and launchers written for it.
+DEVICE_OVERRIDE_ENV = ("DRIVETRAIN_TORCH_DEVICE", "ACCELERATE_TORCH_DEVICE")
+
+
+def _device_override() -> torch.device | None:
+    for variable in DEVICE_OVERRIDE_ENV:
+        value = os.environ.get(variable, "").strip()
+        if not value:
+            continue
+        try:
+            device = torch.device(value)
+        except RuntimeError:
+            raise ConfigurationError(
+                f"{variable}={value!r} is not a torch device; use a name like 'cpu', 'cuda' or 'cuda:1'"
+            ) from None
+        set_device = getattr(getattr(torch, device.type, None), "set_device", None)
+        if device.index is not None and set_device is not None:
+            set_device(device)
+        return device
+    return None

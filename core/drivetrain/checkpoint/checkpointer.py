@@ -75,7 +75,7 @@ class Checkpointer:
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and load ``objects`` with every checkpoint (each needs ``state_dict`` and ``load_state_dict``)."""
         invalid = [
-            f"item {index} ({type(obj).__name__})"
+            f"Item at index {index} ({type(obj).__name__})"
             for index, obj in enumerate(objects)
             if not (
                 callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
@@ -183,6 +183,11 @@ class Checkpointer:
         in the background is raised by :meth:`wait_for_checkpoint` the same way)."""
         self.wait_for_checkpoint()
         location = os.path.abspath(self._save_location(output_dir))
+        if self.accelerator.num_processes > 1:
+            # One checkpoint, in the writer's folder: processes that name different folders (each its own
+            # tempfile.TemporaryDirectory(), as scripts written for Accelerate do) all write there, and
+            # load_state reads the folder the writer names, whatever the others pass.
+            location = self._gather(location)[self._writer_rank()]
         writer = writes_shared_files(self.accelerator)
         temporary = manifests.incomplete_path(location)
         not_written = f"; {location} was not written and earlier checkpoints are untouched"
@@ -415,7 +420,7 @@ class Checkpointer:
             return gather_full()
         if unwrap:
             model = self.accelerator.unwrap_model(model)
-        return model.state_dict()
+        return onloaded_state_dict(model)
 
     def save_model(
         self,
@@ -443,6 +448,34 @@ class Checkpointer:
             save_on_each_node=self.project_configuration.save_on_each_node,
             safe_serialization=safe_serialization,
         )
+
+
+def onloaded_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict()`` with weights that an offload hook keeps on CPU or disk (``meta`` in the module
+    between forwards, after ``dispatch_model``/``cpu_offload``) read back onto the CPU, so a saved model is
+    complete. The offload plugin provides the hooks, hence its ``align_module_device``."""
+    state_dict = model.state_dict()
+    if not any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in state_dict.values()):
+        return state_dict
+    from drivetrain.contract.exports import resolve_export
+
+    has_offloaded_params = resolve_export("has_offloaded_params")
+    align_module_device = resolve_export("align_module_device")
+    for prefix, module in model.named_modules():
+        if not has_offloaded_params(module):
+            continue
+        with align_module_device(module, "cpu"):
+            for name, tensor in module.named_parameters(recurse=False):
+                state_dict[f"{prefix}.{name}" if prefix else name] = tensor.detach().clone()
+    missing = [
+        key for key, t in state_dict.items() if isinstance(t, torch.Tensor) and t.device.type == "meta"
+    ]
+    if missing:
+        raise CheckpointError(
+            f"cannot save {len(missing)} weights on the meta device that no offload hook holds (first: "
+            f"{missing[0]}); load the weights (load_checkpoint_in_model) before saving"
+        )
+    return state_dict
 
 
 def _finish_save(temporary: str, location: str, metadata: dict[str, Any], total_limit: int | None) -> None:

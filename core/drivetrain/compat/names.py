@@ -29,6 +29,12 @@ OFFLOAD_FUNCTION_NAMES = (
     "align_module_device",
 )
 
+#: Accelerate's distributed types of plain data parallelism, whose models torch's ``Join`` can shadow in
+#: ``join_uneven_inputs`` (sharded or compiled engines run collectives Join does not know).
+JOINABLE_DISTRIBUTED_TYPES = frozenset(
+    {"MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_XPU", "MULTI_HPU", "MULTI_SDAA", "MULTI_MUSA"}
+)
+
 #: Public name -> distribution that provides it (used only to word the ImportError when it is missing).
 PLUGIN_EXPORTS = {
     "DistributedDataParallelKwargs": "drivetrain-ddp",

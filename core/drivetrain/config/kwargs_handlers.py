@@ -7,6 +7,7 @@ their plugins and subclass :class:`KwargsHandler` too.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import inspect
 import os
@@ -25,14 +26,44 @@ class KwargsHandler:
 
     def to_kwargs(self) -> dict[str, Any]:
         changed = {}
-        for field in attrs.fields(type(self)):
+        for name, default in _field_defaults(type(self)):
+            value = getattr(self, name)
+            if value != default:
+                changed[name] = value
+        return changed
+
+
+def _field_defaults(cls: type) -> list[tuple[str, Any]]:
+    """(name, default) of each field: ours are attrs classes, while users subclass KwargsHandler with
+    ``@dataclass`` as Accelerate's docs show; the nearest class in the MRO that declares fields decides. A
+    field without a default has none to differ from (MISSING)."""
+    declaring = next(
+        (
+            klass
+            for klass in cls.__mro__
+            if "__attrs_attrs__" in vars(klass) or "__dataclass_fields__" in vars(klass)
+        ),
+        object,
+    )
+    if "__attrs_attrs__" in vars(declaring):
+        fields = []
+        for field in attrs.fields(cls):
             default = field.default
             if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
                 default = default.factory()  # type: ignore[call-arg]
-            value = getattr(self, field.name)
-            if value != default:
-                changed[field.name] = value
-        return changed
+            fields.append((field.name, default))
+        return fields
+    if dataclasses.is_dataclass(declaring):
+        return [
+            (
+                field.name,
+                field.default_factory()
+                if field.default_factory is not dataclasses.MISSING
+                else field.default,
+            )
+            for field in dataclasses.fields(cls)
+        ]
+    return []
 
 
 def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:

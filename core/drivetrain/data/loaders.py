@@ -111,10 +111,17 @@ class _EpochIndices:
                 self.generator.set_state(self.pending_generator_state)
                 self.pending_generator_state = None
             self.epoch_start_state = self.generator.get_state()
+        return self._batches()
+
+    def _batches(self) -> Iterator[Any]:
+        # The resume skip is taken when the first batch is drawn, not in iter(): torch's multi-worker
+        # iterator calls iter() on the index sampler twice as it starts (in its base class and in its reset)
+        # and discards the first iterator unread. (Unread, it drew nothing from the generator either, so the
+        # state recorded by the second call is the one recorded by the first.)
         skip = self.skip + self.pending_skip
         self.pending_skip = 0
         batches = iter(self.batch_sampler)
-        return itertools.islice(batches, skip, None) if skip else batches
+        yield from (itertools.islice(batches, skip, None) if skip else batches)
 
 
 class _PreparedDataLoader(DataLoader):
@@ -122,6 +129,12 @@ class _PreparedDataLoader(DataLoader):
 
     #: set on the StatefulDataLoader variants built by :func:`stateful_variant`
     _stateful = False
+
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
+        # Accelerate's constructors take use_stateful_dataloader=True and return a StatefulDataLoader.
+        if use_stateful_dataloader and not cls._stateful:
+            cls = stateful_variant(cls)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -131,6 +144,7 @@ class _PreparedDataLoader(DataLoader):
         synchronized_generator: torch.Generator | None = None,
         skip_batches: int = 0,
         non_blocking: bool = False,
+        use_stateful_dataloader: bool = False,  # decided in __new__ (the class is the stateful variant)
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
@@ -176,6 +190,17 @@ class _PreparedDataLoader(DataLoader):
         return 1
 
     # -- facts the Accelerator and users read ----------------------------------------------------------------
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        """Whether this loader is built on torchdata's StatefulDataLoader."""
+        return self._stateful
+
+    @property
+    def base_dataloader(self) -> DataLoader:
+        """The DataLoader that does the reading: this object itself (Accelerate wraps one; here the prepared
+        loader is a DataLoader, or a StatefulDataLoader with ``use_stateful_dataloader``)."""
+        return self
+
     @property
     def total_batch_size(self) -> int | None:
         raise NotImplementedError
@@ -379,8 +404,17 @@ class DataLoaderShard(_PreparedDataLoader):
     :func:`~drivetrain.data_loader.prepare_data_loader`), moved to ``device``."""
 
     @property
+    def _batch_shard(self) -> BatchSamplerShard | None:
+        """The BatchSamplerShard this loader draws from: its batch sampler, or its sampler when that yields
+        whole batches (``DataLoader(sampler=BatchSampler(...), batch_size=None)``)."""
+        for owner in (self.batch_sampler, self.sampler):
+            if isinstance(owner, BatchSamplerShard):
+                return owner
+        return None
+
+    @property
     def total_batch_size(self) -> int | None:
-        sampler = self.batch_sampler
+        sampler = self._batch_shard or self.batch_sampler
         if isinstance(sampler, BatchSamplerShard):
             size = sampler.batch_size
             return size if sampler.split_batches else size * sampler.num_processes  # type: ignore[operator]
@@ -402,7 +436,7 @@ class DataLoaderShard(_PreparedDataLoader):
         return itertools.islice(batches, discard, None) if discard else batches
 
     def _final_remainder(self) -> int:
-        source = self.batch_sampler if isinstance(self.batch_sampler, BatchSamplerShard) else self.dataset
+        source = self._batch_shard or self.dataset
         real = getattr(source, "final_real_samples", None)
         if real is not None:
             return real
@@ -453,7 +487,7 @@ class DataLoaderDispatcher(_PreparedDataLoader):
         if split_batches and size is not None and size % num_processes != 0:
             raise ValueError(
                 f"split_batches=True needs a batch size that divides by the number of processes: batch size "
-                f"{size} cannot be split across {num_processes} processes"
+                f"{size} is not a round multiple of the {num_processes} processes"
             )
 
     @property

@@ -145,6 +145,11 @@ def prepare_data_loader(
     }
 
     batch_sampler = dataloader.batch_sampler
+    # DataLoader(dataset, sampler=BatchSampler(...), batch_size=None): the sampler yields whole batches of
+    # indices (read with one dataset[indices] call); it is sharded like a batch sampler and stays the sampler.
+    sampler_yields_batches = batch_sampler is None and isinstance(dataloader.sampler, BatchSampler)
+    if sampler_yields_batches:
+        batch_sampler = dataloader.sampler
     generator = None
     if not iterable and batch_sampler is not None:
         if use_seedable_sampler:
@@ -166,6 +171,8 @@ def prepare_data_loader(
     if dispatch_batches:
         if iterable:
             sampling = {"batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last}
+        elif sampler_yields_batches:
+            sampling = {"sampler": batch_sampler, "batch_size": None}
         else:
             sampling = {"batch_sampler": batch_sampler}
         return cls_dispatch(
@@ -211,17 +218,38 @@ def prepare_data_loader(
             split_batches=split_batches,
             even_batches=even_batches,
         )
-    return cls_shard(
-        dataset, batch_sampler=batch_sampler, synchronized_generator=generator, **common, **settings
+    sampling = (
+        {"sampler": batch_sampler, "batch_size": None}
+        if sampler_yields_batches
+        else {"batch_sampler": batch_sampler}
     )
+    return cls_shard(dataset, **sampling, synchronized_generator=generator, **common, **settings)
 
 
 class SkipDataLoader(DataLoader):
-    """A plain DataLoader over an iterable dataset that drops its first ``skip_batches`` batches."""
+    """A plain DataLoader over an iterable dataset that drops its first ``skip_batches`` batches
+    (a StatefulDataLoader with ``use_stateful_dataloader=True``)."""
 
-    def __init__(self, dataset: Any, skip_batches: int = 0, **kwargs: Any) -> None:
+    _stateful = False
+
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
+        if use_stateful_dataloader and not cls._stateful:
+            cls = stateful_variant(cls)
+        return super().__new__(cls)
+
+    def __init__(
+        self, dataset: Any, skip_batches: int = 0, use_stateful_dataloader: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(dataset, **kwargs)
         self.skip_batches = skip_batches
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        return self._stateful
+
+    @property
+    def base_dataloader(self) -> DataLoader:
+        return self
 
     def __len__(self) -> int:
         return max(super().__len__() - self.skip_batches, 0)

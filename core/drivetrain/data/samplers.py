@@ -95,16 +95,16 @@ class BatchSamplerShard(BatchSampler):
         self.sampler = getattr(batch_sampler, "sampler", None)
         #: real samples in the last global batch when it was padded, else None (set when iteration ends)
         self.final_real_samples: int | None = None
-        if self.batch_size is None and (split_batches or even_batches):
+        if self.batch_size is None and split_batches:
             raise ValueError(
-                f"{type(batch_sampler).__name__} has no 'batch_size' attribute, which "
-                f"{'split_batches=True' if split_batches else 'even_batches=True'} needs to size the batches; "
-                "give the batch sampler a batch_size attribute or use split_batches=False, even_batches=False"
+                f"{type(batch_sampler).__name__} has no 'batch_size' attribute, which split_batches=True needs "
+                "to cut each batch into equal slices; give the batch sampler a batch_size attribute or use "
+                "split_batches=False"
             )
         if split_batches and self.batch_size % num_processes != 0:
             raise ValueError(
                 f"split_batches=True needs a batch size that divides by the number of processes: batch size "
-                f"{self.batch_size} cannot be split across {num_processes} processes; use a multiple of "
+                f"{self.batch_size} is not a round multiple of the {num_processes} processes; use a multiple of "
                 f"{num_processes} or split_batches=False"
             )
 
@@ -176,6 +176,7 @@ class BatchSamplerShard(BatchSampler):
     def _deal_batches(self) -> Iterator[list[int]]:
         n, rank, size = self.num_processes, self.process_index, self.batch_size
         head: list[int] = []  # the first indices of the data, for padding the last round
+        head_batches: list[list[int]] = []  # without a batch size: the first batches, padding whole batches
         round_: list[list[int]] = []
         for batch in self.batch_sampler:
             if round_ and len(round_) == n:
@@ -184,13 +185,17 @@ class BatchSamplerShard(BatchSampler):
                 round_ = []
             if size is not None and len(head) < n * size:
                 head.extend(batch)
+            elif size is None and len(head_batches) < n:
+                head_batches.append(batch)
             round_.append(batch)
             if len(round_) == n and (size is None or len(batch) == size):
                 yield round_[rank]
                 round_ = []
-        yield from self._last_round(round_, head)
+        yield from self._last_round(round_, head, head_batches)
 
-    def _last_round(self, round_: list[list[int]], head: list[int]) -> Iterator[list[int]]:
+    def _last_round(
+        self, round_: list[list[int]], head: list[int], head_batches: list[list[int]] | None = None
+    ) -> Iterator[list[int]]:
         """This process's batch of the last, incomplete round (padded from ``head`` with even_batches)."""
         n, rank, size = self.num_processes, self.process_index, self.batch_size
         if not round_ or self.drop_last:
@@ -198,6 +203,12 @@ class BatchSamplerShard(BatchSampler):
         if not self.even_batches:
             if rank < len(round_):
                 yield round_[rank]
+            return
+        if size is None:
+            # Batches of varying size (no batch_size): the round is completed with whole batches from the
+            # start of the data, so every process yields the same number of batches.
+            self.final_real_samples = sum(len(batch) for batch in round_)
+            yield [*round_, *_cycled(head_batches or round_, n - len(round_))][rank]
             return
         # Pad the last round to ``n`` full batches with indices from the start of the data.
         self.final_real_samples = sum(len(batch) for batch in round_)
@@ -229,7 +240,7 @@ class IterableDatasetShard(IterableDataset):
         if split_batches and batch_size > 1 and batch_size % num_processes != 0:
             raise ValueError(
                 f"split_batches=True needs a batch size that divides by the number of processes: batch size "
-                f"{batch_size} cannot be split across {num_processes} processes"
+                f"{batch_size} is not a round multiple of the {num_processes} processes"
             )
         self.dataset = dataset
         self.batch_size = batch_size

@@ -66,5 +66,9 @@ def extract_model_from_parallel(
     if not keep_fp32_wrapper:
         restore_forward(inner)
     if keep_torch_compile and compiled is not None:
-        return compiled
+        if inner is compiled._orig_mod:
+            return compiled
+        # torch.compile(DDP(model)): the user's module under the same compile settings, as a new wrapper
+        # (the training model keeps its data-parallel wrapper; Accelerate rewires the one it was given).
+        return type(compiled)(inner, compiled.dynamo_ctx)
     return inner

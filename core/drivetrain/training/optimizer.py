@@ -20,7 +20,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self.scaler = scaler
         self.gradient_state = GradientState()
-        self.step_was_skipped = False
+        # Accelerate's attribute name: scripts written for it set or read `_is_overflow` directly.
+        self._is_overflow = False
 
     # -- the wrapped optimizer's data ------------------------------------------------------------------
     @property
@@ -88,8 +89,17 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self.optimizer.eval()
 
     @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last ``step`` was skipped (fp16 gradients overflowed); the scheduler does not step then."""
+        return self._is_overflow
+
+    @step_was_skipped.setter
+    def step_was_skipped(self, value: bool) -> None:
+        self._is_overflow = value
+
+    @property
     def is_overflow(self) -> bool:
-        return self.step_was_skipped
+        return self._is_overflow
 
     def __getstate__(self) -> dict[str, Any]:
         return {key: value for key, value in self.__dict__.items() if key != "gradient_state"}

@@ -1,0 +1,366 @@
+"""Behaviour scripts written for Accelerate rely on, found by the peer suite (issue 17): each test asserts
+what such a script observes."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, TensorDataset
+
+from drivetrain import Accelerator
+from drivetrain.config.kwargs_handlers import KwargsHandler
+from drivetrain.data.samplers import BatchSamplerShard
+
+
+def test_scheduler_does_not_step_when_the_optimizer_step_was_skipped():
+    # Accelerate's AcceleratedOptimizer keeps the overflow flag in `_is_overflow`; scripts set it directly.
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lambda n: 1 - n / 10)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    optimizer._is_overflow = False
+    scheduler.step()
+    assert scheduler.get_last_lr()[0] == pytest.approx(0.9)
+    optimizer._is_overflow = True
+    assert optimizer.step_was_skipped
+    scheduler.step()
+    assert scheduler.get_last_lr()[0] == pytest.approx(0.9)
+
+
+def test_user_dataclass_kwargs_handler_reports_changed_fields():
+    @dataclasses.dataclass
+    class MyHandler(KwargsHandler):
+        a: int = 0
+        b: bool = False
+        c: float = 3.0
+        d: list = dataclasses.field(default_factory=list)
+
+    assert MyHandler().to_kwargs() == {}
+    assert MyHandler(a=2).to_kwargs() == {"a": 2}
+    assert MyHandler(a=2, c=2.25, d=[1]).to_kwargs() == {"a": 2, "c": 2.25, "d": [1]}
+
+
+def test_batch_sampler_without_batch_size_pads_whole_batches_with_even_batches():
+    batches = [[0, 1, 2], [3, 4], [5, 6, 7, 8], [9, 10, 11], [12, 13]]
+    shards = [BatchSamplerShard(batches, 2, rank, even_batches=True) for rank in range(2)]
+    assert list(shards[0]) == [[0, 1, 2], [5, 6, 7, 8], [12, 13]]
+    assert list(shards[1]) == [[3, 4], [9, 10, 11], [0, 1, 2]]
+    assert len(shards[0]) == len(shards[1]) == 3
+    three = [BatchSamplerShard([[0], [1, 2], [3], [4, 5]], 3, rank, even_batches=True) for rank in range(3)]
+    assert [list(shard) for shard in three] == [[[0], [4, 5]], [[1, 2], [0]], [[3], [1, 2]]]
+    with pytest.raises(ValueError, match="split_batches=True"):
+        BatchSamplerShard(batches, 2, 0, split_batches=True)
+
+
+def test_unwrap_keeps_compile_but_removes_data_parallel_inside_it():
+    model = torch.nn.Linear(2, 2)
+    compiled_parallel = torch.compile(torch.nn.DataParallel(model))
+    accelerator = Accelerator(cpu=True)
+    unwrapped = accelerator.unwrap_model(compiled_parallel, keep_torch_compile=True)
+    assert unwrapped._orig_mod is model
+    assert isinstance(compiled_parallel._orig_mod, torch.nn.DataParallel)  # the caller's object is untouched
+    assert accelerator.unwrap_model(compiled_parallel, keep_torch_compile=False) is model
+
+
+def test_torch_device_variable_overrides_the_detected_device(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "cpu:3")
+    monkeypatch.setattr(torch.cpu, "set_device", lambda device: None, raising=False)
+    assert str(Accelerator().device) == "cpu:3"
+
+
+def test_torch_device_variable_rejects_a_non_device(monkeypatch):
+    monkeypatch.setenv("DRIVETRAIN_TORCH_DEVICE", "warp-drive")
+    with pytest.raises(Exception, match="DRIVETRAIN_TORCH_DEVICE='warp-drive' is not a torch device"):
+        Accelerator()
+
+
+def test_custom_tracker_is_started_before_configuration_and_logs(tmp_path):
+    from drivetrain.tracking import GeneralTracker
+
+    class ListTracker(GeneralTracker):
+        name = "list_tracker"
+        requires_logging_directory = False
+
+        def __init__(self):
+            super().__init__()
+            self.writer = None
+
+        def start(self):
+            self.writer = []
+
+        @property
+        def tracker(self):
+            return self.writer
+
+        def store_init_configuration(self, values):
+            self.writer.append(("config", values))
+
+        def log(self, values, step=None, **kwargs):
+            self.writer.append(("log", values, step))
+
+    tracker = ListTracker()
+    accelerator = Accelerator(cpu=True, log_with=tracker)
+    accelerator.init_trackers("run", {"lr": 0.1})
+    accelerator.log({"loss": 1.0}, step=3)
+    accelerator.end_training()
+    assert tracker.writer == [("config", {"lr": 0.1}), ("log", {"loss": 1.0}, 3)]
+
+
+def test_prepared_dataloaders_and_accelerator_pickle():
+    accelerator = Accelerator(cpu=True)
+    loader = DataLoader(TensorDataset(torch.arange(10)), batch_size=2)
+    prepared = accelerator.prepare(loader)
+    restored = pickle.loads(pickle.dumps(prepared))
+    assert [batch[0].tolist() for batch in restored] == [batch[0].tolist() for batch in prepared]
+    restored_accelerator = pickle.loads(pickle.dumps(accelerator))
+    assert len(restored_accelerator._dataloaders) == 1
+
+
+def test_join_warns_for_single_process_and_iterable_loaders():
+    accelerator = Accelerator(cpu=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with accelerator.join_uneven_inputs([torch.nn.Linear(1, 1)], even_batches=False):
+            pass
+    assert any(issubclass(w.category, UserWarning) for w in caught)
+
+
+def test_batch_sampler_shard_round_robin_still_exact():
+    sampler = BatchSampler(range(10), batch_size=3, drop_last=False)
+    shards = [list(BatchSamplerShard(sampler, 2, rank, even_batches=True)) for rank in range(2)]
+    assert shards == [[[0, 1, 2], [6, 7, 8]], [[3, 4, 5], [9, 0, 1]]]
+
+
+@pytest.mark.parametrize(
+    ("dispatch_batches", "stateful"),
+    [(False, False), (True, False), (True, True)],
+    ids=["shard", "dispatch", "dispatch-stateful"],
+)
+def test_resume_with_worker_processes_skips_the_consumed_batches(tmp_path, dispatch_batches, stateful):
+    # torch's multi-worker iterator asks the index sampler for two iterators as it starts: the resume
+    # position went to the discarded one, and the whole epoch came again (64 batches where 61 were left).
+    pytest.importorskip("torchdata")
+    from drivetrain.utils import DataLoaderConfiguration
+
+    config = DataLoaderConfiguration(dispatch_batches=dispatch_batches, use_stateful_dataloader=stateful)
+    accelerator = Accelerator(cpu=True, dataloader_config=config)
+    data = TensorDataset(torch.arange(36))
+    loader = accelerator.prepare(DataLoader(data, batch_size=3, shuffle=True, num_workers=2))
+    rest = []
+    for step, (batch,) in enumerate(loader):
+        if step == 2:
+            accelerator.save_state(tmp_path / "state")
+        if step > 2:
+            rest.append(batch.tolist())
+    accelerator.load_state(tmp_path / "state")
+    assert [batch.tolist() for (batch,) in loader] == rest
+    assert len(rest) == 9
+
+
+@pytest.mark.parametrize("safe_serialization", [True, False], ids=["safetensors", "pickle"])
+def test_save_model_gathers_weights_offloaded_to_cpu_and_disk(tmp_path, safe_serialization):
+    pytest.importorskip("drivetrain_offload")
+    from drivetrain.big_modeling import load_checkpoint_and_dispatch
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 5)).eval()
+    inputs = torch.randn(3, 3)
+    expected = model(inputs)
+    accelerator = Accelerator(cpu=True)
+    accelerator.save_model(model, tmp_path / "plain", safe_serialization=safe_serialization)
+    device_map = {"0": "cpu", "1": "disk", "2": "cpu"}
+    load_checkpoint_and_dispatch(
+        model, tmp_path / "plain", device_map=device_map, offload_folder=tmp_path / "off"
+    )
+    assert model[1].weight.device.type == "meta"  # held by the offload hook between forwards
+    accelerator.save_model(model, tmp_path / "again", safe_serialization=safe_serialization)
+    fresh = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 5)).eval()
+    load_checkpoint_and_dispatch(fresh, tmp_path / "again")
+    assert torch.allclose(fresh(inputs), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls_name", ["DataLoaderShard", "DataLoaderDispatcher", "SkipDataLoader"])
+def test_loader_constructors_take_use_stateful_dataloader(cls_name):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    import drivetrain.data_loader as data_loader
+
+    cls = getattr(data_loader, cls_name)
+    extra = {"skip_batches": 2} if cls_name == "SkipDataLoader" else {}
+    loader = cls(list(range(16)), batch_size=4, use_stateful_dataloader=True, **extra)
+    assert isinstance(loader, cls) and isinstance(loader, stateful.StatefulDataLoader)
+    assert loader.use_stateful_dataloader and loader.base_dataloader is loader
+    expected = (
+        [[8, 9, 10, 11], [12, 13, 14, 15]]
+        if extra
+        else [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    )
+    assert [batch.tolist() for batch in loader] == expected
+    assert not cls(list(range(4)), batch_size=2).use_stateful_dataloader
+
+
+def test_a_sampler_yielding_batches_is_sharded_like_a_batch_sampler():
+    from torch.utils.data import SequentialSampler, default_collate
+
+    from drivetrain.data_loader import prepare_data_loader
+
+    data = TensorDataset(torch.arange(10))
+    shards = []
+    for rank in range(2):
+        sampler = BatchSampler(SequentialSampler(data), batch_size=2, drop_last=False)
+        loader = DataLoader(data, sampler=sampler, batch_size=None, collate_fn=default_collate)
+        prepared = prepare_data_loader(loader, num_processes=2, process_index=rank, put_on_device=False)
+        shards.append([batch[0].tolist() for batch in prepared])
+    assert shards == [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], [0, 1]]]
+
+
+def test_state_after_reset_says_what_happened():
+    from drivetrain import PartialState
+    from drivetrain.state import AcceleratorState
+
+    state = PartialState(cpu=True)
+    with pytest.raises(AttributeError, match="'PartialState' object has no attribute 'someotherthing'"):
+        state.someotherthing  # noqa: B018
+    state._reset_state()
+    with pytest.raises(AttributeError, match=r"`PartialState._reset_state\(\)` was called"):
+        state.num_processes  # noqa: B018
+    state.someotherthing = "value"
+    assert state.someotherthing == "value"
+    AcceleratorState._reset_state()
+    with pytest.raises(AttributeError, match=r"`AcceleratorState._reset_state\(\)` was called"):
+        AcceleratorState.__new__(AcceleratorState).num_processes  # noqa: B018
+
+
+def test_register_for_checkpointing_names_the_item_without_state_dict():
+    accelerator = Accelerator(cpu=True)
+    with pytest.raises(ValueError, match="Item at index 0 .*Item at index 1"):
+        accelerator.register_for_checkpointing(torch.zeros(1), torch.ones(1), torch.nn.Linear(1, 1))
+
+
+def test_prepare_marks_what_it_prepared_and_does_not_prepare_a_model_twice():
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    loader = DataLoader(TensorDataset(torch.arange(4)), batch_size=2)
+    other = [1, 2, 3]
+    prepared = accelerator.prepare(model, optimizer, scheduler, loader, other)
+    assert [getattr(obj, "_is_accelerate_prepared", False) for obj in prepared] == [True] * 4 + [False]
+    count = len(accelerator._models)
+    assert accelerator.prepare_model(prepared[0]) is prepared[0]
+    assert len(accelerator._models) == count
+
+
+@pytest.mark.multiprocess
+def test_two_ranks_with_their_own_folders_save_and_resume_one_checkpoint(tmp_path):
+    pytest.importorskip("torchdata")
+    from pathlib import Path
+
+    from drivetrain.testing import launch_script
+
+    script = Path(__file__).parent / "scripts" / "accelerate_behaviour.py"
+    result = launch_script(
+        str(script), num_processes=2, env={"TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    )
+    assert result.stdout.count("accelerate_behaviour OK") == 2
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _even_ranks_fail():
+    from drivetrain import PartialState
+
+    if PartialState().process_index % 2 == 0:
+        raise RuntimeError("even rank refuses")
+
+
+@pytest.mark.multiprocess
+def test_notebook_launcher_failure_is_torchs_child_failed_error_too():
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from drivetrain import notebook_launcher
+    from drivetrain.errors import DrivetrainError
+
+    with pytest.raises(ChildFailedError, match="even rank refuses") as caught:
+        notebook_launcher(_even_ranks_fail, (), num_processes=2, monitor_interval=0.05, use_port=_free_port())
+    assert isinstance(caught.value, DrivetrainError)
+    assert str(caught.value).startswith("process of rank 0 failed")
+
+
+class _ThreeLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear1 = torch.nn.Linear(3, 4)  # 64 bytes
+        self.batchnorm = torch.nn.BatchNorm1d(4)  # 72 bytes (with its running statistics)
+        self.linear2 = torch.nn.Linear(4, 5)  # 100 bytes
+
+
+def test_device_map_keeps_room_for_the_largest_layer_on_the_first_device():
+    from drivetrain.big_modeling import infer_auto_device_map
+
+    # Device 0 keeps 100 bytes for linear2 (offloaded layers visit it), so batchnorm starts device 1.
+    assert infer_auto_device_map(_ThreeLayers(), max_memory={0: 200, 1: 200}) == {
+        "linear1": 0,
+        "batchnorm": 1,
+        "linear2": 1,
+    }
+    stacked = torch.nn.Sequential(_ThreeLayers(), _ThreeLayers(), _ThreeLayers())
+    assert infer_auto_device_map(stacked, max_memory={0: 500, 1: 500}) == {
+        "0": 0,
+        "1.linear1": 0,
+        "1.batchnorm": 0,
+        "1.linear2": 1,
+        "2": 1,
+    }
+    kept = infer_auto_device_map(
+        stacked, max_memory={0: 500, 1: 500}, no_split_module_classes=["_ThreeLayers"]
+    )
+    assert kept == {"0": 0, "1": 1, "2": 1}
+
+
+def test_device_map_fallback_allocation_and_offloaded_buffer_warning(caplog):
+    from collections import OrderedDict
+
+    from drivetrain.big_modeling import infer_auto_device_map
+
+    inner = torch.nn.Sequential(
+        OrderedDict(
+            [
+                ("linear1", torch.nn.Linear(10, 4)),
+                ("linear2", torch.nn.Linear(4, 4)),
+                ("linear3", torch.nn.Linear(4, 8)),
+            ]
+        )
+    )
+    model = torch.nn.Sequential(OrderedDict([("module", inner)]))
+    with caplog.at_level("INFO"):
+        plain = infer_auto_device_map(model, max_memory={0: 256})
+    assert set(plain.values()) == {"disk"} and "insufficient memory" in caplog.text
+    fallback = infer_auto_device_map(model, max_memory={0: 256}, fallback_allocation=True)
+    assert fallback == {"module.linear1": "disk", "module.linear2": 0, "module.linear3": "disk"}
+
+    buffered = _ThreeLayers()
+    buffered.batchnorm.register_buffer("extra", torch.zeros(10, 3))
+    buffered.linear2.register_buffer("extra", torch.zeros(10, 3))
+    with pytest.warns(UserWarning, match="offload_buffers=True"):
+        infer_auto_device_map(buffered, max_memory={0: 300, "cpu": "1GB"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        infer_auto_device_map(buffered, max_memory={0: 300, "cpu": "1GB"}, offload_buffers=True)
+
+
+def test_a_quantized_model_offloaded_to_cpu_is_refused_with_a_value_error():
+    model = torch.nn.Linear(2, 2)
+    model.is_loaded_in_8bit = True
+    model.hf_device_map = {"": "cpu"}
+    with pytest.raises(ValueError, match="CPU or disk offload"):
+        Accelerator(cpu=True).prepare_model(model)
