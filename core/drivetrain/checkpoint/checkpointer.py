@@ -18,6 +18,7 @@ import collections
 import functools
 import os
 import shutil
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +36,7 @@ from drivetrain.checkpoint.training_objects import (
     write_kernel_objects,
     writes_shared_files,
 )
-from drivetrain.errors import CheckpointError, ConfigurationError
+from drivetrain.errors import CheckpointError, CheckpointWarning, ConfigurationError
 
 if TYPE_CHECKING:
     from drivetrain.contract.arguments import PluginAccelerator as Accelerator
@@ -237,6 +238,8 @@ class Checkpointer:
             return
         self._finishing_save = None
         error = pending.wait()
+        for warning in pending.warnings:
+            warnings.warn(warning, CheckpointWarning, stacklevel=3)
         what = f"finishing save_state into {pending.location}"
         after = f"; {pending.location} was not written and earlier checkpoints are untouched"
         try:
@@ -445,18 +448,32 @@ class Checkpointer:
         )
 
 
-def _finish_save(temporary: str, location: str, metadata: dict[str, Any], total_limit: int | None) -> None:
+def _finish_save(
+    temporary: str, location: str, metadata: dict[str, Any], total_limit: int | None
+) -> list[str]:
     """The writing process's part of a save after every process wrote its files: make them durable and
     checksum them, write the manifest, rename the folder into place, then prune old automatic checkpoints.
-    Runs on a background thread (see :mod:`drivetrain.checkpoint.finishing`)."""
+    Runs on a background thread (see :mod:`drivetrain.checkpoint.finishing`).
+
+    Pruning is not part of the save: once the rename is done the checkpoint is complete whatever happens
+    to older ones, so a failed prune comes back as a warning (returned), never as a failed save."""
     try:
         manifests.write_manifest(temporary, metadata)
         manifests.seal(temporary, location)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
-    if total_limit is not None:
+    if total_limit is None:
+        return []
+    try:
         manifests.prune(os.path.dirname(location), total_limit, keep=location)
+    except Exception as exc:
+        left = "; ".join(exc.left) if isinstance(exc, manifests.PruneError) else f"{type(exc).__name__}: {exc}"
+        return [
+            f"checkpoint {location} is complete, but pruning older checkpoints (total_limit={total_limit}) "
+            f"left behind: {left}. Delete it by hand; later saves are not affected"
+        ]
+    return []
 
 
 class _VerificationGate:

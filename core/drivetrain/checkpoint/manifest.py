@@ -330,20 +330,52 @@ def complete_checkpoints(root: str) -> list[str]:
 def prune(root: str, total_limit: int, keep: str) -> list[str]:
     """Delete the oldest complete checkpoints under ``root`` so at most ``total_limit`` remain, never
     ``keep`` (the one just written), and the leftovers of killed saves. Folders without a manifest that are
-    not our temporaries are left alone: they may be someone else's. Returns the deleted paths."""
+    not our temporaries are left alone: they may be someone else's; so are symbolic links (a checkpoint
+    linked in from elsewhere is never deleted through its link). Returns the deleted paths; raises
+    :class:`PruneError` naming what it could not delete after trying everything else."""
     deleted = []
+    left: list[str] = []
     complete = [path for path in complete_checkpoints(root) if os.path.abspath(path) != os.path.abspath(keep)]
     excess = len(complete) + 1 - total_limit
     for path in complete[: max(excess, 0)]:
+        if os.path.islink(path):
+            left.append(f"{path} (a symbolic link: drivetrain deletes no checkpoint through a link)")
+            continue
         # Rename first (atomic), so a crash mid-delete leaves a temporary, never a half-deleted checkpoint.
         doomed = incomplete_path(path)
-        shutil.rmtree(doomed, ignore_errors=True)
-        os.rename(path, doomed)
-        shutil.rmtree(doomed)
+        try:
+            _remove_leftover(doomed)
+            os.rename(path, doomed)
+        except OSError as exc:
+            left.append(f"{path} ({type(exc).__name__}: {exc})")
+            continue
         deleted.append(path)
+        try:
+            shutil.rmtree(doomed)
+        except OSError as exc:
+            left.append(f"{doomed}, the remains of {os.path.basename(path)} ({type(exc).__name__}: {exc})")
     for name in os.listdir(root):
         if name.startswith(".checkpoint_") and name.endswith(_INCOMPLETE_SUFFIX):
             with contextlib.suppress(OSError):
-                shutil.rmtree(os.path.join(root, name))
+                _remove_leftover(os.path.join(root, name))
     files.on_stage("pruned", root)
+    if left:
+        raise PruneError(left, deleted)
     return deleted
+
+
+def _remove_leftover(path: str) -> None:
+    """Remove a temporary folder of ours (a link is unlinked, never followed)."""
+    if os.path.islink(path):
+        os.unlink(path)
+    elif os.path.lexists(path):
+        shutil.rmtree(path)
+
+
+class PruneError(OSError):
+    """Old checkpoints that pruning could not delete; the checkpoint just written is complete regardless."""
+
+    def __init__(self, left: list[str], deleted: list[str]) -> None:
+        self.left = left
+        self.deleted = deleted
+        super().__init__("could not delete " + "; ".join(left))
