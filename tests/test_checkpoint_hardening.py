@@ -79,3 +79,97 @@ def test_failed_prune_in_background_save_is_a_warning(tmp_path):
     assert accelerator.save_state() == str(root / "checkpoint_2")
     with pytest.warns(CheckpointWarning, match="checkpoint_0"):
         accelerator.wait_for_checkpoint()
+
+
+# -- nothing from a checkpoint runs code (finding 1, point 3) ------------------------------------------------
+class _RunsCode:
+    """Unpickling this creates ``marker``: proof that a reader ran code from a file."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _reseal(folder: str) -> None:
+    """Rewrite the manifest after tampering, as an attacker who hands over a whole folder would."""
+    metadata = manifests.read_manifest(folder).get("metadata", {})
+    os.remove(os.path.join(folder, manifests.MANIFEST_NAME))
+    manifests.write_manifest(folder, metadata)
+
+
+@pytest.mark.parametrize(
+    "victim", ["optimizer.bin", "pytorch_model.bin", "scheduler.bin", "random_states_0.pkl", "custom_checkpoint_0.pkl"]
+)
+def test_load_state_runs_no_code_from_any_file(tmp_path, victim):
+    accelerator, model, optimizer = _setup(tmp_path)
+    scheduler = accelerator.prepare(torch.optim.lr_scheduler.StepLR(optimizer, step_size=1))
+
+    class Counter:
+        count = 3
+
+        def state_dict(self):
+            return {"count": self.count}
+
+        def load_state_dict(self, state):
+            self.count = state["count"]
+
+    accelerator.register_for_checkpointing(Counter())
+    folder = accelerator.save_state(tmp_path / "ckpt", safe_serialization=False)
+    marker = tmp_path / "code_ran"
+    torch.save({"state": _RunsCode(str(marker))}, os.path.join(folder, victim))
+    _reseal(folder)
+    before = _weights(model)
+    with pytest.raises(CheckpointError, match=rf"{victim} holds objects that safe loading refuses.*nothing in it"):
+        accelerator.load_state(folder)
+    assert not marker.exists()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert scheduler.scheduler.last_epoch == 0
+
+
+def test_big_model_loading_runs_no_code(tmp_path):
+    from drivetrain.big_modeling import load_checkpoint_in_model
+
+    marker = tmp_path / "code_ran"
+    torch.save({"weight": _RunsCode(str(marker))}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="pytorch_model.bin .* cannot be read"):
+        load_checkpoint_in_model(torch.nn.Linear(2, 2), str(tmp_path / "pytorch_model.bin"))
+    assert not marker.exists()
+
+
+def test_dcp_reader_runs_no_code_from_metadata_or_values(tmp_path):
+    """torch.distributed.checkpoint unpickles ``.metadata`` with plain pickle and non-tensor values with
+    weights_only=False; the reader every backend uses refuses both, in one line, and runs nothing."""
+    import pickle
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from drivetrain.checkpoint.dcp_reading import read_dcp_metadata, safe_dcp_load
+
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    marker = tmp_path / "code_ran"
+    folder = str(tmp_path / "dcp")
+    dcp.save({"weight": torch.arange(4.0), "lr": 0.5}, checkpoint_id=folder, no_dist=True)
+    state = {"weight": torch.zeros(4), "lr": 0.0}
+    safe_dcp_load(state, folder, no_dist=True)  # a genuine folder loads
+    assert torch.equal(state["weight"], torch.arange(4.0)) and state["lr"] == 0.5
+
+    values = str(tmp_path / "values")
+    dcp.save({"weight": torch.arange(4.0), "lr": _RunsCode(str(marker))}, checkpoint_id=values, no_dist=True)
+    with pytest.raises(CheckpointError, match="value 'lr' of a DCP checkpoint was refused"):
+        safe_dcp_load({"weight": torch.zeros(4), "lr": 0.0}, values, no_dist=True)
+    assert not marker.exists()
+
+    with open(os.path.join(folder, ".metadata"), "wb") as out:
+        pickle.dump(_RunsCode(str(marker)), out)
+    with pytest.raises(CheckpointError, match=r"\.metadata was refused \(it names posix.system"):
+        read_dcp_metadata(folder)
+    with pytest.raises(CheckpointError, match=r"\.metadata was refused"):
+        safe_dcp_load({"weight": torch.zeros(4)}, folder, no_dist=True)
+    with open(os.path.join(folder, ".metadata"), "wb") as out:
+        out.write(b"\x80\x04garbage")
+    with pytest.raises(CheckpointError, match=r"\.metadata is unreadable"):
+        read_dcp_metadata(folder)
+    assert not marker.exists()

@@ -39,6 +39,7 @@ _ALLOWED_GLOBALS = {
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch.distributed.checkpoint.filesystem", "_StoragePrefix"),
     ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),  # looks a layout up by its name
     ("collections", "OrderedDict"),
     ("builtins", "set"),
     ("builtins", "frozenset"),
@@ -59,10 +60,14 @@ def _allowed(module: str, name: str) -> bool:
     )
 
 
+class _Refused(pickle.UnpicklingError):
+    """The file names a global that DCP metadata never holds."""
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if not _allowed(module, name):
-            raise pickle.UnpicklingError(f"it names {module}.{name}, which DCP metadata never holds")
+            raise _Refused(f"it names {module}.{name}, which DCP metadata never holds")
         return super().find_class(module, name)
 
 
@@ -75,7 +80,7 @@ def read_dcp_metadata(folder: str | os.PathLike) -> Any:
             metadata = _MetadataUnpickler(handle).load()
     except FileNotFoundError:
         raise CheckpointError(f"{path} not found: {folder} is not a torch.distributed.checkpoint folder") from None
-    except pickle.UnpicklingError as exc:
+    except _Refused as exc:
         raise CheckpointError(f"{path} was refused ({exc}); nothing in it was run") from None
     except Exception as exc:  # a truncated or garbled pickle fails in many ways
         raise CheckpointError(f"{path} is unreadable ({type(exc).__name__}: {exc}): the checkpoint is damaged") from None
@@ -93,10 +98,17 @@ def _safe_reader_type() -> type:
     class SafeFileSystemReader(FileSystemReader):
         """torch's file reader, with :func:`read_dcp_metadata` for the metadata."""
 
+        #: why the metadata was refused: torch swallows the error and tries per-rank files next
+        refusal: CheckpointError | None = None
+
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            if kwargs.get("rank") is not None:
-                raise CheckpointError("per-rank DCP metadata files are not read by drivetrain")
-            metadata = read_dcp_metadata(str(self.path))
+            if self.refusal is not None:
+                raise self.refusal
+            try:
+                metadata = read_dcp_metadata(str(self.path))
+            except CheckpointError as exc:
+                self.refusal = exc
+                raise
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
@@ -137,7 +149,33 @@ def safe_dcp_load(
     folder (see the module docstring); ``planner_options`` go to torch's ``DefaultLoadPlanner``."""
     import torch.distributed.checkpoint as dcp
 
+    from torch.distributed.checkpoint.api import CheckpointException
+
     folder = os.fspath(checkpoint_id)
     reader = _safe_reader_type()(folder)
     planner = _safe_planner_type()(**planner_options)
-    dcp.load(state_dict, storage_reader=reader, planner=planner, no_dist=no_dist)
+    try:
+        dcp.load(state_dict, storage_reader=reader, planner=planner, no_dist=no_dist)
+    except CheckpointException as exc:
+        # torch wraps every rank's failure in a BaseException, which ordinary error handling lets through.
+        raise reader.refusal or dcp_failure(exc, f"reading {folder}") from None
+    except Exception:
+        if reader.refusal is not None:
+            raise reader.refusal from None
+        raise
+
+
+def dcp_failure(exc: BaseException, what: str) -> CheckpointError:
+    """A :class:`CheckpointError` for torch's ``CheckpointException`` (a ``BaseException`` carrying each
+    failed rank's error): our own error as it is, else one line naming the first failed rank."""
+    failures = getattr(exc, "failures", None) or {}
+    for rank in sorted(failures):
+        error = failures[rank][0]
+        if isinstance(error, CheckpointError):
+            return error
+    if failures:
+        rank = min(failures)
+        error = failures[rank][0]
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        return CheckpointError(f"{what} failed on rank {rank}: {type(error).__name__}: {first_line}")
+    return CheckpointError(f"{what} failed: {exc}")
