@@ -173,3 +173,84 @@ def test_dcp_reader_runs_no_code_from_metadata_or_values(tmp_path):
     with pytest.raises(CheckpointError, match=r"\.metadata is unreadable"):
         read_dcp_metadata(folder)
     assert not marker.exists()
+
+
+# -- symbolic links and manifest bounds (findings 5, 6) ------------------------------------------------------
+def _saved(tmp_path):
+    accelerator, model, optimizer = _setup(tmp_path)
+    return accelerator, model, accelerator.save_state(tmp_path / "ckpt")
+
+
+def test_load_state_follows_no_symbolic_link(tmp_path):
+    """A checkpoint whose optimizer file is a link to a file outside (here /proc/self/environ), with a
+    manifest made to match it, is refused before anything is read."""
+    accelerator, model, folder = _saved(tmp_path)
+    target = os.path.join(folder, "optimizer.bin")
+    os.remove(target)
+    os.symlink("/proc/self/environ", target)
+    manifest = manifests.read_manifest(folder)
+    manifest["files"]["optimizer.bin"] = {"size": os.path.getsize(target), "sha256_chunks": ["0" * 64]}
+    with open(os.path.join(folder, manifests.MANIFEST_NAME), "w") as out:
+        json.dump(manifest, out)
+    with pytest.raises(CheckpointError, match=r"holds symbolic links \(optimizer.bin\)"):
+        accelerator.load_state(folder)
+    # A linked folder inside the checkpoint is refused the same way.
+    os.remove(target)
+    os.symlink("/etc", os.path.join(folder, "extra"))
+    with pytest.raises(CheckpointError, match=r"symbolic links \(extra\)"):
+        manifests.verify(folder)
+
+
+def test_save_refuses_to_seal_a_folder_with_a_link(tmp_path):
+    accelerator, model, optimizer = _setup(tmp_path)
+    accelerator.register_save_state_pre_hook(
+        lambda models, weights, output_dir: os.symlink("/etc/hostname", os.path.join(output_dir, "host"))
+    )
+    with pytest.raises(CheckpointError, match="holds symbolic links \\(host\\)"):
+        accelerator.save_state(tmp_path / "ckpt")
+    assert not os.path.exists(tmp_path / "ckpt") and not os.path.exists(tmp_path / ".ckpt.incomplete")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("chunk_size", 1, "invalid chunk_size 1 \\(valid: a whole number of bytes from 256"),
+        ("chunk_size", True, "invalid chunk_size True"),
+        ("chunk_size", 2**62, "invalid chunk_size"),
+        ("version", "2", "invalid version '2'"),
+        ("size", -1, "no valid size for 'optimizer.bin': -1"),
+        ("size", 2**62, "has \\d+ bytes but the manifest records"),
+        ("pieces", ["0" * 32] * 100_000, "records 100000 xxh3_128 pieces for 'optimizer.bin'"),
+        ("pieces", "abc", "records str xxh3_128 pieces"),
+        ("name", "/etc/passwd", "lists a file outside the folder: '/etc/passwd'"),
+        ("name", "a/../../x", "outside the folder"),
+    ],
+)
+def test_tampered_manifest_fields_are_refused_quickly(tmp_path, field, value, message):
+    accelerator, model, folder = _saved(tmp_path)
+    path = os.path.join(folder, manifests.MANIFEST_NAME)
+    with open(path) as handle:
+        manifest = json.load(handle)
+    entry = manifest["files"]["optimizer.bin"]
+    if field in ("chunk_size", "version"):
+        manifest[field] = value
+    elif field == "size":
+        entry["size"] = value
+    elif field == "pieces":
+        entry["xxh3_128_chunks"] = value
+    else:
+        manifest["files"][value] = entry
+    with open(path, "w") as out:
+        json.dump(manifest, out)
+    before = _weights(model)
+    with pytest.raises(CheckpointError, match=message):
+        accelerator.load_state(folder)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_huge_manifest_is_refused_unread(tmp_path):
+    accelerator, model, folder = _saved(tmp_path)
+    with open(os.path.join(folder, manifests.MANIFEST_NAME), "ab") as out:
+        out.truncate(manifests.MAX_MANIFEST_BYTES + 10)
+    with pytest.raises(CheckpointError, match="larger than 16777216 bytes"):
+        accelerator.load_state(folder)
