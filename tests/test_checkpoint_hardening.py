@@ -117,6 +117,7 @@ def test_load_state_runs_no_code_from_any_file(tmp_path, victim):
 
     accelerator.register_for_checkpointing(Counter())
     folder = accelerator.save_state(tmp_path / "ckpt", safe_serialization=False)
+    _step(accelerator, model, optimizer)  # the model now differs from the checkpoint
     marker = tmp_path / "code_ran"
     torch.save({"state": _RunsCode(str(marker))}, os.path.join(folder, victim))
     _reseal(folder)
@@ -254,3 +255,37 @@ def test_huge_manifest_is_refused_unread(tmp_path):
         out.truncate(manifests.MAX_MANIFEST_BYTES + 10)
     with pytest.raises(CheckpointError, match="larger than 16777216 bytes"):
         accelerator.load_state(folder)
+
+
+# -- loading is all-or-nothing (finding 7, point 4) ---------------------------------------------------------
+@pytest.mark.parametrize("safe_serialization", [True, False])
+def test_failed_load_leaves_the_model_untouched(tmp_path, safe_serialization):
+    """The checkpoint's optimizer has one parameter group, this run's two: the load fails in one line
+    naming both layouts, and the model, optimizer and step are exactly as before."""
+    saver, saved_model, saved_optimizer = _setup(tmp_path / "a")
+    _step(saver, saved_model, saved_optimizer)
+    folder = saver.save_state(tmp_path / "ckpt", safe_serialization=safe_serialization)
+
+    accelerator, model, optimizer = _setup(tmp_path / "b", optimizer_groups=2)
+    _step(accelerator, model, optimizer)
+    before, optimizer_before = _weights(model), optimizer.state_dict()
+    with pytest.raises(CheckpointError, match=r"optimizer.bin holds 1 parameter group\(s\) of \[4\] parameters but AdamW has 2 of \[2, 2\]"):
+        accelerator.load_state(folder)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    after = optimizer.state_dict()
+    assert len(after["param_groups"]) == 2 and after["param_groups"][1]["lr"] == 0.01
+    assert all(torch.equal(optimizer_before["state"][0][key], after["state"][0][key]) for key in ("exp_avg", "step"))
+
+
+def test_model_that_does_not_fit_is_refused_before_anything_changes(tmp_path):
+    saver, saved_model, _ = _setup(tmp_path / "a")
+    folder = saver.save_state(tmp_path / "ckpt")
+    set_seed(1)
+    accelerator = Accelerator(project_config=ProjectConfiguration(project_dir=str(tmp_path / "b")))
+    first, second = torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    first, second = accelerator.prepare(first, second)
+    before = _weights(first)
+    # model_1.safetensors does not exist: the second model's weights are missing; the first is not applied.
+    with pytest.raises(CheckpointError, match="weights for model 1"):
+        accelerator.load_state(folder)
+    assert all(torch.equal(before[k], v) for k, v in first.state_dict().items())

@@ -376,6 +376,21 @@ class Checkpointer:
         for hook in list(self._load_state_pre_hooks.values()):
             hook(models, location)
         load_kwargs = dict(load_kwargs or {})
+        # The kernel's files are read before the backend applies anything, so a bad one leaves all untouched.
+        apply_kernel_objects = None
+        error = None
+        try:
+            apply_kernel_objects = read_kernel_objects(
+                location, self.accelerator, self.prepared, map_location, load_kwargs
+            )
+        except Exception as exc:
+            error = exc
+        if deferred:
+            if error is not None:
+                gate.wait(error)
+        else:
+            self._agree(f"load_state({location})", error, after="; nothing was loaded from the checkpoint")
+        assert apply_kernel_objects is not None
         loaded = self.plugins.call(
             "load_state",
             input_dir=location,
@@ -390,7 +405,7 @@ class Checkpointer:
         gate.wait()
         if not loaded:
             raise CheckpointError("no plugin loaded the checkpoint (every load_state hook returned None)")
-        read_kernel_objects(location, self.accelerator, self.prepared, map_location, load_kwargs)
+        apply_kernel_objects()
         if "step" in metadata:
             self.accelerator.step = int(metadata["step"])
         number = manifests.checkpoint_number(location)
