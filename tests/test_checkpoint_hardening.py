@@ -289,3 +289,41 @@ def test_model_that_does_not_fit_is_refused_before_anything_changes(tmp_path):
     with pytest.raises(CheckpointError, match="weights for model 1"):
         accelerator.load_state(folder)
     assert all(torch.equal(before[k], v) for k, v in first.state_dict().items())
+
+
+# -- a failed save leaves no debris and says what happened (finding 3) ---------------------------------------
+def test_save_that_runs_out_of_space_leaves_no_debris_and_says_what_was_kept(tmp_path):
+    """A real write failure (the file size limit of the process, as a full disk would): one line naming
+    the folder, the OS error and what was kept; no temporary left; the previous checkpoint still loads."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import resource, signal, sys, torch
+        from drivetrain import Accelerator
+        from drivetrain.errors import CheckpointError
+        accelerator = Accelerator()
+        model = accelerator.prepare(torch.nn.Linear(256, 256))
+        accelerator.save_state(sys.argv[1] + "/first")
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a killed process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))
+        try:
+            accelerator.save_state(sys.argv[1] + "/second")
+        except CheckpointError as exc:
+            print("ERROR", exc)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in done.stdout.splitlines() if line.startswith("ERROR"))
+    assert f"save_state into {tmp_path}/second failed: OSError: [Errno 27] File too large" in line
+    assert line.endswith(f"{tmp_path}/second was not written and earlier checkpoints are untouched")
+    assert sorted(os.listdir(tmp_path)) == ["first"]
+    manifests.verify(str(tmp_path / "first"))

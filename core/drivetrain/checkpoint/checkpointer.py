@@ -27,6 +27,7 @@ from torch.utils.hooks import RemovableHandle
 
 from drivetrain.checkpoint import files
 from drivetrain.checkpoint import manifest as manifests
+from drivetrain.checkpoint.dcp_reading import dcp_failure
 from drivetrain.checkpoint.files import atomic_write
 from drivetrain.checkpoint.finishing import FinishingSave
 from drivetrain.checkpoint.model_files import write_model_files
@@ -36,7 +37,7 @@ from drivetrain.checkpoint.training_objects import (
     write_kernel_objects,
     writes_shared_files,
 )
-from drivetrain.errors import CheckpointError, CheckpointWarning, ConfigurationError
+from drivetrain.errors import CheckpointError, CheckpointWarning, ConfigurationError, DrivetrainError
 
 if TYPE_CHECKING:
     from drivetrain.contract.arguments import PluginAccelerator as Accelerator
@@ -152,7 +153,11 @@ class Checkpointer:
         failed = [(rank, message) for rank, (_, message) in enumerate(gathered) if message is not None]
         if failed:
             if error is not None and len(gathered) == 1:
-                raise error
+                if isinstance(error, DrivetrainError) or not after:
+                    raise error
+                # A raw OSError ("No space left on device") says neither which operation failed nor what
+                # was kept: say both.
+                raise CheckpointError(f"{what} failed: {type(error).__name__}: {error}{after}") from error
             if len(failed) == 1:
                 where = f"rank {failed[0][0]}: {failed[0][1]}"
             else:
@@ -187,7 +192,7 @@ class Checkpointer:
         writer = writes_shared_files(self.accelerator)
         temporary = manifests.incomplete_path(location)
         not_written = f"; {location} was not written and earlier checkpoints are untouched"
-        error: Exception | None = None
+        error: BaseException | None = None
         if writer:
             try:
                 os.makedirs(os.path.dirname(location), exist_ok=True)
@@ -201,12 +206,16 @@ class Checkpointer:
         try:
             with files.early_writeback(wait):
                 self._write_checkpoint_files(temporary, safe_serialization, save_model_func_kwargs)
-        except Exception as exc:
-            error = exc
+        except (KeyboardInterrupt, SystemExit):
+            if writer:
+                shutil.rmtree(temporary, ignore_errors=True)
+            raise
+        except BaseException as exc:  # torch's CheckpointException is a BaseException: agree on it too
+            error = exc if isinstance(exc, Exception) else dcp_failure(exc, "writing the checkpoint files")
         try:
             self._agree(f"save_state into {location}", error, after=not_written)
-        except CheckpointError:
-            if writer:
+        except BaseException:
+            if writer:  # no debris: the unfinished folder goes, whatever the failure
                 shutil.rmtree(temporary, ignore_errors=True)
             raise
 

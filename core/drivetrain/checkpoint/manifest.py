@@ -333,7 +333,15 @@ class Verification:
         if not self._done:
             self._done = True
             for path, algorithm, expected, futures in self._checks:
-                if [digest for future in futures for digest in future.result()] != expected:
+                try:
+                    digests = [digest for future in futures for digest in future.result()]
+                except OSError as exc:
+                    self._outcome = CheckpointError(
+                        f"checkpoint file {path} could not be read while verifying it ({exc.strerror or exc}): "
+                        "it was removed or replaced during the load (another run pruning old checkpoints?)"
+                    )
+                    break
+                if digests != expected:
                     self._outcome = CheckpointError(
                         f"checkpoint file {path} does not match its {algorithm} checksum in the manifest: "
                         "it was modified or corrupted after the save"
