@@ -193,6 +193,10 @@ def read_manifest(directory: str) -> dict[str, Any]:
         or not isinstance(manifest.get("files"), dict)
     ):
         raise CheckpointError(f"{path} is not a drivetrain checkpoint manifest")
+    if not all(isinstance(entry, dict) for entry in manifest["files"].values()):
+        raise CheckpointError(f"{path} lists a file without its size and checksums: the checkpoint is damaged")
+    if not isinstance(manifest.get("metadata", {}), dict):
+        raise CheckpointError(f"{path} has metadata that is not a mapping: the checkpoint is damaged")
     version = manifest.get("version", 0)
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
         raise CheckpointError(f"{path} has an invalid version {version!r}: the checkpoint is damaged")
