@@ -327,3 +327,18 @@ def test_save_that_runs_out_of_space_leaves_no_debris_and_says_what_was_kept(tmp
     assert line.endswith(f"{tmp_path}/second was not written and earlier checkpoints are untouched")
     assert sorted(os.listdir(tmp_path)) == ["first"]
     manifests.verify(str(tmp_path / "first"))
+
+
+def test_checkpoint_pruned_by_another_run_during_a_load_is_a_clear_error(tmp_path):
+    """Another run prunes the checkpoint between the moment this load picked it and the moment it reads
+    (here: a pre-hook deletes the folder, as the other run's prune would): one CheckpointError, not a raw
+    FileNotFoundError, and nothing applied."""
+    accelerator, model, optimizer = _setup(tmp_path, automatic_checkpoint_naming=True)
+    folder = accelerator.save_state()
+    _step(accelerator, model, optimizer)
+    accelerator.register_load_state_pre_hook(lambda models, input_dir: shutil.rmtree(input_dir))
+    before = _weights(model)
+    with pytest.raises(CheckpointError, match="checkpoint_0.*(removed or replaced during the load|disappeared)"):
+        accelerator.load_state()
+    assert not os.path.exists(folder)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

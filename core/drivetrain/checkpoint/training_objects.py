@@ -137,6 +137,11 @@ def write_training_objects(
 
 
 def _require(path: str, what: str) -> str:
+    if not os.path.isdir(os.path.dirname(path)):
+        raise CheckpointError(
+            f"checkpoint folder {os.path.dirname(path)} disappeared during the load: another run may have "
+            "pruned or replaced it"
+        )
     if not os.path.isfile(path):
         raise CheckpointError(
             f"{path} not found: the checkpoint has no {what} (was it saved with the same "
