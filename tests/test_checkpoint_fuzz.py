@@ -31,7 +31,24 @@ SEED = int(os.environ.get("DRIVETRAIN_FUZZ_SEED", "0"))
 ONLY = os.environ.get("DRIVETRAIN_FUZZ_ONLY")
 
 #: What a tampered manifest field is set to.
-ODD_VALUES = [-1, 0, 1, 255, 2**31, 2**63, 10**30, True, None, "", "x" * 100, 1.5, float("inf"), [], {}, [0] * 50]
+ODD_VALUES = [
+    -1,
+    0,
+    1,
+    255,
+    2**31,
+    2**63,
+    10**30,
+    True,
+    None,
+    "",
+    "x" * 100,
+    1.5,
+    float("inf"),
+    [],
+    {},
+    [0] * 50,
+]
 
 
 def _files(folder: str) -> list[str]:
@@ -75,9 +92,9 @@ def _mutate(folder: str, rng: random.Random) -> str:
     elif kind == "delete":
         os.remove(path)
     elif kind == "extra":
-        open(os.path.join(folder, rng.choice(["model_1.safetensors", "optimizer_1.bin", "x.bin"])), "wb").write(
-            os.urandom(rng.randrange(64))
-        )
+        open(
+            os.path.join(folder, rng.choice(["model_1.safetensors", "optimizer_1.bin", "x.bin"])), "wb"
+        ).write(os.urandom(rng.randrange(64)))
     else:
         reseal = False
         with open(manifest_path) as handle:
@@ -87,7 +104,9 @@ def _mutate(folder: str, rng: random.Random) -> str:
             if rng.random() < 0.5:
                 manifest["chunk_size"] = rng.choice([256, 1024])
         elif kind == "field":
-            where = rng.choice(["chunk_size", "version", "format", "files", "size", "chunks", "name", "metadata"])
+            where = rng.choice(
+                ["chunk_size", "version", "format", "files", "size", "chunks", "name", "metadata"]
+            )
             value = rng.choice(ODD_VALUES)
             if where in ("chunk_size", "version", "format", "files", "metadata"):
                 manifest[where] = value
@@ -96,7 +115,9 @@ def _mutate(folder: str, rng: random.Random) -> str:
             elif where == "chunks":
                 manifest["files"][victim][rng.choice(["xxh3_128_chunks", "sha256_chunks"])] = value
             else:
-                manifest["files"][rng.choice(["../x", "/etc/passwd", "", "a/../../b"])] = manifest["files"][victim]
+                manifest["files"][rng.choice(["../x", "/etc/passwd", "", "a/../../b"])] = manifest["files"][
+                    victim
+                ]
         else:  # manifest_bytes
             raw = json.dumps(manifest).encode()
             cut = rng.randrange(len(raw))
@@ -124,7 +145,8 @@ def test_fuzzed_checkpoints_load_or_fail_clearly(tmp_path):
     accelerator.backward(model(torch.randn(4, 8)).sum())
     optimizer.step()
     pristine = {
-        safe: accelerator.save_state(tmp_path / f"pristine_{safe}", safe_serialization=safe) for safe in (True, False)
+        safe: accelerator.save_state(tmp_path / f"pristine_{safe}", safe_serialization=safe)
+        for safe in (True, False)
     }
     accelerator.backward(model(torch.randn(4, 8)).sum())
     optimizer.step()  # the live model now differs from every checkpoint
@@ -146,7 +168,7 @@ def test_fuzzed_checkpoints_load_or_fail_clearly(tmp_path):
             outcomes["refused"] += 1
             changed = [k for k, v in model.state_dict().items() if not torch.equal(before[k], v)]
             assert not changed, f"case {case} ({what}): a failed load changed {changed}"
-        except Exception as exc:  # noqa: BLE001 - the point of the test
+        except Exception as exc:
             pytest.fail(f"case {case} ({what}): {type(exc).__name__}: {exc}")
         else:
             outcomes["loaded"] += 1  # a resealed flip inside tensor data is a valid checkpoint

@@ -100,7 +100,8 @@ def _reseal(folder: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "victim", ["optimizer.bin", "pytorch_model.bin", "scheduler.bin", "random_states_0.pkl", "custom_checkpoint_0.pkl"]
+    "victim",
+    ["optimizer.bin", "pytorch_model.bin", "scheduler.bin", "random_states_0.pkl", "custom_checkpoint_0.pkl"],
 )
 def test_load_state_runs_no_code_from_any_file(tmp_path, victim):
     accelerator, model, optimizer = _setup(tmp_path)
@@ -122,7 +123,9 @@ def test_load_state_runs_no_code_from_any_file(tmp_path, victim):
     torch.save({"state": _RunsCode(str(marker))}, os.path.join(folder, victim))
     _reseal(folder)
     before = _weights(model)
-    with pytest.raises(CheckpointError, match=rf"{victim} holds objects that safe loading refuses.*nothing in it"):
+    with pytest.raises(
+        CheckpointError, match=rf"{victim} holds objects that safe loading refuses.*nothing in it"
+    ):
         accelerator.load_state(folder)
     assert not marker.exists()
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -269,12 +272,17 @@ def test_failed_load_leaves_the_model_untouched(tmp_path, safe_serialization):
     accelerator, model, optimizer = _setup(tmp_path / "b", optimizer_groups=2)
     _step(accelerator, model, optimizer)
     before, optimizer_before = _weights(model), optimizer.state_dict()
-    with pytest.raises(CheckpointError, match=r"optimizer.bin holds 1 parameter group\(s\) of \[4\] parameters but AdamW has 2 of \[2, 2\]"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"optimizer.bin holds 1 parameter group\(s\) of \[4\] parameters but AdamW has 2 of \[2, 2\]",
+    ):
         accelerator.load_state(folder)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     after = optimizer.state_dict()
     assert len(after["param_groups"]) == 2 and after["param_groups"][1]["lr"] == 0.01
-    assert all(torch.equal(optimizer_before["state"][0][key], after["state"][0][key]) for key in ("exp_avg", "step"))
+    assert all(
+        torch.equal(optimizer_before["state"][0][key], after["state"][0][key]) for key in ("exp_avg", "step")
+    )
 
 
 def test_model_that_does_not_fit_is_refused_before_anything_changes(tmp_path):
@@ -338,7 +346,9 @@ def test_checkpoint_pruned_by_another_run_during_a_load_is_a_clear_error(tmp_pat
     _step(accelerator, model, optimizer)
     accelerator.register_load_state_pre_hook(lambda models, input_dir: shutil.rmtree(input_dir))
     before = _weights(model)
-    with pytest.raises(CheckpointError, match="checkpoint_0.*(removed or replaced during the load|disappeared)"):
+    with pytest.raises(
+        CheckpointError, match="checkpoint_0.*(removed or replaced during the load|disappeared)"
+    ):
         accelerator.load_state()
     assert not os.path.exists(folder)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

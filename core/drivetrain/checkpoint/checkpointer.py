@@ -492,7 +492,9 @@ def _finish_save(
     try:
         manifests.prune(os.path.dirname(location), total_limit, keep=location)
     except Exception as exc:
-        left = "; ".join(exc.left) if isinstance(exc, manifests.PruneError) else f"{type(exc).__name__}: {exc}"
+        left = (
+            "; ".join(exc.left) if isinstance(exc, manifests.PruneError) else f"{type(exc).__name__}: {exc}"
+        )
         return [
             f"checkpoint {location} is complete, but pruning older checkpoints (total_limit={total_limit}) "
             f"left behind: {left}. Delete it by hand; later saves are not affected"

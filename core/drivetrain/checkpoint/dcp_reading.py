@@ -79,15 +79,21 @@ def read_dcp_metadata(folder: str | os.PathLike) -> Any:
         with open(path, "rb") as handle:
             metadata = _MetadataUnpickler(handle).load()
     except FileNotFoundError:
-        raise CheckpointError(f"{path} not found: {folder} is not a torch.distributed.checkpoint folder") from None
+        raise CheckpointError(
+            f"{path} not found: {folder} is not a torch.distributed.checkpoint folder"
+        ) from None
     except _Refused as exc:
         raise CheckpointError(f"{path} was refused ({exc}); nothing in it was run") from None
     except Exception as exc:  # a truncated or garbled pickle fails in many ways
-        raise CheckpointError(f"{path} is unreadable ({type(exc).__name__}: {exc}): the checkpoint is damaged") from None
+        raise CheckpointError(
+            f"{path} is unreadable ({type(exc).__name__}: {exc}): the checkpoint is damaged"
+        ) from None
     from torch.distributed.checkpoint.metadata import Metadata
 
     if not isinstance(metadata, Metadata):
-        raise CheckpointError(f"{path} holds a {type(metadata).__name__}, not DCP metadata: the checkpoint is damaged")
+        raise CheckpointError(
+            f"{path} holds a {type(metadata).__name__}, not DCP metadata: the checkpoint is damaged"
+        )
     return metadata
 
 
@@ -143,12 +149,14 @@ def _safe_planner_type() -> type:
 
 
 def safe_dcp_load(
-    state_dict: dict[str, Any], checkpoint_id: str | os.PathLike, no_dist: bool = False, **planner_options: Any
+    state_dict: dict[str, Any],
+    checkpoint_id: str | os.PathLike,
+    no_dist: bool = False,
+    **planner_options: Any,
 ) -> None:
     """``torch.distributed.checkpoint.load(state_dict, checkpoint_id=...)`` that runs nothing from the
     folder (see the module docstring); ``planner_options`` go to torch's ``DefaultLoadPlanner``."""
     import torch.distributed.checkpoint as dcp
-
     from torch.distributed.checkpoint.api import CheckpointException
 
     folder = os.fspath(checkpoint_id)

@@ -194,7 +194,9 @@ def read_manifest(directory: str) -> dict[str, Any]:
     ):
         raise CheckpointError(f"{path} is not a drivetrain checkpoint manifest")
     if not all(isinstance(entry, dict) for entry in manifest["files"].values()):
-        raise CheckpointError(f"{path} lists a file without its size and checksums: the checkpoint is damaged")
+        raise CheckpointError(
+            f"{path} lists a file without its size and checksums: the checkpoint is damaged"
+        )
     if not isinstance(manifest.get("metadata", {}), dict):
         raise CheckpointError(f"{path} has metadata that is not a mapping: the checkpoint is damaged")
     version = manifest.get("version", 0)

@@ -244,7 +244,9 @@ def _weights_only_load(path: str, map_location: Any, **kwargs: Any) -> Any:
     except pickle.UnpicklingError as exc:
         lines = str(exc).splitlines()
         # torch's first line is generic; the line naming the refused global says what was in the file.
-        reason = next((line for line in lines if "GLOBAL" in line or "Unsupported" in line), lines[0] if lines else "")
+        reason = next(
+            (line for line in lines if "GLOBAL" in line or "Unsupported" in line), lines[0] if lines else ""
+        )
         raise CheckpointError(
             f"{path} holds objects that safe loading refuses ({reason.strip()}); nothing in it was "
             f"run. If you trust where this file came from, load it with {UNSAFE_OPT_OUT} "

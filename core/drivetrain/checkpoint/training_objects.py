@@ -169,7 +169,9 @@ def check_model_source(model: torch.nn.Module, source: Any, where: str) -> None:
     if isinstance(source, str):
         shapes = {name: tuple(record.shape) for name, record in read_header(source).items()}
     elif isinstance(source, dict):
-        shapes = {name: tuple(value.shape) for name, value in source.items() if isinstance(value, torch.Tensor)}
+        shapes = {
+            name: tuple(value.shape) for name, value in source.items() if isinstance(value, torch.Tensor)
+        }
     else:
         raise CheckpointError(f"{where} holds a {type(source).__name__}, not a state dict")
     groups = _shared_groups(targets)
@@ -177,7 +179,9 @@ def check_model_source(model: torch.nn.Module, source: Any, where: str) -> None:
     mismatched = [
         f"{name}: checkpoint {shapes[name]}, model {tuple(targets[name].shape)}"
         for name in shapes
-        if name in targets and isinstance(targets[name], torch.Tensor) and shapes[name] != tuple(targets[name].shape)
+        if name in targets
+        and isinstance(targets[name], torch.Tensor)
+        and shapes[name] != tuple(targets[name].shape)
     ]
     missing = [
         name
@@ -321,7 +325,9 @@ def read_training_objects(
         ]
         # Everything that can be checked is, before anything is applied: a failure leaves all untouched.
         for index, (model, source) in enumerate(zip(models, model_sources)):
-            check_model_source(accelerator.unwrap_model(model), source, _model_where(input_dir, index, source))
+            check_model_source(
+                accelerator.unwrap_model(model), source, _model_where(input_dir, index, source)
+            )
         for index, (optimizer, state) in enumerate(zip(optimizers, optimizer_states)):
             check_optimizer_layout(optimizer, state, os.path.join(input_dir, optimizer_file_name(index)))
     except Exception as exc:

@@ -24,12 +24,16 @@ class _RunsCode:
         return (os.system, (f"touch {self.marker}",))
 
 
-@pytest.mark.parametrize("victim", ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"])
+@pytest.mark.parametrize(
+    "victim", ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+)
 def test_load_state_refuses_engine_files_that_run_code(tmp_path, victim):
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
     model = torch.nn.Linear(3, 1)
     batches = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 3)), 4)
-    model, optimizer, batches = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.1), batches)
+    model, optimizer, batches = accelerator.prepare(
+        model, torch.optim.AdamW(model.parameters(), lr=0.1), batches
+    )
     accelerator.backward(model(torch.randn(4, 3)).sum())
     optimizer.step()
     folder = accelerator.save_state(str(tmp_path / "ckpt"))

@@ -218,9 +218,7 @@ def load_fsdp_optimizer(
     else:
         path = Path(input_dir) / f"{OPTIMIZER_FOLDER}_{optimizer_index}_rank{_rank()}.bin"
         _require(path)
-        set_optimizer_state_dict(
-            model, optimizer, safe_load(str(path), map_location="cpu")
-        )
+        set_optimizer_state_dict(model, optimizer, safe_load(str(path), map_location="cpu"))
     _barrier()
 
 

@@ -38,7 +38,9 @@ def _sharded_folder(path: Path) -> Path:
 def test_merge_weights_refuses_metadata_that_runs_code(tmp_path, capsys):
     folder = _sharded_folder(tmp_path / "ckpt")
     assert drivetrain_main(["merge-weights", str(tmp_path / "ckpt"), str(tmp_path / "merged")]) == 0
-    assert torch.equal(load_file(str(tmp_path / "merged" / "model.safetensors"))["weight"], torch.arange(6.0).reshape(2, 3))
+    assert torch.equal(
+        load_file(str(tmp_path / "merged" / "model.safetensors"))["weight"], torch.arange(6.0).reshape(2, 3)
+    )
 
     marker = tmp_path / "code_ran"
     with open(folder / ".metadata", "wb") as out:
@@ -53,7 +55,9 @@ def test_merge_weights_refuses_metadata_that_runs_code(tmp_path, capsys):
 @pytest.mark.multiprocess
 def test_load_state_refuses_sharded_metadata_that_runs_code(tmp_path):
     env = {"TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    result = launch_script(str(SCRIPTS / "fsdp_untrusted.py"), num_processes=1, args=[str(tmp_path / "ckpt")], env=env)
+    result = launch_script(
+        str(SCRIPTS / "fsdp_untrusted.py"), num_processes=1, args=[str(tmp_path / "ckpt")], env=env
+    )
     assert_checks_passed(
         result, ["sharded_metadata_refused", "sharded_metadata_ran_nothing", "sharded_model_untouched"]
     )
