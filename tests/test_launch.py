@@ -212,7 +212,7 @@ def test_a_crash_without_restarts_fails_with_the_exit_code(tmp_path):
     assert (
         err.strip()
         .splitlines()[-1]
-        .startswith("drivetrain: error: process of global rank 1 failed with exit")
+        .startswith("drivetrain: error: process of global rank 1 failed first (exit code 3)")
     )
 
 
@@ -242,3 +242,46 @@ def test_debug_launcher_and_notebook_launcher_fork_real_processes(tmp_path, monk
     assert notebook_launcher(lambda: "here", num_processes=1) == "here"
     with pytest.raises(ValueError, match="mixed_precision='fp12' is not valid"):
         notebook_launcher(_gather_rank, ("x",), num_processes=2, mixed_precision="fp12")
+
+
+def test_a_rank_that_raises_is_named_first_with_its_error_and_no_abort(tmp_path):
+    """The short version of ``python scripts/ddp_exit_stress.py --runs 20 --failing_rank 1`` (which stands
+    behind "20 of 20 runs"): each run ends with exit code 1, no gloo abort, and the launcher's last line
+    naming rank 1 and its ValueError, although rank 0 fails too, waiting for it."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "ddp_exit_stress.py"
+    spec = importlib.util.spec_from_file_location("ddp_exit_stress", path)
+    stress = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stress)
+    outcomes = stress.run_failing(runs=2, failing_rank=1)
+    assert outcomes == [(1, ""), (1, "")], outcomes
+
+
+def test_sigterm_stops_the_job_with_one_line(tmp_path):
+    import signal
+    import time
+
+    started = tmp_path / "started"
+    process = launch(
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--no_python",
+        "sh",
+        "-c",
+        f"touch {started}.$RANK; sleep 120",
+        tmp_path=tmp_path,
+    )
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"started.{rank}").exists() for rank in (0, 1)):
+        assert time.monotonic() < deadline and process.poll() is None, "the job did not start"
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    code, out, err = finish(process, timeout=60)
+    assert code == 128 + signal.SIGTERM
+    assert "Traceback" not in err
+    assert (
+        err.strip().splitlines()[-1]
+        == "drivetrain: error: stopped by SIGTERM: the job's processes were stopped"
+    )

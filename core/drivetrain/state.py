@@ -96,6 +96,9 @@ class PartialState:
         self.environment: DistributedEnvironment = environment
         self.debug: bool = sources.to_bool(os.environ.get("DRIVETRAIN_DEBUG_MODE", "0"))
         self.fork_launched: bool = sources.to_bool(os.environ.get("FORK_LAUNCHED", "0"))
+        from drivetrain import failure_report
+
+        failure_report.install(environment.process_index, environment.num_processes)
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     @property

@@ -726,26 +726,89 @@ def launch(plan: LaunchPlan, args: argparse.Namespace | None = None) -> int:
     if not plan.quiet:
         print(banner(plan), file=sys.stderr, flush=True)
     os.environ.update(environment_for(plan))
+    import tempfile
+
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    from drivetrain import failure_report
+
     debug = bool(plan.chosen.get("debug"))
-    try:
-        torchrun.run(torchrun.parse_args(torchrun_arguments(plan)))
-    except ChildFailedError as exc:
-        if debug:
-            print(exc.format_msg(), file=sys.stderr)
-        rank, failure = exc.get_first_failure()
-        code = failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
-        print(
-            error_line(
-                f"process of global rank {rank} failed with exit code {failure.exitcode}; its error is "
-                "printed above" + ("" if debug else " (--debug shows the launcher's report)")
-            ),
-            file=sys.stderr,
-        )
-        return code
+    with tempfile.TemporaryDirectory(prefix="drivetrain-failures-") as failures:
+        os.environ[failure_report.FAILURE_DIR_ENV] = failures
+        try:
+            torchrun.run(torchrun.parse_args(torchrun_arguments(plan)))
+        except ChildFailedError as exc:
+            if debug:
+                print(exc.format_msg(), file=sys.stderr)
+            print(
+                error_line(_failure_message(exc, failure_report.first_failure(failures), debug)),
+                file=sys.stderr,
+            )
+            return _exit_code_of(exc, failure_report.first_failure(failures))
+        except SignalException as exc:
+            # The launcher was told to stop (SIGTERM from a scheduler, SIGINT ...): torch stopped the processes.
+            name = signal_name(int(exc.sigval))
+            print(error_line(f"stopped by {name}: the job's processes were stopped"), file=sys.stderr)
+            return 128 + int(exc.sigval)
+        finally:
+            os.environ.pop(failure_report.FAILURE_DIR_ENV, None)
     return 0
+
+
+def signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _exit_code(exitcode: int) -> int:
+    """A process's exit code as a shell reports it: 128 + N for one killed by signal N."""
+    return exitcode if exitcode > 0 else 128 - exitcode
+
+
+def _blamed_rank(exc: Any, recorded: dict[str, Any] | None) -> int:
+    """The rank that failed first: the earliest recorded Python error; else a rank that exited with an
+    error code rather than one killed by a signal (killed ones are usually stopped because another
+    failed); else torch's pick."""
+    if recorded is not None and recorded["rank"] in exc.failures:
+        return int(recorded["rank"])
+    exited = sorted(rank for rank, failure in exc.failures.items() if failure.exitcode > 0)
+    if exited:
+        return exited[0]
+    rank, _ = exc.get_first_failure()
+    return int(rank)
+
+
+def _exit_code_of(exc: Any, recorded: dict[str, Any] | None) -> int:
+    return _exit_code(exc.failures[_blamed_rank(exc, recorded)].exitcode)
+
+
+def _failure_message(exc: Any, recorded: dict[str, Any] | None, debug: bool) -> str:
+    rank = _blamed_rank(exc, recorded)
+    failure = exc.failures[rank]
+    how = (
+        f"exit code {failure.exitcode}"
+        if failure.exitcode > 0
+        else f"signal {signal_name(-failure.exitcode)}"
+    )
+    others = sorted(other for other in exc.failures if other != rank)
+    after = (
+        f"; rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} failed after it"
+        if others
+        else ""
+    )
+    if recorded is not None and recorded["rank"] == rank:
+        return f"process of global rank {rank} failed first ({how}): {recorded['error']}{after}"
+    hint = "" if debug else " (--debug shows the launcher's report)"
+    return (
+        f"process of global rank {rank} failed first ({how}) without a Python error "
+        f"(its output above is all there is){after}{hint}"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
