@@ -520,7 +520,7 @@ def resolve_plan(args: argparse.Namespace, environ: dict[str, str] | None = None
         )
     monitor_interval, _ = pick("monitor_interval", 0.1)
 
-    env = {str(k): str(v) for k, v in (config.get("env") or {}).items()}
+    env = {str(k): _environment_value(f"env.{k}", v) for k, v in (config.get("env") or {}).items()}
     env.update(_parse_env(args.env))
     threads, _ = pick("num_cpu_threads_per_process")
     if threads is not None:
@@ -643,13 +643,33 @@ def _check_plugin_options(plugin: str, values: dict[str, Any], backend: str) -> 
 
 
 # -- running -------------------------------------------------------------------------------------------------------
+def _environment_value(field: str, value: Any) -> str:
+    """A config value as an environment variable: strings and numbers as written, booleans as 1/0, lists
+    comma-separated (``gpu_ids: [0, 1]`` -> ``0,1``); anything else (null, a mapping) is an error naming the
+    field, rather than its Python repr reaching the processes."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    if isinstance(value, (list, tuple)) and all(
+        isinstance(item, (str, int, float)) and not isinstance(item, bool) for item in value
+    ):
+        return ",".join(str(item) for item in value)
+    shown = "null" if value is None else type(value).__name__
+    raise ConfigurationError(
+        f"config field {field} is {shown}; an environment variable needs a string, a number, true/false or a "
+        "list of strings/numbers (joined with commas). Remove the line to leave the variable unset"
+    )
+
+
 def environment_for(plan: LaunchPlan) -> dict[str, str]:
     """The variables the launcher adds to the processes' environment."""
     env: dict[str, str] = {}
     for key, variable in EXPORTED.items():
         if key in plan.chosen:
             value = plan.chosen[key]
-            env[variable] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+            if value is not None:
+                env[variable] = _environment_value(key, value)
     if "parallelism_config" in plan.chosen:
         env[USE_PARALLELISM_ENV] = "1"
         for name, value in plan.chosen["parallelism_config"].items():
