@@ -67,6 +67,8 @@ SECTIONS = {
         "optimizer_file_name",
         "scheduler_file_name",
         "safe_load",
+        "safe_dcp_load",
+        "read_dcp_metadata",
         "write_model_files",
     ],
     "Big-model loading (offloading plugins)": [

@@ -155,13 +155,15 @@ def test_a_script_that_exits_right_after_an_asynchronous_save_state_leaves_a_com
         import sys, torch
         from drivetrain import Accelerator
         from drivetrain.checkpoint import files
+        from drivetrain.utils import ProjectConfiguration
 
         if sys.argv[2] == "fail":
             def fail(name, path):
                 if name == "manifest_written":
                     raise OSError(28, "No space left on device")
             files.on_stage = fail
-        accelerator = Accelerator()
+        # A background save (opt-in): the script ends while it is finishing.
+        accelerator = Accelerator(project_config=ProjectConfiguration(async_save=True))
         model = accelerator.prepare(torch.nn.Linear(512, 512))
         torch.save(model.state_dict(), sys.argv[1] + ".expected")
         accelerator.save_state(sys.argv[1], blocking=False)

@@ -320,3 +320,23 @@ def test_estimate_memory_transformers_config_folder(tmp_path, capsys):
     assert main(["estimate-memory", str(folder / "config.json")]) == 0
     table = capsys.readouterr().out
     assert "| float32 |" in table and "| int4    |" in table and "Training using Adam" in table
+
+
+def test_config_env_values_reach_the_processes_as_written_or_fail_naming_the_field(tmp_path):
+    """Lists are joined with commas, never exported as their Python repr; a null is an error naming the
+    field (issue 23, finding 8)."""
+    from drivetrain.commands.launch import environment_for
+
+    config = tmp_path / "c.yaml"
+    config.write_text("num_processes: 1\nenv:\n  TEST_IDS: [0, 1]\n  TEST_FLAG: true\n  TEST_N: 3\n")
+    plan = resolve_plan(build_parser().parse_args(["--config_file", str(config), "t.py"]), environ={})
+    assert {k: v for k, v in environment_for(plan).items() if k.startswith("TEST_")} == {
+        "TEST_IDS": "0,1",
+        "TEST_FLAG": "1",
+        "TEST_N": "3",
+    }
+    config.write_text("num_processes: 1\nenv:\n  TEST_B: null\n")
+    with pytest.raises(
+        ConfigurationError, match="config field env.TEST_B is null; an environment variable needs"
+    ):
+        resolve_plan(build_parser().parse_args(["--config_file", str(config), "t.py"]), environ={})

@@ -211,7 +211,7 @@ def test_a_removed_plugin_info_field_is_a_clear_error(tmp_path):
     )
     out = _run_python("from drivetrain.commands.main import main; main(['plugins'])", **env)
     line = next(line for line in out.splitlines() if line.startswith("old "))
-    assert "UNAVAILABLE" in line and "(distribution old-plugin 0.1)" in line
+    assert "BROKEN" in line and "(distribution old-plugin 0.1)" in line
     assert "'config_class' was removed in contract 1.1: delete it" in line
 
 

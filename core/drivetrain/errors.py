@@ -19,3 +19,8 @@ class CheckpointError(DrivetrainError):
 
 class UsageError(DrivetrainError):
     """A bad flag or value on the command line: ``drivetrain`` prints it as one line and exits with code 2."""
+
+
+class CheckpointWarning(UserWarning):
+    """Something about a checkpoint needs the user's attention, though the operation succeeded (an old
+    checkpoint that pruning could not delete)."""

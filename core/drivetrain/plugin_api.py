@@ -69,6 +69,8 @@ _LAZY = {
     "optimizer_file_name": "drivetrain.checkpoint.training_objects",
     "scheduler_file_name": "drivetrain.checkpoint.training_objects",
     "safe_load": "drivetrain.checkpoint.serialization",
+    "safe_dcp_load": "drivetrain.checkpoint.dcp_reading",
+    "read_dcp_metadata": "drivetrain.checkpoint.dcp_reading",
     "write_model_files": "drivetrain.checkpoint.model_files",
     # big-model loading (for offloading plugins)
     "TensorRecord": "drivetrain.big_modeling.reader",

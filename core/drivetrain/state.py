@@ -146,6 +146,9 @@ class PartialState:
         self.debug: bool = sources.to_bool(os.environ.get("DRIVETRAIN_DEBUG_MODE", "0"))
         self.fork_launched: bool = sources.to_bool(os.environ.get("FORK_LAUNCHED", "0"))
         _report_backend(self.backend_name, self.backend_source, environment.process_index)
+        from drivetrain import failure_report
+
+        failure_report.install(environment.process_index, environment.num_processes)
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     @property

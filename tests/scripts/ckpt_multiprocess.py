@@ -193,9 +193,8 @@ def finish_failure(project_dir: str) -> None:
 
     files.on_stage = disk_full  # only rank 0 finishes saves; set everywhere to show that is so
     train_step(accelerator, model, optimizer)
-    second = accelerator.save_state(
-        blocking=False
-    )  # returns on both ranks: the failure comes later, on rank 0's thread
+    # A background save (opt-in): returns on both ranks; the failure comes later, on rank 0's thread.
+    second = accelerator.save_state(blocking=False)
     try:
         accelerator.wait_for_everyone()
     except CheckpointError as exc:

@@ -18,6 +18,7 @@ import collections
 import functools
 import os
 import shutil
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from torch.utils.hooks import RemovableHandle
 
 from drivetrain.checkpoint import files
 from drivetrain.checkpoint import manifest as manifests
+from drivetrain.checkpoint.dcp_reading import dcp_failure
 from drivetrain.checkpoint.files import atomic_write
 from drivetrain.checkpoint.finishing import FinishingSave
 from drivetrain.checkpoint.model_files import write_model_files
@@ -35,7 +37,7 @@ from drivetrain.checkpoint.training_objects import (
     write_kernel_objects,
     writes_shared_files,
 )
-from drivetrain.errors import CheckpointError, ConfigurationError
+from drivetrain.errors import CheckpointError, CheckpointWarning, ConfigurationError, DrivetrainError
 
 if TYPE_CHECKING:
     from drivetrain.contract.arguments import PluginAccelerator as Accelerator
@@ -151,7 +153,11 @@ class Checkpointer:
         failed = [(rank, message) for rank, (_, message) in enumerate(gathered) if message is not None]
         if failed:
             if error is not None and len(gathered) == 1:
-                raise error
+                if isinstance(error, DrivetrainError) or not after:
+                    raise error
+                # A raw OSError ("No space left on device") says neither which operation failed nor what
+                # was kept: say both.
+                raise CheckpointError(f"{what} failed: {type(error).__name__}: {error}{after}") from error
             if len(failed) == 1:
                 where = f"rank {failed[0][0]}: {failed[0][1]}"
             else:
@@ -191,7 +197,7 @@ class Checkpointer:
         writer = writes_shared_files(self.accelerator)
         temporary = manifests.incomplete_path(location)
         not_written = f"; {location} was not written and earlier checkpoints are untouched"
-        error: Exception | None = None
+        error: BaseException | None = None
         if writer:
             try:
                 os.makedirs(os.path.dirname(location), exist_ok=True)
@@ -205,12 +211,16 @@ class Checkpointer:
         try:
             with files.early_writeback(wait):
                 self._write_checkpoint_files(temporary, safe_serialization, save_model_func_kwargs)
-        except Exception as exc:
-            error = exc
+        except (KeyboardInterrupt, SystemExit):
+            if writer:
+                shutil.rmtree(temporary, ignore_errors=True)
+            raise
+        except BaseException as exc:  # torch's CheckpointException is a BaseException: agree on it too
+            error = exc if isinstance(exc, Exception) else dcp_failure(exc, "writing the checkpoint files")
         try:
             self._agree(f"save_state into {location}", error, after=not_written)
-        except CheckpointError:
-            if writer:
+        except BaseException:
+            if writer:  # no debris: the unfinished folder goes, whatever the failure
                 shutil.rmtree(temporary, ignore_errors=True)
             raise
 
@@ -242,6 +252,8 @@ class Checkpointer:
             return
         self._finishing_save = None
         error = pending.wait()
+        for warning in pending.warnings:
+            warnings.warn(warning, CheckpointWarning, stacklevel=3)
         what = f"finishing save_state into {pending.location}"
         after = f"; {pending.location} was not written and earlier checkpoints are untouched"
         try:
@@ -378,6 +390,21 @@ class Checkpointer:
         for hook in list(self._load_state_pre_hooks.values()):
             hook(models, location)
         load_kwargs = dict(load_kwargs or {})
+        # The kernel's files are read before the backend applies anything, so a bad one leaves all untouched.
+        apply_kernel_objects = None
+        error = None
+        try:
+            apply_kernel_objects = read_kernel_objects(
+                location, self.accelerator, self.prepared, map_location, load_kwargs
+            )
+        except Exception as exc:
+            error = exc
+        if deferred:
+            if error is not None:
+                gate.wait(error)
+        else:
+            self._agree(f"load_state({location})", error, after="; nothing was loaded from the checkpoint")
+        assert apply_kernel_objects is not None
         loaded = self.plugins.call(
             "load_state",
             input_dir=location,
@@ -392,7 +419,7 @@ class Checkpointer:
         gate.wait()
         if not loaded:
             raise CheckpointError("no plugin loaded the checkpoint (every load_state hook returned None)")
-        read_kernel_objects(location, self.accelerator, self.prepared, map_location, load_kwargs)
+        apply_kernel_objects()
         if "step" in metadata:
             self.accelerator.step = int(metadata["step"])
         number = manifests.checkpoint_number(location)
@@ -478,18 +505,34 @@ def onloaded_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state_dict
 
 
-def _finish_save(temporary: str, location: str, metadata: dict[str, Any], total_limit: int | None) -> None:
+def _finish_save(
+    temporary: str, location: str, metadata: dict[str, Any], total_limit: int | None
+) -> list[str]:
     """The writing process's part of a save after every process wrote its files: make them durable and
     checksum them, write the manifest, rename the folder into place, then prune old automatic checkpoints.
-    Runs on a background thread (see :mod:`drivetrain.checkpoint.finishing`)."""
+    Runs on a background thread (see :mod:`drivetrain.checkpoint.finishing`).
+
+    Pruning is not part of the save: once the rename is done the checkpoint is complete whatever happens
+    to older ones, so a failed prune comes back as a warning (returned), never as a failed save."""
     try:
         manifests.write_manifest(temporary, metadata)
         manifests.seal(temporary, location)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
-    if total_limit is not None:
+    if total_limit is None:
+        return []
+    try:
         manifests.prune(os.path.dirname(location), total_limit, keep=location)
+    except Exception as exc:
+        left = (
+            "; ".join(exc.left) if isinstance(exc, manifests.PruneError) else f"{type(exc).__name__}: {exc}"
+        )
+        return [
+            f"checkpoint {location} is complete, but pruning older checkpoints (total_limit={total_limit}) "
+            f"left behind: {left}. Delete it by hand; later saves are not affected"
+        ]
+    return []
 
 
 class _VerificationGate:

@@ -26,19 +26,23 @@ class FinishingSave:
     """One save's finishing work, running on its own thread from construction (``work=None``: this process
     has nothing to finish, its files are another process's to seal)."""
 
-    def __init__(self, location: str, work: Callable[[], None] | None, iteration: int | None = None) -> None:
+    def __init__(
+        self, location: str, work: Callable[[], list[str] | None] | None, iteration: int | None = None
+    ) -> None:
         self.location = location
         self.iteration = iteration  # the automatic checkpoint number it takes, if any
         self._error: BaseException | None = None
+        #: what went wrong after the checkpoint was complete (pruning older ones): warnings, not failures
+        self.warnings: list[str] = []
         self._thread: threading.Thread | None = None
         if work is not None:
             self._thread = threading.Thread(target=self._run, args=(work,), name="drivetrain-finish-save")
             _uncollected.add(self)
             self._thread.start()
 
-    def _run(self, work: Callable[[], None]) -> None:
+    def _run(self, work: Callable[[], list[str] | None]) -> None:
         try:
-            work()
+            self.warnings = list(work() or [])
         except BaseException as exc:  # handed to whoever collects the outcome
             self._error = exc
 
@@ -58,18 +62,23 @@ _uncollected: set[FinishingSave] = set()
 
 
 def wait_for_all() -> list[FinishingSave]:
-    """Wait for every save still finishing in this process; returns those that failed, uncollected."""
-    failed = []
+    """Wait for every save still finishing in this process; returns those that failed or warned,
+    uncollected."""
+    reported = []
     for save in list(_uncollected):
-        if save.wait() is not None:
-            failed.append(save)
-    return failed
+        if save.wait() is not None or save.warnings:
+            reported.append(save)
+    return reported
 
 
 @atexit.register
 def _report_failures_at_exit() -> None:
-    # Runs after the interpreter joined the finishing threads: only failures are left to tell.
+    # Runs after the interpreter joined the finishing threads: only failures and warnings are left to tell.
     for save in wait_for_all():
+        for warning in save.warnings:
+            print(f"drivetrain: warning: {warning}", file=sys.stderr)
+        if save._error is None:
+            continue
         print(
             f"drivetrain: the checkpoint {save.location} could not be finished "
             f"({type(save._error).__name__}: {save._error}); earlier checkpoints are untouched",

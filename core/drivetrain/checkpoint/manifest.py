@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import threading
 from concurrent.futures import Future
 from typing import Any
@@ -38,6 +39,12 @@ MANIFEST_VERSION = 2
 _INCOMPLETE_SUFFIX = ".incomplete"
 _REPLACED_SUFFIX = ".replaced"
 _CHECKPOINT_FOLDER = re.compile(r"^checkpoint_(\d+)$")
+
+#: Bounds on what a manifest may say, so a tampered one cannot make verification exhaust memory or time: a
+#: genuine manifest of a 1 TB checkpoint is about 2 MB, and drivetrain writes 64 MiB pieces.
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+MIN_CHUNK_SIZE = 256
+MAX_CHUNK_SIZE = 1 << 40
 
 
 def incomplete_path(final: str) -> str:
@@ -76,6 +83,12 @@ def write_manifest(directory: str, metadata: dict[str, Any]) -> None:
     """Make every file of ``directory`` durable, checksum it, and write the manifest (fsynced) as the
     folder's last file. The fsyncs run on this thread while other threads read the files back from the
     page cache to checksum them."""
+    links = _links_inside(directory)
+    if links:
+        raise CheckpointError(
+            f"{directory} holds symbolic links ({', '.join(links[:5])}): a checkpoint holding one could not be "
+            "loaded (loads follow no link); write the files themselves into the checkpoint"
+        )
     listed: dict[str, Any] = {}
     relatives = [relative for relative in _relative_files(directory) if relative != MANIFEST_NAME]
     pieces = []
@@ -157,8 +170,16 @@ def read_manifest(directory: str) -> dict[str, Any]:
             )
         raise CheckpointError(f"checkpoint folder {directory} does not exist{hint}")
     try:
+        if os.path.islink(path):
+            raise CheckpointError(f"{path} is a symbolic link: a checkpoint's files must be in its folder")
         with open(path, "rb") as handle:
-            manifest = json.loads(handle.read())
+            data = handle.read(MAX_MANIFEST_BYTES + 1)
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise CheckpointError(
+                f"{path} is larger than {MAX_MANIFEST_BYTES} bytes, far more than any checkpoint needs: "
+                "the checkpoint is damaged or was tampered with"
+            )
+        manifest = json.loads(data)
     except FileNotFoundError:
         raise CheckpointError(
             f"{directory} has no {MANIFEST_NAME}: it is an incomplete save or was not written by drivetrain. "
@@ -172,7 +193,16 @@ def read_manifest(directory: str) -> dict[str, Any]:
         or not isinstance(manifest.get("files"), dict)
     ):
         raise CheckpointError(f"{path} is not a drivetrain checkpoint manifest")
-    if manifest.get("version", 0) > MANIFEST_VERSION:
+    if not all(isinstance(entry, dict) for entry in manifest["files"].values()):
+        raise CheckpointError(
+            f"{path} lists a file without its size and checksums: the checkpoint is damaged"
+        )
+    if not isinstance(manifest.get("metadata", {}), dict):
+        raise CheckpointError(f"{path} has metadata that is not a mapping: the checkpoint is damaged")
+    version = manifest.get("version", 0)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise CheckpointError(f"{path} has an invalid version {version!r}: the checkpoint is damaged")
+    if version > MANIFEST_VERSION:
         raise CheckpointError(
             f"{path} has manifest version {manifest['version']}; this drivetrain reads up to "
             f"{MANIFEST_VERSION}: upgrade drivetrain"
@@ -180,23 +210,46 @@ def read_manifest(directory: str) -> dict[str, Any]:
     return manifest
 
 
+def _links_inside(directory: str) -> list[str]:
+    """Every symbolic link inside ``directory`` (none is followed)."""
+    found = []
+    for root, dirs, names in os.walk(directory):
+        for name in (*dirs, *names):
+            path = os.path.join(root, name)
+            if os.path.islink(path):
+                found.append(os.path.relpath(path, directory))
+    return sorted(found)
+
+
 def _checked_paths(directory: str, manifest: dict[str, Any]) -> dict[str, str]:
-    """The manifest's files as paths, after the cheap checks: inside the folder, present, recorded size."""
+    """The manifest's files as paths, after the cheap checks: inside the folder, no symbolic link anywhere
+    in it (a link would make the load read any file the user can read), present as a regular file, of the
+    recorded size."""
+    links = _links_inside(directory)
+    if links:
+        raise CheckpointError(
+            f"checkpoint folder {directory} holds symbolic links ({', '.join(links[:5])}"
+            f"{' ...' if len(links) > 5 else ''}): drivetrain reads only the checkpoint's own files"
+        )
     paths = {}
     for relative, expected in manifest["files"].items():
-        path = os.path.join(directory, relative)
-        if os.path.isabs(relative) or ".." in relative.split("/"):
+        if not relative or os.path.isabs(relative) or ".." in relative.split("/") or "\x00" in relative:
             raise CheckpointError(
                 f"{directory}/{MANIFEST_NAME} lists a file outside the folder: {relative!r}"
             )
-        if not isinstance(expected, dict) or not isinstance(expected.get("size"), int):
-            raise CheckpointError(f"{directory}/{MANIFEST_NAME} has no size for {relative!r}")
-        if not os.path.isfile(path):
+        path = os.path.join(directory, relative)
+        size = expected.get("size") if isinstance(expected, dict) else None
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise CheckpointError(f"{directory}/{MANIFEST_NAME} has no valid size for {relative!r}: {size!r}")
+        try:
+            status = os.lstat(path)
+        except OSError:
+            status = None
+        if status is None or not stat.S_ISREG(status.st_mode):
             raise CheckpointError(f"checkpoint file {path} listed in the manifest is missing")
-        size = os.path.getsize(path)
-        if size != expected["size"]:
+        if status.st_size != size:
             raise CheckpointError(
-                f"checkpoint file {path} has {size} bytes but the manifest records {expected['size']}: "
+                f"checkpoint file {path} has {status.st_size} bytes but the manifest records {size}: "
                 "it was truncated or modified after the save"
             )
         paths[relative] = path
@@ -217,16 +270,35 @@ def _expected_pieces(
         digests = expected.get(f"{algorithm}_chunks")
         if digests is None:
             continue
-        ranges = chunk_ranges(size, chunk_size)
-        if not isinstance(digests, list) or len(digests) != len(ranges):
+        pieces = max(1, -(-size // chunk_size))  # counted before any range is built
+        if not isinstance(digests, list) or len(digests) != pieces:
+            count = len(digests) if isinstance(digests, list) else type(digests).__name__
             raise CheckpointError(
-                f"{directory}/{MANIFEST_NAME} records {len(digests)} {algorithm} pieces for {relative!r} "
-                f"but a file of {size} bytes has {len(ranges)}: the manifest is damaged"
+                f"{directory}/{MANIFEST_NAME} records {count} {algorithm} pieces for {relative!r} "
+                f"but a file of {size} bytes has {pieces}: the manifest is damaged"
             )
-        return algorithm, digests, ranges
-    if "sha256" in expected:  # version 1: one digest of the whole file
+        return algorithm, digests, chunk_ranges(size, chunk_size)
+    if isinstance(expected.get("sha256"), str):  # version 1: one digest of the whole file
         return "sha256", [expected["sha256"]], [(0, size)]
     raise CheckpointError(f"{directory}/{MANIFEST_NAME} records no sha256 for {relative!r}")
+
+
+def _checksum_ranges(path: str, ranges: list[tuple[int, int]], algorithm: str) -> list[str]:
+    return [checksum_range(path, offset, length, (algorithm,))[0] for offset, length in ranges]
+
+
+def _batches(ranges: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """Consecutive pieces grouped into tasks of at least :data:`files.HASH_CHUNK_SIZE` bytes: a manifest with
+    tiny pieces costs one task per 64 MiB, not one per piece."""
+    batches: list[list[tuple[int, int]]] = [[]]
+    total = 0
+    for piece in ranges:
+        if total >= files.HASH_CHUNK_SIZE:
+            batches.append([])
+            total = 0
+        batches[-1].append(piece)
+        total += piece[1]
+    return batches
 
 
 class Verification:
@@ -242,17 +314,22 @@ class Verification:
             )
         self.manifest = manifest
         chunk_size = manifest.get("chunk_size", files.HASH_CHUNK_SIZE)
-        if not isinstance(chunk_size, int) or chunk_size <= 0:
-            raise CheckpointError(f"{directory}/{MANIFEST_NAME} has an invalid chunk_size {chunk_size!r}")
+        if (
+            not isinstance(chunk_size, int)
+            or isinstance(chunk_size, bool)
+            or not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE
+        ):
+            raise CheckpointError(
+                f"{directory}/{MANIFEST_NAME} has an invalid chunk_size {chunk_size!r} (valid: a whole number "
+                f"of bytes from {MIN_CHUNK_SIZE} to {MAX_CHUNK_SIZE})"
+            )
         pool = hashing_pool()
         self._checks: list[tuple[str, str, list[str], list[Future]]] = []
         for relative, path in paths.items():
             algorithm, digests, ranges = _expected_pieces(
                 directory, relative, manifest["files"][relative], chunk_size, checksum
             )
-            futures = [
-                pool.submit(checksum_range, path, offset, length, (algorithm,)) for offset, length in ranges
-            ]
+            futures = [pool.submit(_checksum_ranges, path, batch, algorithm) for batch in _batches(ranges)]
             self._checks.append((path, algorithm, digests, futures))
         self._outcome: CheckpointError | None = None
         self._done = False
@@ -262,7 +339,15 @@ class Verification:
         if not self._done:
             self._done = True
             for path, algorithm, expected, futures in self._checks:
-                if [future.result()[0] for future in futures] != expected:
+                try:
+                    digests = [digest for future in futures for digest in future.result()]
+                except OSError as exc:
+                    self._outcome = CheckpointError(
+                        f"checkpoint file {path} could not be read while verifying it ({exc.strerror or exc}): "
+                        "it was removed or replaced during the load (another run pruning old checkpoints?)"
+                    )
+                    break
+                if digests != expected:
                     self._outcome = CheckpointError(
                         f"checkpoint file {path} does not match its {algorithm} checksum in the manifest: "
                         "it was modified or corrupted after the save"
@@ -330,20 +415,52 @@ def complete_checkpoints(root: str) -> list[str]:
 def prune(root: str, total_limit: int, keep: str) -> list[str]:
     """Delete the oldest complete checkpoints under ``root`` so at most ``total_limit`` remain, never
     ``keep`` (the one just written), and the leftovers of killed saves. Folders without a manifest that are
-    not our temporaries are left alone: they may be someone else's. Returns the deleted paths."""
+    not our temporaries are left alone: they may be someone else's; so are symbolic links (a checkpoint
+    linked in from elsewhere is never deleted through its link). Returns the deleted paths; raises
+    :class:`PruneError` naming what it could not delete after trying everything else."""
     deleted = []
+    left: list[str] = []
     complete = [path for path in complete_checkpoints(root) if os.path.abspath(path) != os.path.abspath(keep)]
     excess = len(complete) + 1 - total_limit
     for path in complete[: max(excess, 0)]:
+        if os.path.islink(path):
+            left.append(f"{path} (a symbolic link: drivetrain deletes no checkpoint through a link)")
+            continue
         # Rename first (atomic), so a crash mid-delete leaves a temporary, never a half-deleted checkpoint.
         doomed = incomplete_path(path)
-        shutil.rmtree(doomed, ignore_errors=True)
-        os.rename(path, doomed)
-        shutil.rmtree(doomed)
+        try:
+            _remove_leftover(doomed)
+            os.rename(path, doomed)
+        except OSError as exc:
+            left.append(f"{path} ({type(exc).__name__}: {exc})")
+            continue
         deleted.append(path)
+        try:
+            shutil.rmtree(doomed)
+        except OSError as exc:
+            left.append(f"{doomed}, the remains of {os.path.basename(path)} ({type(exc).__name__}: {exc})")
     for name in os.listdir(root):
         if name.startswith(".checkpoint_") and name.endswith(_INCOMPLETE_SUFFIX):
             with contextlib.suppress(OSError):
-                shutil.rmtree(os.path.join(root, name))
+                _remove_leftover(os.path.join(root, name))
     files.on_stage("pruned", root)
+    if left:
+        raise PruneError(left, deleted)
     return deleted
+
+
+def _remove_leftover(path: str) -> None:
+    """Remove a temporary folder of ours (a link is unlinked, never followed)."""
+    if os.path.islink(path):
+        os.unlink(path)
+    elif os.path.lexists(path):
+        shutil.rmtree(path)
+
+
+class PruneError(OSError):
+    """Old checkpoints that pruning could not delete; the checkpoint just written is complete regardless."""
+
+    def __init__(self, left: list[str], deleted: list[str]) -> None:
+        self.left = left
+        self.deleted = deleted
+        super().__init__("could not delete " + "; ".join(left))

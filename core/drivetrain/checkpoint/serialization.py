@@ -234,13 +234,35 @@ def safe_load(path: str, map_location: Any = None, weights_only: bool = True, **
     if not weights_only:
         return torch.load(path, map_location=map_location, weights_only=False, **kwargs)
     try:
+        return _weights_only_load(path, map_location, **kwargs)
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{path} disappeared while it was being loaded: another run may have pruned or replaced the "
+            "checkpoint"
+        ) from None
+
+
+def _weights_only_load(path: str, map_location: Any, **kwargs: Any) -> Any:
+    try:
         with torch.serialization.safe_globals(_numpy_safe_globals()):
             return torch.load(path, map_location=map_location, weights_only=True, **kwargs)
     except pickle.UnpicklingError as exc:
+        lines = str(exc).splitlines()
+        # torch's first line is generic; the line naming the refused global says what was in the file.
+        reason = next(
+            (line for line in lines if "GLOBAL" in line or "Unsupported" in line), lines[0] if lines else ""
+        )
         raise CheckpointError(
-            f"{path} holds objects that safe loading refuses ({str(exc).splitlines()[0]}); nothing in it was "
+            f"{path} holds objects that safe loading refuses ({reason.strip()}); nothing in it was "
             f"run. If you trust where this file came from, load it with {UNSAFE_OPT_OUT} "
             "(load_state) or weights_only=False"
+        ) from exc
+    except (RuntimeError, EOFError, ValueError, KeyError, IndexError, TypeError, OverflowError) as exc:
+        if isinstance(exc, RuntimeError) and kwargs.get("mmap") and "mmap" in str(exc):
+            raise  # a file torch cannot map: the caller reads it whole instead
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        raise CheckpointError(
+            f"{path} is damaged and cannot be read ({type(exc).__name__}: {first_line})"
         ) from exc
 
 

@@ -137,6 +137,11 @@ def write_training_objects(
 
 
 def _require(path: str, what: str) -> str:
+    if not os.path.isdir(os.path.dirname(path)):
+        raise CheckpointError(
+            f"checkpoint folder {os.path.dirname(path)} disappeared during the load: another run may have "
+            "pruned or replaced it"
+        )
     if not os.path.isfile(path):
         raise CheckpointError(
             f"{path} not found: the checkpoint has no {what} (was it saved with the same "
@@ -154,11 +159,75 @@ def _read_model_source(input_dir: str, index: int, map_location: Any, load_kwarg
     return safe_load(path, map_location=map_location, **load_kwargs)
 
 
+def check_model_source(model: torch.nn.Module, source: Any, where: str) -> None:
+    """Raise :class:`CheckpointError` unless ``source`` (a safetensors path or a state dict) fits ``model``
+    exactly (names, shapes; tied weights saved once count for every name), before anything is copied."""
+    from drivetrain.big_modeling.reader import read_header
+    from drivetrain.checkpoint.serialization import _shared_groups
+
+    targets = model.state_dict()
+    if isinstance(source, str):
+        shapes = {name: tuple(record.shape) for name, record in read_header(source).items()}
+    elif isinstance(source, dict):
+        shapes = {
+            name: tuple(value.shape) for name, value in source.items() if isinstance(value, torch.Tensor)
+        }
+    else:
+        raise CheckpointError(f"{where} holds a {type(source).__name__}, not a state dict")
+    groups = _shared_groups(targets)
+    unexpected = [name for name in shapes if name not in targets]
+    mismatched = [
+        f"{name}: checkpoint {shapes[name]}, model {tuple(targets[name].shape)}"
+        for name in shapes
+        if name in targets
+        and isinstance(targets[name], torch.Tensor)
+        and shapes[name] != tuple(targets[name].shape)
+    ]
+    missing = [
+        name
+        for name, value in targets.items()
+        if isinstance(value, torch.Tensor) and not any(other in shapes for other in groups.get(name, [name]))
+    ]
+    problems = []
+    if mismatched:
+        problems.append("shape mismatch for " + "; ".join(mismatched[:10]))
+    if missing:
+        problems.append(f"missing keys {missing[:10]}{' ...' if len(missing) > 10 else ''}")
+    if unexpected:
+        problems.append(f"unexpected keys {unexpected[:10]}{' ...' if len(unexpected) > 10 else ''}")
+    if problems:
+        raise CheckpointError(f"cannot load {where} into {type(model).__name__}: " + "; ".join(problems))
+
+
+def check_optimizer_layout(optimizer: Any, state: Any, where: str) -> None:
+    """Raise :class:`CheckpointError` unless the saved optimizer state has this optimizer's parameter groups
+    (their number, and the number of parameters in each): what ``load_state_dict`` would refuse, checked
+    before anything is applied."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    saved_groups = state.get("param_groups") if isinstance(state, dict) else None
+    if not isinstance(saved_groups, list) or not all(
+        isinstance(group, dict) and isinstance(group.get("params"), list) for group in saved_groups
+    ):
+        raise CheckpointError(f"{where} is not an optimizer state (no list of parameter groups)")
+    saved = [len(group["params"]) for group in saved_groups]
+    current = [len(group["params"]) for group in inner.param_groups]
+    if saved != current:
+        raise CheckpointError(
+            f"{where} holds {len(saved)} parameter group(s) of {saved} parameters but "
+            f"{type(inner).__name__} has {len(current)} of {current}: build the optimizer with the same "
+            "parameter groups as the run that saved it"
+        )
+
+
 def _apply_model_source(model: torch.nn.Module, source: Any) -> None:
     if isinstance(source, str):
         load_safetensors_into_module(model, [source])
     else:
         model.load_state_dict(source)
+
+
+def _model_where(input_dir: str, index: int, source: Any) -> str:
+    return source if isinstance(source, str) else os.path.join(input_dir, model_file_name(index, False))
 
 
 def read_model_weights(
@@ -254,6 +323,13 @@ def read_training_objects(
             )
             for index in range(len(schedulers))
         ]
+        # Everything that can be checked is, before anything is applied: a failure leaves all untouched.
+        for index, (model, source) in enumerate(zip(models, model_sources)):
+            check_model_source(
+                accelerator.unwrap_model(model), source, _model_where(input_dir, index, source)
+            )
+        for index, (optimizer, state) in enumerate(zip(optimizers, optimizer_states)):
+            check_optimizer_layout(optimizer, state, os.path.join(input_dir, optimizer_file_name(index)))
     except Exception as exc:
         verified(exc)
         raise
@@ -293,24 +369,31 @@ def read_kernel_objects(
     prepared: PreparedObjects,
     map_location: Any,
     load_kwargs: dict[str, Any],
-) -> None:
-    """Restore what :func:`write_kernel_objects` saved. A data loader whose state is absent (the checkpoint
-    predates it) starts from its beginning, as in Accelerate; every other missing file is an error."""
+) -> Callable[[], None]:
+    """Read what :func:`write_kernel_objects` saved and return the function that applies it: every file is
+    read (and refused if it must be) before anything changes. A data loader whose state is absent (the
+    checkpoint predates it) starts from its beginning, as in Accelerate; every other missing file is an
+    error."""
     from drivetrain.operations.random import restore_rng_state
+
+    steps: list[Callable[[], None]] = []
+
+    def later(target: Callable[[Any], Any], value: Any) -> None:
+        steps.append(lambda: target(value))
 
     if accelerator.scaler is not None:
         path = _require(os.path.join(input_dir, SCALER_NAME), "GradScaler state")
-        accelerator.scaler.load_state_dict(safe_load(path, map_location=map_location, **load_kwargs))
+        later(accelerator.scaler.load_state_dict, safe_load(path, map_location=map_location, **load_kwargs))
     for index, loader in enumerate(prepared.dataloaders):
         path = os.path.join(input_dir, dataloader_file_name(index))
         if os.path.isfile(path) and callable(getattr(loader, "load_state_dict", None)):
-            loader.load_state_dict(safe_load(path, map_location="cpu", **load_kwargs))
+            later(loader.load_state_dict, safe_load(path, map_location="cpu", **load_kwargs))
     for index, obj in enumerate(prepared.custom_objects):
         path = _require(os.path.join(input_dir, custom_object_file_name(index)), f"registered object {index}")
-        obj.load_state_dict(safe_load(path, map_location=map_location, **load_kwargs))
+        later(obj.load_state_dict, safe_load(path, map_location=map_location, **load_kwargs))
     rng_path = os.path.join(input_dir, rng_file_name(accelerator.process_index))
     if os.path.isfile(rng_path):
-        restore_rng_state(safe_load(rng_path, map_location="cpu", **load_kwargs))
+        later(restore_rng_state, safe_load(rng_path, map_location="cpu", **load_kwargs))
     else:
         # Resuming under more processes than saved: the extra ranks keep their seeded state.
         import warnings
@@ -319,3 +402,9 @@ def read_kernel_objects(
             f"{rng_path} not found: process {accelerator.process_index} keeps its current RNG state",
             stacklevel=3,
         )
+
+    def apply() -> None:
+        for step in steps:
+            step()
+
+    return apply

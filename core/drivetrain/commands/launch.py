@@ -607,7 +607,7 @@ def resolve_plan(args: argparse.Namespace, environ: dict[str, str] | None = None
         )
     monitor_interval, _ = pick("monitor_interval", 0.1)
 
-    env = {str(k): str(v) for k, v in (config.get("env") or {}).items()}
+    env = {str(k): _environment_value(f"env.{k}", v) for k, v in (config.get("env") or {}).items()}
     env.update(_parse_env(args.env))
     threads, _ = pick("num_cpu_threads_per_process")
     if threads is not None:
@@ -730,13 +730,33 @@ def _check_plugin_options(plugin: str, values: dict[str, Any], backend: str) -> 
 
 
 # -- running -------------------------------------------------------------------------------------------------------
+def _environment_value(field: str, value: Any) -> str:
+    """A config value as an environment variable: strings and numbers as written, booleans as 1/0, lists
+    comma-separated (``gpu_ids: [0, 1]`` -> ``0,1``); anything else (null, a mapping) is an error naming the
+    field, rather than its Python repr reaching the processes."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    if isinstance(value, (list, tuple)) and all(
+        isinstance(item, (str, int, float)) and not isinstance(item, bool) for item in value
+    ):
+        return ",".join(str(item) for item in value)
+    shown = "null" if value is None else type(value).__name__
+    raise ConfigurationError(
+        f"config field {field} is {shown}; an environment variable needs a string, a number, true/false or a "
+        "list of strings/numbers (joined with commas). Remove the line to leave the variable unset"
+    )
+
+
 def environment_for(plan: LaunchPlan) -> dict[str, str]:
     """The variables the launcher adds to the processes' environment."""
     env: dict[str, str] = {}
     for key, variable in EXPORTED.items():
         if key in plan.chosen:
             value = plan.chosen[key]
-            env[variable] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+            if value is not None:
+                env[variable] = _environment_value(key, value)
     if "parallelism_config" in plan.chosen:
         env[USE_PARALLELISM_ENV] = "1"
         for name, value in plan.chosen["parallelism_config"].items():
@@ -814,35 +834,41 @@ def launch(plan: LaunchPlan, args: argparse.Namespace | None = None) -> int:
         print(banner(plan), file=sys.stderr, flush=True)
     os.environ.update(environment_for(plan))
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from drivetrain import failure_report
 
     debug = bool(plan.chosen.get("debug"))
     # Process 0 writes the backend the script used here (state._report_backend), for the line after the run.
     report = tempfile.NamedTemporaryFile(prefix="drivetrain-backend-", suffix=".txt", delete=False)
     report.close()
     os.environ[BACKEND_REPORT_ENV] = report.name
-    try:
-        torchrun.run(torchrun.parse_args(torchrun_arguments(plan)))
-    except ChildFailedError as exc:
-        if debug:
-            print(exc.format_msg(), file=sys.stderr)
-        rank, failure = exc.get_first_failure()
-        code = failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
-        print(
-            error_line(
-                f"process of global rank {rank} failed with exit code {failure.exitcode}; its error is "
-                "printed above" + ("" if debug else " (--debug shows the launcher's report)")
-            ),
-            file=sys.stderr,
-        )
-        return code
-    finally:
-        if not plan.quiet:
-            used = used_backend_line(plan, report.name)
-            if used:
-                print(used, file=sys.stderr, flush=True)
-        os.environ.pop(BACKEND_REPORT_ENV, None)
-        os.unlink(report.name)
+    with tempfile.TemporaryDirectory(prefix="drivetrain-failures-") as failures:
+        os.environ[failure_report.FAILURE_DIR_ENV] = failures
+        try:
+            torchrun.run(torchrun.parse_args(torchrun_arguments(plan)))
+        except ChildFailedError as exc:
+            if debug:
+                print(exc.format_msg(), file=sys.stderr)
+            print(
+                error_line(_failure_message(exc, failure_report.first_failure(failures), debug)),
+                file=sys.stderr,
+            )
+            return _exit_code_of(exc, failure_report.first_failure(failures))
+        except SignalException as exc:
+            # The launcher was told to stop (SIGTERM from a scheduler, SIGINT ...): torch stopped the processes.
+            name = signal_name(int(exc.sigval))
+            print(error_line(f"stopped by {name}: the job's processes were stopped"), file=sys.stderr)
+            return 128 + int(exc.sigval)
+        finally:
+            os.environ.pop(failure_report.FAILURE_DIR_ENV, None)
+            if not plan.quiet:
+                used = used_backend_line(plan, report.name)
+                if used:
+                    print(used, file=sys.stderr, flush=True)
+            os.environ.pop(BACKEND_REPORT_ENV, None)
+            os.unlink(report.name)
     return 0
 
 
@@ -858,6 +884,60 @@ def used_backend_line(plan: LaunchPlan, report: str) -> str | None:
     if not name or name == announced:
         return None
     return f"drivetrain launch: the script used backend {name} (from {source}), not {plan.backend_label}"
+
+
+def signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _exit_code(exitcode: int) -> int:
+    """A process's exit code as a shell reports it: 128 + N for one killed by signal N."""
+    return exitcode if exitcode > 0 else 128 - exitcode
+
+
+def _blamed_rank(exc: Any, recorded: dict[str, Any] | None) -> int:
+    """The rank that failed first: the earliest recorded Python error; else a rank that exited with an
+    error code rather than one killed by a signal (killed ones are usually stopped because another
+    failed); else torch's pick."""
+    if recorded is not None and recorded["rank"] in exc.failures:
+        return int(recorded["rank"])
+    exited = sorted(rank for rank, failure in exc.failures.items() if failure.exitcode > 0)
+    if exited:
+        return exited[0]
+    rank, _ = exc.get_first_failure()
+    return int(rank)
+
+
+def _exit_code_of(exc: Any, recorded: dict[str, Any] | None) -> int:
+    return _exit_code(exc.failures[_blamed_rank(exc, recorded)].exitcode)
+
+
+def _failure_message(exc: Any, recorded: dict[str, Any] | None, debug: bool) -> str:
+    rank = _blamed_rank(exc, recorded)
+    failure = exc.failures[rank]
+    how = (
+        f"exit code {failure.exitcode}"
+        if failure.exitcode > 0
+        else f"signal {signal_name(-failure.exitcode)}"
+    )
+    others = sorted(other for other in exc.failures if other != rank)
+    after = (
+        f"; rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} failed after it"
+        if others
+        else ""
+    )
+    if recorded is not None and recorded["rank"] == rank:
+        return f"process of global rank {rank} failed first ({how}): {recorded['error']}{after}"
+    hint = "" if debug else " (--debug shows the launcher's report)"
+    return (
+        f"process of global rank {rank} failed first ({how}) without a Python error "
+        f"(its output above is all there is){after}{hint}"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -47,7 +47,7 @@ def plugin_records(hook: str | None = None, detailed: bool = False) -> list[dict
         try:
             manager.load(name)
         except PluginError as exc:
-            entry.update(kind=None, hooks=[], available=False, problem=str(exc))
+            entry.update(kind=None, hooks=[], available=False, broken=True, problem=str(exc))
             if hook is None:
                 records.append(entry)
             continue
@@ -62,6 +62,7 @@ def plugin_records(hook: str | None = None, detailed: bool = False) -> list[dict
                 for library, enables in info.optional_requires.items()
             },
             available=problem is None,
+            broken=False,
             problem=problem,
         )
         if detailed:
@@ -90,7 +91,10 @@ def format_table(records: list[dict[str, Any]], detailed: bool) -> str:
         return "no plugins found"
     lines = []
     for entry in records:
-        status = "ok" if entry["available"] else f"UNAVAILABLE: {entry['problem']}"
+        if entry["available"]:
+            status = "ok"
+        else:
+            status = f"{'BROKEN' if entry.get('broken') else 'UNAVAILABLE'}: {entry['problem']}"
         version = f" {entry['version']}" if entry["version"] else ""
         lines.append(f"{entry['name']}  ({entry['distribution']}{version}, {entry['kind'] or '?'})  {status}")
         lines.append(f"    hooks: {', '.join(entry['hooks']) or '-'}")

@@ -13,6 +13,7 @@ import importlib.util
 import inspect
 import os
 import re
+import threading
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -120,7 +121,11 @@ def _allowed_names() -> set[str] | None:
 
 def _import_failure(record: DiscoveredPlugin, exc: BaseException) -> str:
     """One line naming the plugin, its distribution and what went wrong, with the fix where it is known."""
-    detail = f"{type(exc).__name__}: {exc}"
+    detail = str(exc) if isinstance(exc, PluginImportTimeout) else f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, SystemExit):
+        detail = f"it called sys.exit({exc.code!r}) while importing"
+    elif not str(exc):
+        detail = f"{type(exc).__name__} raised while importing"
     removed = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
     if removed and removed.group(1) in REMOVED_FIELDS:
         detail += (
@@ -131,6 +136,56 @@ def _import_failure(record: DiscoveredPlugin, exc: BaseException) -> str:
         f"plugin {record.name!r} (distribution {record.distribution} {record.version}) failed to import "
         f"{record.value}: {detail}"
     )
+
+
+#: Seconds a plugin module may take to import (``DRIVETRAIN_PLUGIN_IMPORT_TIMEOUT``; 0: no limit).
+DEFAULT_IMPORT_TIMEOUT = 120.0
+
+
+class PluginImportTimeout(Exception):
+    """A plugin's import ran past its time limit."""
+
+
+def _import_timeout() -> float:
+    raw = os.environ.get("DRIVETRAIN_PLUGIN_IMPORT_TIMEOUT", "")
+    try:
+        return float(raw) if raw.strip() else DEFAULT_IMPORT_TIMEOUT
+    except ValueError:
+        raise PluginError(
+            f"DRIVETRAIN_PLUGIN_IMPORT_TIMEOUT={raw!r} is not a number of seconds (0 turns the limit off)"
+        ) from None
+
+
+def _import_with_time_limit(record: DiscoveredPlugin) -> Any:
+    """Import plugin ``record``'s module on a helper thread and wait at most the time limit for it.
+
+    Why a thread: the import is never interrupted, so a slow but healthy import (a plugin importing torch
+    on a loaded machine) cannot be left half-initialised, which interrupting it with a signal would do; and
+    a subprocess probe would cost a full import of every plugin. A plugin still importing after the limit
+    is reported and skipped; its thread is a daemon, left blocked (it holds only the import lock of what it
+    was importing) and does not keep the process from exiting. A real Ctrl-C reaches the main thread, which
+    only waits, and interrupts the command as usual."""
+    seconds = _import_timeout()
+    if seconds <= 0:
+        return record.entry_point.load()
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["module"] = record.entry_point.load()
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt raised by the plugin included
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"drivetrain-import-{record.name}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise PluginImportTimeout(
+            f"it did not finish importing within {seconds:g} s (DRIVETRAIN_PLUGIN_IMPORT_TIMEOUT)"
+        )
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["module"]
 
 
 class PluginManager:
@@ -203,15 +258,16 @@ class PluginManager:
         if record.error is not None:
             raise PluginError(record.error)
         try:
-            module = record.entry_point.load()
-        except BaseException as exc:
-            record.error = _import_failure(record, exc)
-            raise PluginError(record.error) from exc
-        try:
+            module = _import_with_time_limit(record)
             self._register(record, module)
         except PluginError as exc:
             record.error = str(exc)
             raise
+        except BaseException as exc:
+            # SystemExit, KeyboardInterrupt and a hang (see _time_limit) included: one plugin must not take
+            # down every command; it is named, skipped, and shown as broken by `drivetrain plugins`.
+            record.error = _import_failure(record, exc)
+            raise PluginError(record.error) from exc
         return record
 
     def load_all(self) -> list[DiscoveredPlugin]:

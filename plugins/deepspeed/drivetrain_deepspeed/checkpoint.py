@@ -9,8 +9,13 @@ objects, then seals the folder with its manifest.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import zipfile
+from collections.abc import Iterator
 from typing import Any
+
+import torch
 
 from drivetrain.plugin_api import (
     CheckpointError,
@@ -72,6 +77,66 @@ def save_state(
             )
 
 
+def _deepspeed_checkpoint_classes() -> list[Any]:
+    """The DeepSpeed classes its own checkpoint files hold (loss scalers, the ZeRO stage, fragment
+    addresses): plain records, rebuilt without calling anything else; the names are looked up lazily since
+    some are missing from older DeepSpeed releases."""
+    import importlib
+
+    found = []
+    for module, name in (
+        ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
+        ("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler"),
+        ("deepspeed.runtime.zero.config", "ZeroStageEnum"),
+        ("deepspeed.utils.tensor_fragment", "fragment_address"),
+    ):
+        with contextlib.suppress(ImportError, AttributeError):
+            found.append(getattr(importlib.import_module(module), name))
+    return found
+
+
+@contextlib.contextmanager
+def _safe_engine_loading(engine: Any, load_kwargs: dict[str, Any]) -> Iterator[None]:
+    """DeepSpeed reads its checkpoint files with ``torch.load(weights_only=False)``: a crafted checkpoint
+    would run code. While the engine loads, its checkpoint engine reads them through ``safe_load`` instead
+    (``weights_only=True`` plus the few DeepSpeed classes its files hold; ``load_kwargs`` carries the user's
+    explicit opt-out)."""
+    checkpoint_engine = engine.checkpoint_engine
+    classes = _deepspeed_checkpoint_classes()
+
+    def load(path: str, map_location: Any = None) -> Any:
+        with torch.serialization.safe_globals(classes):
+            return safe_load(path, map_location=map_location, **load_kwargs)
+
+    checkpoint_engine.load = load
+    try:
+        yield
+    finally:
+        del checkpoint_engine.load
+
+
+def _refuse_unsafe_files(folder: str) -> None:
+    """Every file of an engine's folder is checked for objects that safe loading refuses before the engine
+    reads any (reading only the pickles' opcodes, no tensor data), so a crafted optimizer file fails the load
+    before DeepSpeed has overwritten the model from the model file."""
+    allowed = {f"{cls.__module__}.{cls.__qualname__}" for cls in _deepspeed_checkpoint_classes()}
+    for root, _dirs, names in os.walk(folder):
+        for name in sorted(names):
+            path = os.path.join(root, name)
+            if not zipfile.is_zipfile(path):
+                continue  # not a torch file (or the legacy format): safe_load still refuses code in it
+            try:
+                unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(path)) - allowed
+            except Exception as exc:
+                raise CheckpointError(f"{path} is unreadable ({type(exc).__name__}: {exc})") from None
+            if unsafe:
+                raise CheckpointError(
+                    f"{path} holds objects that safe loading refuses ({', '.join(sorted(unsafe))}); nothing in it "
+                    "was run or loaded. If you trust where this file came from, load it with "
+                    "load_kwargs={'weights_only': False}"
+                )
+
+
 def load_state(
     input_dir: str,
     accelerator: Any,
@@ -80,20 +145,30 @@ def load_state(
     map_location: Any,
     load_kwargs: dict[str, Any],
 ) -> None:
-    for index, engine in _training_engines(models):
+    engines = _training_engines(models)
+    for index, _engine in engines:
         tag = engine_tag(index)
         if not os.path.isdir(os.path.join(input_dir, tag)):
             raise CheckpointError(
                 f"{os.path.join(input_dir, tag)} not found: the checkpoint holds no DeepSpeed engine {index} (was it "
                 "saved by the deepspeed backend with the same number of models?)"
             )
-        load_path, _ = engine.load_checkpoint(input_dir, tag=tag)
-        if load_path is None:
-            raise CheckpointError(
-                f"DeepSpeed could not load engine {index} from {os.path.join(input_dir, tag)}"
-            )
+        if load_kwargs.get("weights_only", True):
+            _refuse_unsafe_files(os.path.join(input_dir, tag))
+    # Read before any engine changes its model, so a bad file leaves everything as it was.
+    scheduler_states = []
     for index, scheduler in _user_schedulers(schedulers):
         path = os.path.join(input_dir, scheduler_file_name(index))
         if not os.path.isfile(path):
             raise CheckpointError(f"{path} not found: the checkpoint has no state for scheduler {index}")
-        scheduler.load_state_dict(safe_load(path, map_location=map_location, **load_kwargs))
+        scheduler_states.append((scheduler, safe_load(path, map_location=map_location, **load_kwargs)))
+    for index, engine in engines:
+        tag = engine_tag(index)
+        with _safe_engine_loading(engine, load_kwargs):
+            load_path, _ = engine.load_checkpoint(input_dir, tag=tag)
+        if load_path is None:
+            raise CheckpointError(
+                f"DeepSpeed could not load engine {index} from {os.path.join(input_dir, tag)}"
+            )
+    for scheduler, state in scheduler_states:
+        scheduler.load_state_dict(state)

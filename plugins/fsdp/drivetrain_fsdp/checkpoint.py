@@ -20,6 +20,7 @@ from drivetrain.plugin_api import (
     CheckpointError,
     model_file_name,
     optimizer_file_name,
+    safe_dcp_load,
     safe_load,
     scheduler_file_name,
     torch_save_into_checkpoint,
@@ -153,7 +154,6 @@ def load(
     load_kwargs: dict[str, Any],
 ) -> None:
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
@@ -169,7 +169,7 @@ def load(
         folder = model_folder(input_dir, index)
         if os.path.isdir(folder):
             state = {MODEL_KEY: get_model_state_dict(module)}
-            dcp.load(state, checkpoint_id=folder)
+            safe_dcp_load(state, folder)
             set_model_state_dict(module, state[MODEL_KEY])
             continue
         path = _full_model_file(input_dir, index)
@@ -198,7 +198,7 @@ def load(
             continue
         if os.path.isdir(folder):
             state = {OPTIMIZER_KEY: get_optimizer_state_dict(module, inner)}
-            dcp.load(state, checkpoint_id=folder)
+            safe_dcp_load(state, folder)
             set_optimizer_state_dict(module, inner, state[OPTIMIZER_KEY])
             continue
         path = os.path.join(input_dir, optimizer_file_name(index))

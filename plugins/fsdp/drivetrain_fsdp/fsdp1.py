@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api import ConfigurationError, safe_dcp_load
 from drivetrain_fsdp.config import BackwardPrefetch, FullyShardedDataParallelPlugin
 
 
@@ -166,15 +166,13 @@ def optimizer_state(
 
 def load_sharded_optimizer_state(model: Any, optimizer: torch.optim.Optimizer, folder: str, key: str) -> None:
     """Read an FSDP1 sharded optimizer checkpoint folder into ``optimizer``."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import DefaultLoadPlanner
     from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
 
     _initialise_state(optimizer)  # the template must hold every entry the checkpoint has
     state = {key: optimizer_state(model, optimizer, full=False, offload=False)}
     # Kept whole: flattening a ShardedTensor with no shard on this rank (a small parameter) drops its key,
     # and DCP would then read the folder as an old-format checkpoint.
-    dcp.load(state, checkpoint_id=folder, planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
+    safe_dcp_load(state, folder, flatten_sharded_tensors=False)
     with FullyShardedDataParallel.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
         flat = FullyShardedDataParallel.optim_state_dict_to_load(model, optimizer, state[key])
     optimizer.load_state_dict(flat)

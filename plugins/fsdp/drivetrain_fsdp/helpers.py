@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.plugin_api import CheckpointError, safe_load
+from drivetrain.plugin_api import CheckpointError, safe_dcp_load, safe_load
 from drivetrain_fsdp.checkpoint import MODEL_FOLDER, MODEL_KEY, OPTIMIZER_FOLDER, OPTIMIZER_KEY
 from drivetrain_fsdp.config import FullyShardedDataParallelPlugin, StateDictType
 
@@ -115,7 +115,6 @@ def load_fsdp_model(
 ) -> Any:
     """Read what :func:`save_fsdp_model` wrote into ``model`` (a sharded checkpoint reshards onto this run's
     processes). Returns torch's missing/unexpected keys result."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -135,12 +134,12 @@ def load_fsdp_model(
         folder = _folder(input_dir, f"{MODEL_FOLDER}_{model_index}")
         _require(folder)
         state = {MODEL_KEY: get_model_state_dict(model)}
-        dcp.load(state, checkpoint_id=str(folder))
+        safe_dcp_load(state, str(folder))
         result = set_model_state_dict(model, state[MODEL_KEY])
     else:
         path = Path(input_dir) / f"{MODEL_FOLDER}_{model_index}_rank{_rank()}.bin"
         _require(path)
-        result = set_model_state_dict(model, safe_load(str(path), map_location="cpu", weights_only=False))
+        result = set_model_state_dict(model, safe_load(str(path), map_location="cpu"))
     _barrier()
     return result
 
@@ -190,7 +189,6 @@ def load_fsdp_optimizer(
     use_dcp: bool = True,
 ) -> None:
     """Read what :func:`save_fsdp_optimizer` wrote into ``optimizer``."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
@@ -205,7 +203,7 @@ def load_fsdp_optimizer(
     if _full(fsdp_plugin):
         path = Path(input_dir) / _numbered(OPTIMIZER_FOLDER, optimizer_index)
         _require(path)
-        state = safe_load(str(path), map_location="cpu", weights_only=False) if _rank() == 0 else {}
+        state = safe_load(str(path), map_location="cpu") if _rank() == 0 else {}
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_optimizer_state_dict(model, optimizer, state, options=options)
     elif use_dcp:
@@ -215,14 +213,12 @@ def load_fsdp_optimizer(
             load_sharded_optimizer_state(model, optimizer, str(folder), OPTIMIZER_KEY)
         else:
             state = {OPTIMIZER_KEY: get_optimizer_state_dict(model, optimizer)}
-            dcp.load(state, checkpoint_id=str(folder))
+            safe_dcp_load(state, str(folder))
             set_optimizer_state_dict(model, optimizer, state[OPTIMIZER_KEY])
     else:
         path = Path(input_dir) / f"{OPTIMIZER_FOLDER}_{optimizer_index}_rank{_rank()}.bin"
         _require(path)
-        set_optimizer_state_dict(
-            model, optimizer, safe_load(str(path), map_location="cpu", weights_only=False)
-        )
+        set_optimizer_state_dict(model, optimizer, safe_load(str(path), map_location="cpu"))
     _barrier()
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.plugin_api import CheckpointError
+from drivetrain.plugin_api import CheckpointError, read_dcp_metadata, safe_dcp_load
 
 METADATA_FILE = ".metadata"
 
@@ -37,13 +37,12 @@ def _model_checkpoint_folder(checkpoint_dir: str) -> str:
 
 def load_sharded_model_state(checkpoint_dir: str) -> dict[str, torch.Tensor]:
     """The full model state dict held by a sharded checkpoint folder, in CPU memory."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     from drivetrain_fsdp.checkpoint import MODEL_KEY
 
     folder = _model_checkpoint_folder(checkpoint_dir)
-    metadata = dcp.FileSystemReader(folder).read_metadata()
+    metadata = read_dcp_metadata(folder)
     prefix = f"{MODEL_KEY}."
     state: dict[str, Any] = {}
     for key, item in metadata.state_dict_metadata.items():
@@ -54,7 +53,7 @@ def load_sharded_model_state(checkpoint_dir: str) -> dict[str, torch.Tensor]:
     with warnings.catch_warnings():
         # One process reading every shard on purpose; torch warns that no process group is initialised.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=folder, no_dist=True)
+        safe_dcp_load(state, folder, no_dist=True)
     return {key[len(prefix) :] if key.startswith(prefix) else key: tensor for key, tensor in state.items()}
 
 

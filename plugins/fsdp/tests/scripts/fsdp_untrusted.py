@@ -1,0 +1,56 @@
+"""A sharded FSDP checkpoint whose DCP ``.metadata`` was replaced by a pickle that runs code: load_state
+refuses it in one line, runs nothing and leaves the model as it was.
+
+Usage: fsdp_untrusted.py FOLDER (run on one process by the test)
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+
+import torch
+from fsdp_common import check, make_model
+
+from drivetrain import Accelerator, FullyShardedDataParallelPlugin
+from drivetrain.checkpoint import manifest as manifests
+from drivetrain.errors import CheckpointError
+
+
+class RunsCode:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    folder = sys.argv[1]
+    accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+    model = make_model(seed=3)
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
+    accelerator.save_state(folder)
+    marker = os.path.join(folder, "..", "code_ran")
+    for target in ("pytorch_model_fsdp_0/.metadata", "optimizer_0/.metadata"):
+        with open(os.path.join(folder, target), "wb") as out:
+            pickle.dump(RunsCode(marker), out)
+    # The attacker hands over the whole folder, manifest included.
+    os.remove(os.path.join(folder, manifests.MANIFEST_NAME))
+    manifests.write_manifest(folder, {})
+    before = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+    try:
+        accelerator.load_state(folder)
+        message = "loaded"
+    except CheckpointError as exc:
+        message = str(exc)
+    check("sharded_metadata_refused", "pytorch_model_fsdp_0/.metadata was refused" in message, message)
+    check("sharded_metadata_ran_nothing", not os.path.exists(marker), marker)
+    after = model.state_dict()
+    check("sharded_model_untouched", all(torch.equal(before[k], after[k].full_tensor()) for k in before), "")
+
+
+if __name__ == "__main__":
+    main()
