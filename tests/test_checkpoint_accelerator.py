@@ -191,7 +191,7 @@ def test_malicious_registered_object_runs_nothing_unless_opted_out(tmp_path):
 
 def test_register_for_checkpointing_rejects_objects_without_state_dict(tmp_path):
     accelerator, *_ = _setup(tmp_path)
-    with pytest.raises(ValueError, match=r"item 1 \(object\)"):
+    with pytest.raises(ValueError, match=r"Item at index 1 \(object\)"):
         accelerator.register_for_checkpointing(Counter(), object())
     assert accelerator._custom_objects == []
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -55,6 +56,8 @@ def test_an_option_of_a_plugin_that_is_not_installed_is_refused_in_one_line_nami
         [sys.executable, "-m", "drivetrain.commands.launch", "--megatron-lm-tp-degree", "2", "train.py"],
         capture_output=True,
         text=True,
+        # as on a machine without drivetrain-megatron (this checkout installs every plugin)
+        env={**os.environ, "DRIVETRAIN_LOAD_PLUGINS": "ddp"},
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [

@@ -44,9 +44,15 @@ BROKEN_BACKENDS = {
 }
 
 
-#: The megatron backend clips gradients to 1.0 in its optimizer step by default (Accelerate's default); the
-#: oracle does not clip, so the launched processes turn that off (Accelerate's variable).
-os.environ.setdefault("MEGATRON_LM_GRADIENT_CLIPPING", "0")
+@pytest.fixture(scope="module", autouse=True)
+def _megatron_without_default_clipping():
+    """The megatron backend clips gradients to 1.0 in its optimizer step by default (Accelerate's default);
+    the oracle does not clip, so the processes this module launches turn that off (Accelerate's variable).
+    Module-scoped and undone after: other tests' megatron runs keep the default."""
+    with pytest.MonkeyPatch.context() as patch:
+        if "MEGATRON_LM_GRADIENT_CLIPPING" not in os.environ:
+            patch.setenv("MEGATRON_LM_GRADIENT_CLIPPING", "0")
+        yield
 
 #: every backend in plugins/ that can run here (the kernel's local first); contrib/ backends test themselves
 REPOSITORY_BACKENDS = repository_backends(REPOSITORY, ("plugins",))

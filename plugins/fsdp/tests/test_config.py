@@ -160,7 +160,8 @@ def test_script_and_environment_merge_and_conflict(monkeypatch):
 
 
 def test_enable_ram_efficient_loading(monkeypatch):
-    monkeypatch.delenv("FSDP_CPU_RAM_EFFICIENT_LOADING", raising=False)
+    # setenv first so that monkeypatch restores the variable's absence after the function sets it
+    monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "false")
     enable_fsdp_ram_efficient_loading()
     plugin = FullyShardedDataParallelPlugin()
     assert plugin.cpu_ram_efficient_loading_enabled and plugin.sync_module_states_enabled

@@ -239,10 +239,21 @@ def register_tpu_config(parser: argparse.ArgumentParser) -> None:
         "--command", action="append", default=None, help="a command to run on every worker (repeatable)"
     )
     parser.add_argument("--command_file", default=None, help="a file with one command per line")
+    # Accelerate's spellings (--install_accelerate, --accelerate_version) are accepted for scripts written for it
     parser.add_argument(
-        "--install_drivetrain", action="store_true", help="pip install drivetrain drivetrain-xla first"
+        "--install_drivetrain",
+        "--install_accelerate",
+        dest="install_drivetrain",
+        action="store_true",
+        help="pip install drivetrain drivetrain-xla first",
     )
-    parser.add_argument("--drivetrain_version", default="latest", help="the version to install (or 'dev')")
+    parser.add_argument(
+        "--drivetrain_version",
+        "--accelerate_version",
+        dest="drivetrain_version",
+        default="latest",
+        help="the version to install (or 'dev')",
+    )
     parser.add_argument("--debug", action="store_true", help="print the gcloud command instead of running it")
 
 
