@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from drivetrain import hookimpl
 from drivetrain.plugin_api import (
@@ -95,6 +94,10 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.
     """Replace the user's optimizer by a ZeroRedundancyOptimizer of the same class and settings. The kernel
     rebinds the user's LR schedulers to the returned optimizer (plugin_api.rebind_scheduler); ZeRO copies
     the learning rate of its own param_groups into the shard's optimizer on every step, so they follow."""
+    # Imported here: torch.distributed.optim pulls in sympy (about 600 modules), and the plugin module is
+    # imported whenever the kernel lists plugins, in runs that never use this backend.
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
     if accelerator.num_processes == 1 or isinstance(optimizer, ZeroRedundancyOptimizer):
         return None
     groups = [dict(group) for group in optimizer.param_groups]  # per-group settings (lr, weight decay) kept
@@ -108,6 +111,8 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.
 def save_state(accelerator: Any, optimizers: list) -> None:
     """Gather every ZeRO optimizer's shards on the process that writes the checkpoint, then return None:
     the reference backend writes the files (optimizer.state_dict() is the whole state there)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
     writer = 0  # drivetrain writes shared checkpoint files from the main process
     for optimizer in optimizers:
         inner = getattr(optimizer, "optimizer", optimizer)
