@@ -54,6 +54,7 @@ def _megatron_without_default_clipping():
             patch.setenv("MEGATRON_LM_GRADIENT_CLIPPING", "0")
         yield
 
+
 #: every backend in plugins/ that can run here (the kernel's local first); contrib/ backends test themselves
 REPOSITORY_BACKENDS = repository_backends(REPOSITORY, ("plugins",))
 

@@ -6,6 +6,7 @@ check that silently stopped running fails here too.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -85,6 +86,10 @@ def test_finished_ddp_runs_exit_cleanly():
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("DRIVETRAIN_STRESS") != "1",
+    reason="20 launches (~2.5 min, 3 run in CI above): DRIVETRAIN_STRESS=1, or scripts/ddp_exit_stress.py --runs 20",
+)
 def test_finished_ddp_runs_exit_cleanly_20_times():
     _run_exit_stress(20)
 
