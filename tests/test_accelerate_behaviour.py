@@ -364,3 +364,30 @@ def test_a_quantized_model_offloaded_to_cpu_is_refused_with_a_value_error():
     model.hf_device_map = {"": "cpu"}
     with pytest.raises(ValueError, match="CPU or disk offload"):
         Accelerator(cpu=True).prepare_model(model)
+
+
+def test_split_between_processes_gives_each_process_rows_of_a_dataset():
+    # Accelerate's test_script: a `datasets.Dataset` is split by rows (slicing one gives a dict of columns).
+    datasets = pytest.importorskip("datasets")
+    from drivetrain.state import split_for_process
+
+    even = datasets.Dataset.from_list([{"k": v} for v in range(4)])
+    shares = [split_for_process(even, 2, rank) for rank in range(2)]
+    assert [share["k"] for share in shares] == [[0, 1], [2, 3]]
+    odd = datasets.Dataset.from_list([{"k": v} for v in range(3)])
+    assert [split_for_process(odd, 2, rank)["k"] for rank in range(2)] == [[0, 1], [2]]
+    assert [split_for_process(odd, 2, rank, apply_padding=True)["k"] for rank in range(2)] == [[0, 1], [2, 2]]
+
+
+def test_split_between_processes_pads_with_the_last_input_element():
+    from drivetrain.state import split_for_process
+
+    data = [0, 1, 2, 3, 4]
+    assert [split_for_process(data, 4, rank, apply_padding=True) for rank in range(4)] == [
+        [0, 1],
+        [2, 4],
+        [3, 4],
+        [4, 4],
+    ]
+    tensor = torch.arange(5)
+    assert split_for_process(tensor, 4, 1, apply_padding=True).tolist() == [2, 4]

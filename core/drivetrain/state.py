@@ -386,17 +386,29 @@ def split_for_process(
     per_process, extra = divmod(length, num_processes)
     start = process_index * per_process + min(process_index, extra)
     end = start + per_process + (1 if process_index < extra else 0)
+    if _is_row_table(inputs):
+        # A `datasets.Dataset` sliced gives a dict of columns, not rows: pick the rows by index instead.
+        indices = list(range(start, end))
+        if apply_padding:
+            indices += [length - 1] * (math.ceil(length / num_processes) - len(indices))
+        return inputs.select(indices)
     share = inputs[start:end]
     if apply_padding:
         target = math.ceil(length / num_processes)
         missing = target - (end - start)
         if missing > 0:
-            last = inputs[-1:] if len(share) == 0 else share[-1:]
+            last = inputs[-1:]  # Accelerate pads with the input's last element, not the share's
             if isinstance(inputs, torch.Tensor):
                 share = torch.cat([share, last.repeat(missing, *([1] * (inputs.dim() - 1)))])
             else:
                 share = share + type(share)(list(last) * missing)
     return share
+
+
+def _is_row_table(inputs: Any) -> bool:
+    """A table of rows that slicing turns into columns (``datasets.Dataset``): it has ``select`` (rows by
+    index) and ``column_names``; a list, tuple or tensor has neither."""
+    return callable(getattr(inputs, "select", None)) and hasattr(inputs, "column_names")
 
 
 class AcceleratorState:
