@@ -391,3 +391,18 @@ def test_split_between_processes_pads_with_the_last_input_element():
     ]
     tensor = torch.arange(5)
     assert split_for_process(tensor, 4, 1, apply_padding=True).tolist() == [2, 4]
+
+
+def test_destroy_process_group_on_a_state_kept_across_a_reset():
+    # Accelerate's test_script ends with `state.destroy_process_group()` on an AcceleratorState built before
+    # `AcceleratorState._reset_state()`: the process group belongs to PartialState, so it still works.
+    from drivetrain.state import AcceleratorState, PartialState
+
+    Accelerator(cpu=True)
+    state = AcceleratorState()
+    AcceleratorState._reset_state()
+    with pytest.raises(AttributeError, match="`AcceleratorState` object has no attribute"):
+        state.mixed_precision  # noqa: B018
+    state.destroy_process_group()
+    state.destroy_process_group()  # twice is fine
+    assert PartialState().initialized

@@ -201,8 +201,13 @@ class PartialState:
             environment.shutdown()
         cls._shared_state.clear()
 
-    def destroy_process_group(self) -> None:
-        """Meet the other ranks and tear the process group down (safe to call twice)."""
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Meet the other ranks and tear the process group down (safe to call twice). With ``group``, only
+        that subgroup is destroyed."""
+        if group is not None:
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group(group)
+            return
         environment = self.environment
         if environment.shutdown is not None:
             environment.shutdown()
@@ -463,6 +468,11 @@ class AcceleratorState:
         cls._shared_state.clear()
         if reset_partial_state:
             PartialState._reset_state()
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """:meth:`PartialState.destroy_process_group`; works after ``_reset_state()`` too, since the process
+        group belongs to PartialState (scripts end with ``state.destroy_process_group()`` on an old state)."""
+        PartialState().destroy_process_group(group)
 
     def __getattr__(self, name: str) -> Any:
         # Only called for attributes not found normally: delegate process facts to PartialState, then the
