@@ -406,3 +406,11 @@ def test_destroy_process_group_on_a_state_kept_across_a_reset():
     state.destroy_process_group()
     state.destroy_process_group()  # twice is fine
     assert PartialState().initialized
+
+
+def test_parallelism_config_get_mesh_gives_names_and_sizes_in_mesh_order():
+    from drivetrain import ParallelismConfig
+
+    config = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, tp_size=2, cp_size=2)
+    assert config._get_mesh() == (("dp_replicate", "dp_shard", "cp", "tp"), (2, 2, 2, 2))
+    assert ParallelismConfig(dp_shard_size=4, cp_size=2)._get_mesh() == (("dp_shard", "cp"), (4, 2))

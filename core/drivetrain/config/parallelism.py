@@ -381,6 +381,10 @@ class ParallelismConfig:
         names = tuple(name for name in MESH_DIMENSIONS if self.size_of(name) > 1)
         return names, tuple(self.size_of(name) for name in names)
 
+    def _get_mesh(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """Accelerate's private name for :meth:`mesh_shape`, which code written for it (and its tests) call."""
+        return self.mesh_shape()
+
     def build_device_mesh(self, device_type: str) -> Any:
         """torch's ``DeviceMesh`` over every process with the enabled dimensions in mesh order, plus the
         flattened dimensions ``dp`` (data parallel), ``dp_shard_cp`` (what FSDP shards over) and ``dp_cp``
