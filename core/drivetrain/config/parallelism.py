@@ -403,7 +403,8 @@ class ParallelismConfig:
         ):
             if parts:
                 # A single enabled part is flattened too, so that every flat name exists whenever it is used.
-                mesh[tuple(parts)]._flatten(flat)
+                # Sliced by the list itself, as Accelerate does (code that wraps init_device_mesh sees it).
+                mesh[parts]._flatten(flat)
         return mesh
 
     def get_device_mesh(self, device_type: str | None = None) -> Any:
