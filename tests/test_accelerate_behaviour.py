@@ -452,3 +452,19 @@ def test_build_device_mesh_flattens_the_configs_own_dimension_lists(monkeypatch)
         (config.dp_cp_dim_names, "dp_cp"),
     ]
     assert sliced[0][0] == ["dp_replicate", "dp_shard"]
+
+
+def test_a_loader_dropped_mid_epoch_is_collected_with_its_accelerator():
+    import gc
+    import weakref
+
+    accelerator = Accelerator(cpu=True)
+    loader = accelerator.prepare_data_loader(DataLoader(list(range(16)), batch_size=4))
+    batches = iter(loader)
+    assert next(batches).tolist() == [0, 1, 2, 3]
+    assert loader.gradient_state.active_dataloader is loader
+    assert loader.gradient_state.sync_gradients == accelerator.gradient_state.sync_gradients
+    references = [weakref.ref(accelerator), weakref.ref(loader)]
+    del accelerator, loader, batches
+    gc.collect()
+    assert [reference() for reference in references] == [None, None]

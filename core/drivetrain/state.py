@@ -13,6 +13,7 @@ import functools
 import math
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -530,8 +531,9 @@ class GradientState:
         self.__dict__ = self._shared_state
         if not self.initialized:
             self.sync_gradients = True
-            self.active_dataloader: Any = None
-            self.dataloader_references: list[Any] = [None]
+            # Weak references: a loader whose iteration was dropped midway (still registered, so that
+            # gather_for_metrics sees its batch) is still freed with the objects that hold it.
+            self._dataloader_weakrefs: list[weakref.ref | None] = [None]
             self.plugin_kwargs: dict[str, Any] = {}
         if gradient_accumulation_plugin is not None:
             self.plugin_kwargs = {
@@ -581,17 +583,25 @@ class GradientState:
     def in_dataloader(self) -> bool:
         return self.active_dataloader is not None
 
+    @property
+    def dataloader_references(self) -> list[Any]:
+        """The loaders being iterated, oldest first, after a leading ``None`` (a freed one reads ``None``)."""
+        return [None if reference is None else reference() for reference in self._dataloader_weakrefs]
+
+    @property
+    def active_dataloader(self) -> Any:
+        return self.dataloader_references[-1]
+
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self.sync_gradients = sync_gradients
 
     def _add_dataloader(self, dataloader: Any) -> None:
-        self.active_dataloader = dataloader
-        self.dataloader_references.append(dataloader)
+        self._dataloader_weakrefs.append(weakref.ref(dataloader))
 
     def _remove_dataloader(self, dataloader: Any) -> None:
-        if dataloader in self.dataloader_references:
-            self.dataloader_references.remove(dataloader)
-        self.active_dataloader = self.dataloader_references[-1]
+        references = self.dataloader_references
+        if dataloader in references:
+            del self._dataloader_weakrefs[references.index(dataloader)]
 
     def __repr__(self) -> str:
         return (
