@@ -404,7 +404,7 @@ class ParallelismConfig:
             if parts:
                 # A single enabled part is flattened too, so that every flat name exists whenever it is used.
                 # Sliced by the list itself, as Accelerate does (code that wraps init_device_mesh sees it).
-                mesh[parts]._flatten(flat)
+                mesh[parts]._flatten(flat)  # type: ignore[index]  # torch slices by any sequence of names
         return mesh
 
     def get_device_mesh(self, device_type: str | None = None) -> Any:
