@@ -468,3 +468,12 @@ def test_a_loader_dropped_mid_epoch_is_collected_with_its_accelerator():
     del accelerator, loader, batches
     gc.collect()
     assert [reference() for reference in references] == [None, None]
+
+
+def test_concatenate_returns_a_single_batch_of_any_type_as_it_is():
+    from drivetrain.utils import concatenate
+
+    assert concatenate(["text"]) == "text"
+    assert concatenate([[torch.ones(1), "label"]])[1] == "label"
+    with pytest.raises(TypeError, match="can only concatenate tensors, got str"):
+        concatenate(["a", "b"])
