@@ -477,3 +477,26 @@ def test_concatenate_returns_a_single_batch_of_any_type_as_it_is():
     assert concatenate([[torch.ones(1), "label"]])[1] == "label"
     with pytest.raises(TypeError, match="can only concatenate tensors, got str"):
         concatenate(["a", "b"])
+
+
+def test_device_map_entries_naming_nothing_warn_and_unused_checkpoint_weights_are_logged(tmp_path, caplog):
+    from drivetrain.utils import check_device_map, load_checkpoint_in_model
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    with pytest.warns(UserWarning, match=r"device_map keys do not match any submodules.*'typo'"):
+        check_device_map(model, {"0": "cpu", "1.weight": "cpu", "1.bias": "cpu", "typo": "cpu"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_device_map(model, {"": "cpu"})
+
+    state = {**model.state_dict(), "extra": torch.ones(2)}
+    path = tmp_path / "model.pt"
+    torch.save(state, path)
+    fresh = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    with caplog.at_level("WARNING"):
+        load_checkpoint_in_model(fresh, path)
+    assert "were not used when loading" in caplog.text and "extra" in caplog.text
+    assert torch.equal(fresh[0].weight, model[0].weight)
+    # strict: an error that is also torch's RuntimeError (load_state_dict raises one)
+    with pytest.raises(RuntimeError, match="unexpected"):
+        load_checkpoint_in_model(fresh, path, strict=True)

@@ -17,5 +17,9 @@ class CheckpointError(DrivetrainError):
     """A checkpoint is missing, partial, or does not match its manifest."""
 
 
+class CheckpointMismatchError(CheckpointError, RuntimeError):
+    """Strict loading found missing or unexpected keys; a RuntimeError too, as torch's ``load_state_dict``."""
+
+
 class UsageError(DrivetrainError):
     """A bad flag or value on the command line: ``drivetrain`` prints it as one line and exits with code 2."""
