@@ -500,3 +500,18 @@ def test_device_map_entries_naming_nothing_warn_and_unused_checkpoint_weights_ar
     # strict: an error that is also torch's RuntimeError (load_state_dict raises one)
     with pytest.raises(RuntimeError, match="unexpected"):
         load_checkpoint_in_model(fresh, path, strict=True)
+
+
+def test_save_with_safetensors_says_which_shared_tensors_it_stored_once(tmp_path, caplog):
+    from safetensors.torch import load_file
+
+    from drivetrain.utils import save
+
+    model = torch.nn.Module()
+    model.a = torch.nn.Linear(3, 3)
+    model.b = model.a
+    with caplog.at_level("WARNING"):
+        save(model.state_dict(), tmp_path / "model.safetensors", safe_serialization=True)
+    assert [r.getMessage() for r in caplog.records if "Removed shared tensor" in r.getMessage()] != []
+    assert "b.weight" in caplog.text
+    assert sorted(load_file(tmp_path / "model.safetensors")) == ["a.bias", "a.weight"]
