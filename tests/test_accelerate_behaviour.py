@@ -515,3 +515,16 @@ def test_save_with_safetensors_says_which_shared_tensors_it_stored_once(tmp_path
     assert [r.getMessage() for r in caplog.records if "Removed shared tensor" in r.getMessage()] != []
     assert "b.weight" in caplog.text
     assert sorted(load_file(tmp_path / "model.safetensors")) == ["a.bias", "a.weight"]
+
+
+def test_prepare_multi_gpu_env_takes_a_partial_namespace_and_picks_a_free_port():
+    import argparse
+
+    from drivetrain.commands.launch import prepare_multi_gpu_env
+
+    args = argparse.Namespace(
+        num_processes=2, num_machines=1, main_process_ip="127.0.0.1", main_process_port=0
+    )
+    environment = prepare_multi_gpu_env(args)
+    assert args.master_port.isdigit() and args.master_port != "0"
+    assert environment["PATH"]  # the launcher's environment is the current one plus its variables
