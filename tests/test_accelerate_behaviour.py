@@ -528,3 +528,13 @@ def test_prepare_multi_gpu_env_takes_a_partial_namespace_and_picks_a_free_port()
     environment = prepare_multi_gpu_env(args)
     assert args.master_port.isdigit() and args.master_port != "0"
     assert environment["PATH"]  # the launcher's environment is the current one plus its variables
+
+
+def test_estimating_an_unknown_model_is_an_os_error_and_a_one_line_cli_error(capsys):
+    from drivetrain.commands.estimate import estimate_command, estimate_command_parser
+    from drivetrain.commands.main import main as cli_main
+
+    with pytest.raises(OSError, match="'somebrokenname' is not a local folder"):
+        estimate_command(estimate_command_parser().parse_args(["somebrokenname"]))
+    assert cli_main(["estimate-memory", "somebrokenname"]) == 2
+    assert "'somebrokenname' is not a local folder" in capsys.readouterr().err

@@ -23,3 +23,8 @@ class CheckpointMismatchError(CheckpointError, RuntimeError):
 
 class UsageError(DrivetrainError):
     """A bad flag or value on the command line: ``drivetrain`` prints it as one line and exits with code 2."""
+
+
+class ModelNotFoundError(UsageError, OSError):
+    """A model name that is no local folder, file or class and no model available offline; an OSError too,
+    as transformers' ``from_pretrained`` raises for a repository that does not exist."""
