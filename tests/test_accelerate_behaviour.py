@@ -364,3 +364,177 @@ def test_a_quantized_model_offloaded_to_cpu_is_refused_with_a_value_error():
     model.hf_device_map = {"": "cpu"}
     with pytest.raises(ValueError, match="CPU or disk offload"):
         Accelerator(cpu=True).prepare_model(model)
+
+
+def test_split_between_processes_gives_each_process_rows_of_a_dataset():
+    # Accelerate's test_script: a `datasets.Dataset` is split by rows (slicing one gives a dict of columns).
+    datasets = pytest.importorskip("datasets")
+    from drivetrain.state import split_for_process
+
+    even = datasets.Dataset.from_list([{"k": v} for v in range(4)])
+    shares = [split_for_process(even, 2, rank) for rank in range(2)]
+    assert [share["k"] for share in shares] == [[0, 1], [2, 3]]
+    odd = datasets.Dataset.from_list([{"k": v} for v in range(3)])
+    assert [split_for_process(odd, 2, rank)["k"] for rank in range(2)] == [[0, 1], [2]]
+    assert [split_for_process(odd, 2, rank, apply_padding=True)["k"] for rank in range(2)] == [[0, 1], [2, 2]]
+
+
+def test_split_between_processes_pads_with_the_last_input_element():
+    from drivetrain.state import split_for_process
+
+    data = [0, 1, 2, 3, 4]
+    assert [split_for_process(data, 4, rank, apply_padding=True) for rank in range(4)] == [
+        [0, 1],
+        [2, 4],
+        [3, 4],
+        [4, 4],
+    ]
+    tensor = torch.arange(5)
+    assert split_for_process(tensor, 4, 1, apply_padding=True).tolist() == [2, 4]
+
+
+def test_destroy_process_group_on_a_state_kept_across_a_reset():
+    # Accelerate's test_script ends with `state.destroy_process_group()` on an AcceleratorState built before
+    # `AcceleratorState._reset_state()`: the process group belongs to PartialState, so it still works.
+    from drivetrain.state import AcceleratorState, PartialState
+
+    Accelerator(cpu=True)
+    state = AcceleratorState()
+    AcceleratorState._reset_state()
+    with pytest.raises(AttributeError, match="`AcceleratorState` object has no attribute"):
+        state.mixed_precision  # noqa: B018
+    state.destroy_process_group()
+    state.destroy_process_group()  # twice is fine
+    assert PartialState().initialized
+
+
+def test_parallelism_config_get_mesh_gives_names_and_sizes_in_mesh_order():
+    from drivetrain import ParallelismConfig
+
+    config = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, tp_size=2, cp_size=2)
+    assert config._get_mesh() == (("dp_replicate", "dp_shard", "cp", "tp"), (2, 2, 2, 2))
+    assert ParallelismConfig(dp_shard_size=4, cp_size=2)._get_mesh() == (("dp_shard", "cp"), (4, 2))
+
+
+def test_build_device_mesh_flattens_the_configs_own_dimension_lists(monkeypatch):
+    # Code that wraps torch's init_device_mesh (Accelerate's tests do) sees the config's lists as the slices.
+    import torch.distributed.device_mesh as device_mesh
+
+    from drivetrain import ParallelismConfig
+
+    sliced: list = []
+
+    class RecordingMesh:
+        def __init__(self, shape, names):
+            self.shape, self.mesh_dim_names = shape, names
+
+        def __getitem__(self, key):
+            mesh = self
+
+            class Submesh:
+                def _flatten(self, name):
+                    sliced.append((key, name))
+                    return mesh
+
+            return Submesh()
+
+    monkeypatch.setattr(
+        device_mesh,
+        "init_device_mesh",
+        lambda device, shape, mesh_dim_names: RecordingMesh(shape, mesh_dim_names),
+    )
+    config = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, cp_size=2)
+    mesh = config.build_device_mesh("cpu")
+    assert (mesh.shape, mesh.mesh_dim_names) == ((2, 2, 2), ("dp_replicate", "dp_shard", "cp"))
+    assert sliced == [
+        (config.dp_dim_names, "dp"),
+        (config.dp_shard_cp_dim_names, "dp_shard_cp"),
+        (config.dp_cp_dim_names, "dp_cp"),
+    ]
+    assert sliced[0][0] == ["dp_replicate", "dp_shard"]
+
+
+def test_a_loader_dropped_mid_epoch_is_collected_with_its_accelerator():
+    import gc
+    import weakref
+
+    accelerator = Accelerator(cpu=True)
+    loader = accelerator.prepare_data_loader(DataLoader(list(range(16)), batch_size=4))
+    batches = iter(loader)
+    assert next(batches).tolist() == [0, 1, 2, 3]
+    assert loader.gradient_state.active_dataloader is loader
+    assert loader.gradient_state.sync_gradients == accelerator.gradient_state.sync_gradients
+    references = [weakref.ref(accelerator), weakref.ref(loader)]
+    del accelerator, loader, batches
+    gc.collect()
+    assert [reference() for reference in references] == [None, None]
+
+
+def test_concatenate_returns_a_single_batch_of_any_type_as_it_is():
+    from drivetrain.utils import concatenate
+
+    assert concatenate(["text"]) == "text"
+    assert concatenate([[torch.ones(1), "label"]])[1] == "label"
+    with pytest.raises(TypeError, match="can only concatenate tensors, got str"):
+        concatenate(["a", "b"])
+
+
+def test_device_map_entries_naming_nothing_warn_and_unused_checkpoint_weights_are_logged(tmp_path, caplog):
+    from drivetrain.utils import check_device_map, load_checkpoint_in_model
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    with pytest.warns(UserWarning, match=r"device_map keys do not match any submodules.*'typo'"):
+        check_device_map(model, {"0": "cpu", "1.weight": "cpu", "1.bias": "cpu", "typo": "cpu"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_device_map(model, {"": "cpu"})
+
+    state = {**model.state_dict(), "extra": torch.ones(2)}
+    path = tmp_path / "model.pt"
+    torch.save(state, path)
+    fresh = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    with caplog.at_level("WARNING"):
+        load_checkpoint_in_model(fresh, path)
+    assert "were not used when loading" in caplog.text and "extra" in caplog.text
+    assert torch.equal(fresh[0].weight, model[0].weight)
+    # strict: an error that is also torch's RuntimeError (load_state_dict raises one)
+    with pytest.raises(RuntimeError, match="unexpected"):
+        load_checkpoint_in_model(fresh, path, strict=True)
+
+
+def test_save_with_safetensors_says_which_shared_tensors_it_stored_once(tmp_path, caplog):
+    from safetensors.torch import load_file
+
+    from drivetrain.utils import save
+
+    model = torch.nn.Module()
+    model.a = torch.nn.Linear(3, 3)
+    model.b = model.a
+    with caplog.at_level("WARNING"):
+        save(model.state_dict(), tmp_path / "model.safetensors", safe_serialization=True)
+    assert [r.getMessage() for r in caplog.records if "Removed shared tensor" in r.getMessage()] != []
+    assert "b.weight" in caplog.text
+    assert sorted(load_file(tmp_path / "model.safetensors")) == ["a.bias", "a.weight"]
+
+
+def test_prepare_multi_gpu_env_takes_a_partial_namespace_and_picks_a_free_port():
+    import argparse
+
+    from drivetrain.commands.launch import prepare_multi_gpu_env
+
+    args = argparse.Namespace(
+        num_processes=2, num_machines=1, main_process_ip="127.0.0.1", main_process_port=0
+    )
+    environment = prepare_multi_gpu_env(args)
+    assert args.master_port.isdigit() and args.master_port != "0"
+    assert environment["PATH"]  # the launcher's environment is the current one plus its variables
+
+
+def test_estimating_an_unknown_model_is_an_os_error_and_a_one_line_cli_error(capsys):
+    from drivetrain.commands.estimate import estimate_command, estimate_command_parser
+    from drivetrain.commands.main import main as cli_main
+
+    with pytest.raises(OSError, match="'somebrokenname' is not a local folder"):
+        estimate_command(estimate_command_parser().parse_args(["somebrokenname"]))
+    assert cli_main(["estimate-memory", "somebrokenname"]) == 2
+    assert "'somebrokenname' is not a local folder" in capsys.readouterr().err

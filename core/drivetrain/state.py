@@ -13,6 +13,7 @@ import functools
 import math
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -204,8 +205,13 @@ class PartialState:
             environment.shutdown()
         cls._shared_state.clear()
 
-    def destroy_process_group(self) -> None:
-        """Meet the other ranks and tear the process group down (safe to call twice)."""
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Meet the other ranks and tear the process group down (safe to call twice). With ``group``, only
+        that subgroup is destroyed."""
+        if group is not None:
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group(group)
+            return
         environment = self.environment
         if environment.shutdown is not None:
             environment.shutdown()
@@ -389,17 +395,29 @@ def split_for_process(
     per_process, extra = divmod(length, num_processes)
     start = process_index * per_process + min(process_index, extra)
     end = start + per_process + (1 if process_index < extra else 0)
+    if _is_row_table(inputs):
+        # A `datasets.Dataset` sliced gives a dict of columns, not rows: pick the rows by index instead.
+        indices = list(range(start, end))
+        if apply_padding:
+            indices += [length - 1] * (math.ceil(length / num_processes) - len(indices))
+        return inputs.select(indices)
     share = inputs[start:end]
     if apply_padding:
         target = math.ceil(length / num_processes)
         missing = target - (end - start)
         if missing > 0:
-            last = inputs[-1:] if len(share) == 0 else share[-1:]
+            last = inputs[-1:]  # Accelerate pads with the input's last element, not the share's
             if isinstance(inputs, torch.Tensor):
                 share = torch.cat([share, last.repeat(missing, *([1] * (inputs.dim() - 1)))])
             else:
                 share = share + type(share)(list(last) * missing)
     return share
+
+
+def _is_row_table(inputs: Any) -> bool:
+    """A table of rows that slicing turns into columns (``datasets.Dataset``): it has ``select`` (rows by
+    index) and ``column_names``; a list, tuple or tensor has neither."""
+    return callable(getattr(inputs, "select", None)) and hasattr(inputs, "column_names")
 
 
 class AcceleratorState:
@@ -454,6 +472,11 @@ class AcceleratorState:
         cls._shared_state.clear()
         if reset_partial_state:
             PartialState._reset_state()
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """:meth:`PartialState.destroy_process_group`; works after ``_reset_state()`` too, since the process
+        group belongs to PartialState (scripts end with ``state.destroy_process_group()`` on an old state)."""
+        PartialState().destroy_process_group(group)
 
     def __getattr__(self, name: str) -> Any:
         # Only called for attributes not found normally: delegate process facts to PartialState, then the
@@ -511,8 +534,9 @@ class GradientState:
         self.__dict__ = self._shared_state
         if not self.initialized:
             self.sync_gradients = True
-            self.active_dataloader: Any = None
-            self.dataloader_references: list[Any] = [None]
+            # Weak references: a loader whose iteration was dropped midway (still registered, so that
+            # gather_for_metrics sees its batch) is still freed with the objects that hold it.
+            self._dataloader_weakrefs: list[weakref.ref | None] = [None]
             self.plugin_kwargs: dict[str, Any] = {}
         if gradient_accumulation_plugin is not None:
             self.plugin_kwargs = {
@@ -562,17 +586,25 @@ class GradientState:
     def in_dataloader(self) -> bool:
         return self.active_dataloader is not None
 
+    @property
+    def dataloader_references(self) -> list[Any]:
+        """The loaders being iterated, oldest first, after a leading ``None`` (a freed one reads ``None``)."""
+        return [None if reference is None else reference() for reference in self._dataloader_weakrefs]
+
+    @property
+    def active_dataloader(self) -> Any:
+        return self.dataloader_references[-1]
+
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self.sync_gradients = sync_gradients
 
     def _add_dataloader(self, dataloader: Any) -> None:
-        self.active_dataloader = dataloader
-        self.dataloader_references.append(dataloader)
+        self._dataloader_weakrefs.append(weakref.ref(dataloader))
 
     def _remove_dataloader(self, dataloader: Any) -> None:
-        if dataloader in self.dataloader_references:
-            self.dataloader_references.remove(dataloader)
-        self.active_dataloader = self.dataloader_references[-1]
+        references = self.dataloader_references
+        if dataloader in references:
+            del self._dataloader_weakrefs[references.index(dataloader)]
 
     def __repr__(self) -> str:
         return (

@@ -49,7 +49,18 @@ def device_for(name: str, device_map: dict[str, Any]) -> Any:
 
 
 def check_device_map(model: torch.nn.Module, device_map: dict[str, Any]) -> None:
-    """Raise ValueError naming the parameters and buffers that no entry of ``device_map`` covers."""
+    """Raise ValueError naming the parameters and buffers that no entry of ``device_map`` covers; warn
+    (UserWarning) about entries that name nothing in the model (a typo places nothing)."""
+    known = {name for name, _ in model.named_modules()} | {
+        name for name, _ in named_module_tensors(model, recurse=True)
+    }
+    unknown = [key for key in device_map if key not in known]
+    if unknown:
+        warnings.warn(
+            f"device_map keys do not match any submodules, parameters or buffers of the model: {unknown}",
+            UserWarning,
+            stacklevel=2,
+        )
     uncovered = []
     for name, _ in named_module_tensors(model, recurse=True):
         try:

@@ -38,7 +38,7 @@ from drivetrain.big_modeling.reader import (
 )
 from drivetrain.big_modeling.sizes import to_dtype
 from drivetrain.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
-from drivetrain.errors import CheckpointError
+from drivetrain.errors import CheckpointError, CheckpointMismatchError
 from drivetrain.progress import track
 
 logger = logging.getLogger(__name__)
@@ -453,9 +453,16 @@ def load_checkpoint_in_model(
 
     missing = [first for first in slots.places if first not in loaded and first not in slots.non_persistent]
     if strict and (missing or unexpected):
-        raise CheckpointError(
+        raise CheckpointMismatchError(
             f"checkpoint {os.fspath(checkpoint)} does not match the model (strict=True): "
             f"missing {missing or 'nothing'}; unexpected {unexpected or 'nothing'}"
+        )
+    if unexpected:
+        logger.warning(
+            "some weights of checkpoint %s were not used when loading it into %s: %s",
+            os.fspath(checkpoint),
+            type(model).__name__,
+            unexpected,
         )
     still_empty = [name for name in missing if slots.get(name).device.type == "meta"]
     if still_empty:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import logging
 import os
 import shutil
 import warnings
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
     from drivetrain.contract.arguments import PluginAccelerator as Accelerator
     from drivetrain.contract.arguments import PreparedObjects
     from drivetrain.contract.calling import PluginStack
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINTS_FOLDER = "checkpoints"
 
@@ -576,7 +579,15 @@ def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: 
     if safe_serialization:
         if not isinstance(f, (str, os.PathLike)):
             raise ValueError("save(..., safe_serialization=True) needs a file path, not a file object")
-        save_safetensors_atomically(deduplicate_shared(obj)[0], os.fspath(f))
+        tensors, aliases = deduplicate_shared(obj)
+        if aliases:
+            logger.warning(
+                "Removed shared tensor %s while saving %s: safetensors stores shared memory once; each name is "
+                "filled again when loaded into the model",
+                sorted(aliases),
+                os.fspath(f),
+            )
+        save_safetensors_atomically(tensors, os.fspath(f))
     elif isinstance(f, (str, os.PathLike)):
         atomic_write(os.fspath(f), lambda out: torch.save(obj, out))
     else:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from drivetrain.commands.parsing import UsageError, add_option
+from drivetrain.errors import ModelNotFoundError
 
 HELP = "Estimate the memory a model needs for inference and for Adam training, per dtype."
 #: bytes per parameter
@@ -103,7 +104,7 @@ def build_model(name: str, library: str | None = None, trust_remote_code: bool =
             tried.append(str(exc))
         except Exception as exc:
             tried.append(f"{candidate}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-    raise UsageError(
+    raise ModelNotFoundError(
         f"{name!r} is not a local folder, a config.json, a module:Class, or a model available "
         f"offline ({'; '.join(tried)})"
     )

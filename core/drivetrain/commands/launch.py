@@ -1090,8 +1090,17 @@ def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str]
 
 
 def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
-    """The environment the launcher gives every process of the launch (Accelerate's helper)."""
-    return {**os.environ, **environment_for(resolve_plan(args))}
+    """The environment the launcher gives every process of the launch (Accelerate's helper). ``args`` may be
+    a namespace built by hand: options it lacks take their defaults, and ``main_process_port=0`` picks a free
+    port. The port chosen is left in ``args.master_port``, as Accelerate does."""
+    for name, value in vars(build_parser().parse_args(["script.py"])).items():
+        if not hasattr(args, name):
+            setattr(args, name, value)
+    if args.main_process_port == 0:
+        args.main_process_port = None
+    plan = resolve_plan(args)
+    args.master_port = str(plan.main_process_port)
+    return {**os.environ, **environment_for(plan)}
 
 
 #: Accelerate's launchers by kind; drivetrain's launcher chooses from the options and the installed backends.

@@ -381,6 +381,10 @@ class ParallelismConfig:
         names = tuple(name for name in MESH_DIMENSIONS if self.size_of(name) > 1)
         return names, tuple(self.size_of(name) for name in names)
 
+    def _get_mesh(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """Accelerate's private name for :meth:`mesh_shape`, which code written for it (and its tests) call."""
+        return self.mesh_shape()
+
     def build_device_mesh(self, device_type: str) -> Any:
         """torch's ``DeviceMesh`` over every process with the enabled dimensions in mesh order, plus the
         flattened dimensions ``dp`` (data parallel), ``dp_shard_cp`` (what FSDP shards over) and ``dp_cp``
@@ -399,7 +403,8 @@ class ParallelismConfig:
         ):
             if parts:
                 # A single enabled part is flattened too, so that every flat name exists whenever it is used.
-                mesh[tuple(parts)]._flatten(flat)
+                # Sliced by the list itself, as Accelerate does (code that wraps init_device_mesh sees it).
+                mesh[parts]._flatten(flat)  # type: ignore[index]  # torch slices by any sequence of names
         return mesh
 
     def get_device_mesh(self, device_type: str | None = None) -> Any:

@@ -202,6 +202,11 @@ class _PreparedDataLoader(DataLoader):
         return self
 
     @property
+    def gradient_state(self) -> GradientState:
+        """The shared :class:`GradientState` this loader reports its end to (Accelerate's loaders hold it)."""
+        return GradientState()
+
+    @property
     def total_batch_size(self) -> int | None:
         raise NotImplementedError
 

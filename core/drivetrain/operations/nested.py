@@ -277,9 +277,11 @@ def concatenate(data: list[Any], dim: int = 0) -> Any:
         return rebuild_mapping(
             first, {key: concatenate([item[key] for item in data], dim=dim) for key in first}
         )
-    if not isinstance(first, torch.Tensor):
-        raise TypeError(f"can only concatenate tensors, got {type(first).__name__}")
-    return torch.cat(list(data), dim=dim)
+    if isinstance(first, torch.Tensor):
+        return torch.cat(list(data), dim=dim)
+    if len(data) == 1:
+        return first  # a single batch of anything is already "concatenated" (gathered metrics of one step)
+    raise TypeError(f"can only concatenate tensors, got {type(first).__name__}")
 
 
 def convert_to_fp32(tensor: Any) -> Any:

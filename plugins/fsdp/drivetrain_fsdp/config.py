@@ -11,6 +11,7 @@ set both in code and in the environment must agree, or construction fails naming
 
 from __future__ import annotations
 
+import enum
 import os
 import re
 import warnings
@@ -40,7 +41,8 @@ def _enum_converter(enum_class: type[_NamedEnum], field_name: str) -> Callable[[
     def convert(value: Any) -> Any:
         if isinstance(value, enum_class):
             return value
-        text = str(value).strip()
+        # torch's own enum (torch.distributed.fsdp.ShardingStrategy.FULL_SHARD) is taken by its member name
+        text = value.name if isinstance(value, enum.Enum) else str(value).strip()
         if text.isdigit() and 1 <= int(text) <= len(members):
             return members[int(text) - 1]
         for member in members:

@@ -70,14 +70,22 @@ def merge_fsdp_weights(
     :param checkpoint_dir: a ``pytorch_model_fsdp_<i>`` folder, or the checkpoint folder holding
         ``pytorch_model_fsdp_0``.
     :param remove_checkpoint_dir: delete ``checkpoint_dir`` once the merged model is written.
+
+    Called by every process of a distributed run, only the main process merges (the others return an empty
+    list) and all return once the files are written.
     """
     from drivetrain.plugin_api import write_model_files
 
-    checkpoint_dir, output_path = os.fspath(checkpoint_dir), os.fspath(output_path)
-    state = load_sharded_model_state(checkpoint_dir)
-    written = write_model_files(state, output_path, max_shard_size, safe_serialization)
-    if remove_checkpoint_dir:
-        shutil.rmtree(checkpoint_dir)
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    written: list[str] = []
+    if not distributed or torch.distributed.get_rank() == 0:
+        checkpoint_dir, output_path = os.fspath(checkpoint_dir), os.fspath(output_path)
+        state = load_sharded_model_state(checkpoint_dir)
+        written = write_model_files(state, output_path, max_shard_size, safe_serialization)
+        if remove_checkpoint_dir:
+            shutil.rmtree(checkpoint_dir)
+    if distributed:
+        torch.distributed.barrier()
     return written
 
 

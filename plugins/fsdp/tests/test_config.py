@@ -17,6 +17,7 @@ from drivetrain_fsdp.config import (
 )
 from drivetrain_fsdp.merge import merge_fsdp_weights
 from drivetrain_fsdp.process_group import mesh_shape
+from torch.distributed.fsdp import ShardingStrategy as TorchShardingStrategy
 
 from drivetrain.errors import CheckpointError, ConfigurationError
 
@@ -32,7 +33,17 @@ def test_defaults_and_backend_name():
     assert plugin.sync_module_states_enabled is False and plugin.fsdp_version == 2
 
 
-@pytest.mark.parametrize("value", ["SHARD_GRAD_OP", "shard_grad_op", "2", 2, ShardingStrategy.SHARD_GRAD_OP])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "SHARD_GRAD_OP",
+        "shard_grad_op",
+        "2",
+        2,
+        ShardingStrategy.SHARD_GRAD_OP,
+        TorchShardingStrategy.SHARD_GRAD_OP,  # torch's enum, as Accelerate scripts pass it
+    ],
+)
 def test_strategy_spellings(value):
     plugin = FullyShardedDataParallelPlugin(sharding_strategy=value)
     assert (

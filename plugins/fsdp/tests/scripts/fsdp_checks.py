@@ -269,8 +269,10 @@ def check_checkpoints(workdir):
             if rank == 0:
                 torch.save(uninterrupted, os.path.join(workdir, "expected_after_3.pt"))
                 torch.save(weights_at_save, os.path.join(workdir, "weights_at_save.pt"))
-                merged = os.path.join(workdir, "merged")
-                merge_fsdp_weights(folder, merged)
+            merged = os.path.join(workdir, "merged")
+            # every rank calls it, as with Accelerate: the main one writes, all return once it is written
+            merge_fsdp_weights(folder, merged)
+            if rank == 0:
                 from safetensors.torch import load_file
 
                 merged_state = load_file(os.path.join(merged, "model.safetensors"))
