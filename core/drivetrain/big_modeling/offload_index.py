@@ -15,19 +15,48 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from drivetrain.errors import CheckpointError
+
 INDEX_FILE = "index.json"
 
 
 def load_offload_index(folder: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """The index of ``folder`` (empty when it has none). Relative file paths are resolved against it."""
+    """The index of ``folder`` (empty when it has none). Relative file paths are resolved against it. A
+    damaged index is a :class:`~drivetrain.errors.CheckpointError` naming the file and the bad entry."""
     path = os.path.join(folder, INDEX_FILE)
     if not os.path.isfile(path):
         return {}
-    with open(path) as handle:
-        index = json.load(handle)
-    for entry in index.values():
+    remedy = "delete the offload folder and load the checkpoint again to rebuild it"
+    try:
+        with open(path) as handle:
+            index = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(
+            f"offload index {path} cannot be read ({type(exc).__name__}: {exc}); {remedy}"
+        ) from None
+    if not isinstance(index, dict):
+        raise CheckpointError(f"offload index {path} is not a JSON object of weight entries; {remedy}")
+    for name, entry in index.items():
+        problem = _entry_problem(entry)
+        if problem:
+            raise CheckpointError(f"offload index {path}, entry {name!r}: {problem}; {remedy}")
         entry["safetensors_file"] = os.path.join(folder, entry["safetensors_file"])
     return index
+
+
+def _entry_problem(entry: Any) -> str | None:
+    """What is wrong with one index entry, or None. Valid: {"safetensors_file": str, "weight_name": str
+    (optional), "dtype": a torch dtype name (optional)}."""
+    if not isinstance(entry, dict):
+        return f"expected an object with 'safetensors_file', got {type(entry).__name__}"
+    if not isinstance(entry.get("safetensors_file"), str) or not entry["safetensors_file"]:
+        return "'safetensors_file' must be a file name"
+    if "weight_name" in entry and not isinstance(entry["weight_name"], str):
+        return "'weight_name' must be a string"
+    dtype = entry.get("dtype")
+    if dtype is not None and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+        return f"'dtype' {dtype!r} is not a torch dtype (e.g. 'float32', 'bfloat16')"
+    return None
 
 
 def save_offload_index(folder: str | os.PathLike, index: dict[str, dict[str, Any]]) -> None:

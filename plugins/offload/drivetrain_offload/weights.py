@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any
@@ -9,7 +10,15 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from drivetrain.plugin_api import TensorRecord, can_map, load_offload_index, map_tensor, populate, read_header
+from drivetrain.plugin_api import (
+    CheckpointError,
+    TensorRecord,
+    can_map,
+    load_offload_index,
+    map_tensor,
+    populate,
+    read_header,
+)
 
 
 class OffloadedWeights(Mapping):
@@ -42,8 +51,18 @@ class OffloadedWeights(Mapping):
         with self._lock:
             records = self._headers.get(file)
             if records is None:
+                if not os.path.isfile(file):
+                    raise CheckpointError(
+                        f"offloaded weight {name!r} is read from {file}, which does not exist (moved or deleted "
+                        "after loading?); load the checkpoint again"
+                    )
                 records = self._headers[file] = read_header(file)
         record = records.get(key)
+        if record is None and key not in records:
+            raise CheckpointError(
+                f"offloaded weight {name!r}: {file} holds no tensor {key!r} (the offload index and the file "
+                "disagree); load the checkpoint again"
+            )
         if record is not None and can_map(record):
             tensor = map_tensor(file, record)
         else:  # empty or misaligned tensors
