@@ -352,3 +352,28 @@ def test_checkpoint_pruned_by_another_run_during_a_load_is_a_clear_error(tmp_pat
         accelerator.load_state()
     assert not os.path.exists(folder)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+class _WithCounts(torch.nn.Module):
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 2)
+        self.register_buffer("counts", torch.zeros(3, dtype=dtype))
+
+
+@pytest.mark.parametrize("safe_serialization", [True, False], ids=["safetensors", "bin"])
+def test_a_checkpoint_with_int32_state_loads_into_float32_state_by_casting(tmp_path, safe_serialization):
+    # Finding 8 said an int32 -> fp32 mismatch gave an unclear error; torch's load_state_dict casts, and so
+    # does load_state: the values arrive, in the model's dtype.
+    from drivetrain import reset_state
+
+    accelerator = Accelerator(project_dir=str(tmp_path))
+    saved = accelerator.prepare(_WithCounts(torch.int32))
+    saved.counts.copy_(torch.tensor([1, 2, 3], dtype=torch.int32))
+    location = accelerator.save_state(str(tmp_path / "ckpt"), safe_serialization=safe_serialization)
+    reset_state()
+    accelerator = Accelerator(project_dir=str(tmp_path))
+    loaded = accelerator.prepare(_WithCounts(torch.float32))
+    accelerator.load_state(location)
+    assert loaded.counts.dtype == torch.float32 and loaded.counts.tolist() == [1.0, 2.0, 3.0]
+    assert torch.equal(loaded.linear.weight, saved.linear.weight)
