@@ -305,7 +305,19 @@ def test_new_plugin_renders_what_cookiecutter_renders(rendered_template, tmp_pat
     assert f"created {created}" in result.stdout
 
     def files(root: Path) -> dict[str, str]:
-        return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+        # what other tests leave in the rendered copy by running it (bytecode, pytest's cache, egg-info) is not
+        # part of what the template renders
+        def made_by_a_run(path: Path) -> bool:
+            return any(
+                part in ("__pycache__", ".pytest_cache") or part.endswith(".egg-info")
+                for part in path.relative_to(root).parts
+            )
+
+        return {
+            str(p.relative_to(root)): p.read_text()
+            for p in sorted(root.rglob("*"))
+            if p.is_file() and not made_by_a_run(p)
+        }
 
     assert files(created) == files(rendered_template)
     again = subprocess.run(
