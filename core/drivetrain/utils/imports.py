@@ -88,8 +88,23 @@ def _evaluate(name: str) -> bool:
     return True
 
 
+@functools.cache
+def _plugin_check(name: str) -> Callable[..., bool] | None:
+    """The installed plugin's own check of this name (``drivetrain.exports``), which knows its device (the xla
+    plugin answers ``check_is_tpu``), or None when no installed plugin exports it."""
+    from drivetrain.contract.exports import resolve_export
+
+    try:
+        return resolve_export(name)
+    except (ImportError, AttributeError):
+        return None
+
+
 def _check(name: str) -> Callable[..., bool]:
     def check(*args: Any, **kwargs: Any) -> bool:
+        provided = _plugin_check(name)
+        if provided is not None:
+            return bool(provided(*args, **kwargs))
         return _evaluate(name)
 
     check.__name__ = check.__qualname__ = name
