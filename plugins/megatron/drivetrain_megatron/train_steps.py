@@ -47,6 +47,29 @@ def _plugin_option(plugin: Any, name: str) -> Any:
     return getattr(plugin, name, None) if plugin is not None else None
 
 
+class _FamilyTrainStep(AbstractTrainStep):
+    """The shipped model families: the plugin's ``custom_get_batch_function`` and ``custom_loss_function``
+    replace the family's own batch and loss functions (``_batch_func``, ``_loss_func``)."""
+
+    def __init__(self, name: str, megatron_args: Any) -> None:
+        self.megatron_args = megatron_args
+        self.custom_get_batch = _plugin_option(megatron_args, "custom_get_batch_function")
+        self.custom_loss = _plugin_option(megatron_args, "custom_loss_function")
+        super().__init__(name)
+
+    def get_batch_func(self) -> Callable[[Iterator[Any]], Any]:
+        return self.custom_get_batch if self.custom_get_batch is not None else self._batch_func()
+
+    def get_loss_func(self) -> Callable[..., Any]:
+        return self.custom_loss if self.custom_loss is not None else self._loss_func()
+
+    def _batch_func(self) -> Callable[[Iterator[Any]], Any]:
+        raise NotImplementedError(f"{type(self).__name__}._batch_func")
+
+    def _loss_func(self) -> Callable[..., Any]:
+        return _masked_mean_loss
+
+
 def _masked_mean_loss(loss_mask: torch.Tensor, output: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
     """Per-token losses averaged over the tokens the mask keeps; the logged value is also averaged over the
     data-parallel group."""
@@ -56,24 +79,18 @@ def _masked_mean_loss(loss_mask: torch.Tensor, output: torch.Tensor) -> tuple[to
     return loss, {"lm loss": avg_losses_across_data_parallel_group([loss])[0]}
 
 
-class GPTTrainStep(AbstractTrainStep):
+class GPTTrainStep(_FamilyTrainStep):
     """Decoder-only language model: ``{"input_ids": [b, s + 1]}`` (or ``"text"``) gives tokens and the labels
     shifted by one, a causal attention mask, position ids and a loss mask (``eod_token`` masked with
     ``eod_mask_loss``). The model is called ``model(tokens, position_ids, attention_mask, labels=labels)`` and
     returns per-token losses."""
 
     def __init__(self, megatron_args: Any = None, eod_token: int | None = None, **kwargs: Any) -> None:
-        self.megatron_args = megatron_args
         self.eod_token = eod_token
         self.eod_mask_loss = bool(kwargs.get("eod_mask_loss", _plugin_option(megatron_args, "eod_mask_loss")))
-        self.custom_get_batch = _plugin_option(megatron_args, "custom_get_batch_function")
-        self.custom_loss = _plugin_option(megatron_args, "custom_loss_function")
-        super().__init__("GPTTrainStep")
+        super().__init__("GPTTrainStep", megatron_args)
 
-    def get_batch_func(self) -> Callable[[Iterator[Any]], Any]:
-        if self.custom_get_batch is not None:
-            return self.custom_get_batch
-
+    def _batch_func(self) -> Callable[[Iterator[Any]], Any]:
         def get_batch(data_iterator: Iterator[Any]) -> tuple[torch.Tensor, ...]:
             data = next(data_iterator)
             tokens_ = data["input_ids"] if "input_ids" in data else data["text"]
@@ -89,9 +106,6 @@ class GPTTrainStep(AbstractTrainStep):
 
         return get_batch
 
-    def get_loss_func(self) -> Callable[..., Any]:
-        return self.custom_loss if self.custom_loss is not None else _masked_mean_loss
-
     def get_forward_step_func(self) -> Callable[[Iterator[Any], torch.nn.Module], Any]:
         def forward_step(
             data_iterator: Iterator[Any], model: torch.nn.Module
@@ -103,22 +117,16 @@ class GPTTrainStep(AbstractTrainStep):
         return forward_step
 
 
-class BertTrainStep(AbstractTrainStep):
+class BertTrainStep(_FamilyTrainStep):
     """Encoder with masked-LM and (optional) sentence-order losses: batch keys ``text``, ``types``,
     ``labels``, ``is_random``, ``loss_mask``, ``padding_mask``; the model returns
     ``(lm_loss_per_token, sop_logits)``."""
 
     def __init__(self, megatron_args: Any = None, binary_head: bool = True) -> None:
-        self.megatron_args = megatron_args
         self.binary_head = binary_head
-        self.custom_get_batch = _plugin_option(megatron_args, "custom_get_batch_function")
-        self.custom_loss = _plugin_option(megatron_args, "custom_loss_function")
-        super().__init__("BertTrainStep")
+        super().__init__("BertTrainStep", megatron_args)
 
-    def get_batch_func(self) -> Callable[[Iterator[Any]], Any]:
-        if self.custom_get_batch is not None:
-            return self.custom_get_batch
-
+    def _batch_func(self) -> Callable[[Iterator[Any]], Any]:
         def get_batch(data_iterator: Iterator[Any]) -> tuple[torch.Tensor, ...]:
             data = next(data_iterator)
             return (
@@ -132,10 +140,7 @@ class BertTrainStep(AbstractTrainStep):
 
         return get_batch
 
-    def get_loss_func(self) -> Callable[..., Any]:
-        if self.custom_loss is not None:
-            return self.custom_loss
-
+    def _loss_func(self) -> Callable[..., Any]:
         def loss_func(loss_mask: torch.Tensor, sentence_order: torch.Tensor, output: Any) -> Any:
             lm_loss_per_token, sop_logits = output
             lm_loss = (lm_loss_per_token.float().reshape(-1) * loss_mask.reshape(-1)).sum() / loss_mask.sum()
@@ -160,20 +165,14 @@ class BertTrainStep(AbstractTrainStep):
         return forward_step
 
 
-class T5TrainStep(AbstractTrainStep):
+class T5TrainStep(_FamilyTrainStep):
     """Encoder-decoder: batch keys ``text_enc``, ``text_dec``, ``labels``, ``loss_mask``, ``enc_mask``,
     ``dec_mask``, ``enc_dec_mask``; the model returns per-token losses."""
 
     def __init__(self, megatron_args: Any = None) -> None:
-        self.megatron_args = megatron_args
-        self.custom_get_batch = _plugin_option(megatron_args, "custom_get_batch_function")
-        self.custom_loss = _plugin_option(megatron_args, "custom_loss_function")
-        super().__init__("T5TrainStep")
+        super().__init__("T5TrainStep", megatron_args)
 
-    def get_batch_func(self) -> Callable[[Iterator[Any]], Any]:
-        if self.custom_get_batch is not None:
-            return self.custom_get_batch
-
+    def _batch_func(self) -> Callable[[Iterator[Any]], Any]:
         def get_batch(data_iterator: Iterator[Any]) -> tuple[torch.Tensor, ...]:
             data = next(data_iterator)
             return (
@@ -187,9 +186,6 @@ class T5TrainStep(AbstractTrainStep):
             )
 
         return get_batch
-
-    def get_loss_func(self) -> Callable[..., Any]:
-        return self.custom_loss if self.custom_loss is not None else _masked_mean_loss
 
     def get_forward_step_func(self) -> Callable[[Iterator[Any], torch.nn.Module], Any]:
         def forward_step(data_iterator: Iterator[Any], model: torch.nn.Module) -> tuple[Any, Callable]:
