@@ -18,16 +18,11 @@ costs, whatever the other programs do). Target: prepared / raw <= 1.05.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
-import tempfile
-import time
 
 import torch
-
-from drivetrain.testing import launch_script
+from alternating_steps import compare, launch, write_result  # bench/, the script's folder
 
 HIDDEN = 128
 BATCH = 16
@@ -82,19 +77,6 @@ def raw_layout(dp_shard: int) -> torch.nn.Module:
     return model
 
 
-def time_block(step, inputs: torch.Tensor, targets: torch.Tensor, steps: int) -> tuple[float, float]:
-    """(wall seconds, this process's CPU seconds) per step."""
-    import torch.distributed as dist
-
-    dist.barrier()
-    start, cpu = time.perf_counter(), time.process_time()
-    for index in range(steps):
-        step(inputs[index % len(inputs)], targets[index % len(targets)])
-    cpu = time.process_time() - cpu
-    dist.barrier()
-    return (time.perf_counter() - start) / steps, cpu / steps
-
-
 def worker(steps: int, rounds: int) -> dict[str, float]:
     from drivetrain import Accelerator, FullyShardedDataParallelPlugin
     from drivetrain.parallelism_config import ParallelismConfig
@@ -130,35 +112,13 @@ def worker(steps: int, rounds: int) -> dict[str, float]:
     generator = torch.Generator().manual_seed(accelerator.sharding_options(False).process_index)
     inputs = torch.randn(16, BATCH, HIDDEN, generator=generator)
     targets = torch.randn(16, BATCH, 1, generator=generator)
-    for step in (raw_step, prepared_step):  # warm-up
-        time_block(step, inputs, targets, max(steps // 3, 5))
-    raw, prepared = [], []
-    for round_index in range(rounds):
-        order = (raw_step, prepared_step) if round_index % 2 == 0 else (prepared_step, raw_step)
-        for step in order:
-            (raw if step is raw_step else prepared).append(time_block(step, inputs, targets, steps))
+    result = compare(raw_step, prepared_step, inputs, targets, steps, rounds)
     accelerator.end_training()
-    return {
-        "raw": statistics.median(wall for wall, _ in raw),
-        "prepared": statistics.median(wall for wall, _ in prepared),
-        "raw_min": min(wall for wall, _ in raw),
-        "prepared_min": min(wall for wall, _ in prepared),
-        "raw_cpu": statistics.median(cpu for _, cpu in raw),
-        "prepared_cpu": statistics.median(cpu for _, cpu in prepared),
-    }
+    return result
 
 
 def run(num_processes: int, steps: int, rounds: int) -> dict[str, float]:
-    with tempfile.TemporaryDirectory(prefix="nd-bench-") as tmp:
-        output = os.path.join(tmp, "result.json")
-        worker_args = ["--worker", "--steps", str(steps), "--rounds", str(rounds), "--output", output]
-        done = launch_script(
-            __file__, num_processes, args=worker_args, env={"TMPDIR": tmp}, timeout=3600, check=False
-        )
-        if done.returncode != 0:
-            raise SystemExit(f"benchmark run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-        with open(output) as handle:
-            return json.load(handle)
+    return launch(__file__, num_processes, steps, rounds)
 
 
 def main() -> int:
@@ -169,10 +129,7 @@ def main() -> int:
     parser.add_argument("--output", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        result = worker(args.steps, args.rounds)
-        if int(os.environ.get("RANK", "0")) == 0:
-            with open(args.output, "w") as handle:
-                json.dump(result, handle)
+        write_result(worker(args.steps, args.rounds), args.output)
         return 0
     print(
         f"MLP {HIDDEN}->{4 * HIDDEN}->{HIDDEN} x2, batch {BATCH}, 1 thread, {args.rounds} blocks of {args.steps}"
