@@ -538,3 +538,83 @@ def test_estimating_an_unknown_model_is_an_os_error_and_a_one_line_cli_error(cap
         estimate_command(estimate_command_parser().parse_args(["somebrokenname"]))
     assert cli_main(["estimate-memory", "somebrokenname"]) == 2
     assert "'somebrokenname' is not a local folder" in capsys.readouterr().err
+
+
+def test_recursively_apply_error_on_other_type_uses_accelerates_wording():
+    from drivetrain.utils import recursively_apply
+
+    with pytest.raises(TypeError) as error:
+        recursively_apply(torch.tensor, (torch.tensor(1), 1), error_on_other_type=True)
+    assert str(error.value) == (
+        "Unsupported types (<class 'int'>) passed to `tensor`. Only nested list/tuple/dicts of objects that are "
+        "valid for `is_torch_tensor` should be passed."
+    )
+
+
+def test_unwrapping_undoes_a_convert_outputs_to_fp32_forward_saved_in_original_forward():
+    from drivetrain.utils import convert_outputs_to_fp32, extract_model_from_parallel
+
+    model = torch.nn.Linear(2, 1)
+    model._original_forward = model.forward
+    model.forward = convert_outputs_to_fp32(model.forward)
+    unwrapped = extract_model_from_parallel(model, keep_fp32_wrapper=False)
+    assert "forward" not in unwrapped.__dict__ and "_original_forward" not in unwrapped.__dict__
+    restored = pickle.loads(pickle.dumps(unwrapped))
+    assert torch.equal(restored(torch.ones(1, 2)), model(torch.ones(1, 2)))
+
+
+def test_sagemaker_hyperparameters_are_typed_and_flags_without_values_refused():
+    from drivetrain.utils.launch import _convert_nargs_to_dict
+
+    args = [
+        "--model_name_or_path",
+        "bert",
+        "--do_train",
+        "False",
+        "--epochs",
+        "3",
+        "--lr",
+        "5e-5",
+        "--steps",
+        "50.5",
+    ]
+    assert _convert_nargs_to_dict(args) == {
+        "model_name_or_path": "bert",
+        "do_train": False,
+        "epochs": 3,
+        "lr": 5e-5,
+        "steps": 50.5,
+    }
+    assert type(_convert_nargs_to_dict(args)["epochs"]) is int
+    with pytest.raises(ValueError, match="'--do_test' has no value"):
+        _convert_nargs_to_dict(["--do_test", "--epochs", "3"])
+    with pytest.raises(ValueError, match="'--do_predict' has no value"):
+        _convert_nargs_to_dict(["--epochs", "3", "--do_predict"])
+
+
+def test_prepare_multi_gpu_env_ignores_the_defaults_of_backends_the_namespace_does_not_select():
+    import argparse
+
+    from drivetrain.commands.launch import prepare_multi_gpu_env
+
+    # what Accelerate's launcher hands over: every backend's options at Accelerate's defaults
+    args = argparse.Namespace(
+        num_processes=1, num_machines=1, main_process_ip="127.0.0.1", main_process_port=0, machine_rank=0,
+        use_fsdp=False, fsdp_offload_params=False, fsdp_min_num_params=0, fsdp_use_orig_params=False,
+        use_megatron_lm=False, megatron_lm_tp_degree=1, megatron_lm_pp_degree=1,
+        megatron_lm_gradient_clipping=1.0, use_tp=False, tp_size=1, use_parallelism_config=False,
+    )  # fmt: skip
+    prepare_multi_gpu_env(args)
+    assert args.master_port.isdigit() and args.master_port != "0"
+
+
+def test_an_invalid_cp_comm_strategy_is_named_in_accelerates_wording(monkeypatch):
+    from drivetrain.utils import ParallelismConfig, TorchContextParallelConfig
+
+    with pytest.raises(
+        ValueError, match="Invalid cp_comm_strategy: ring.*choose one of: allgather, alltoall"
+    ):
+        TorchContextParallelConfig(cp_comm_strategy="ring")
+    monkeypatch.setenv("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "ring")
+    with pytest.raises(ValueError, match="Invalid cp_comm_strategy: ring"):
+        ParallelismConfig(cp_size=2)

@@ -76,7 +76,7 @@ def test_recursively_apply_rebuilds_mapping_subclasses_and_structseqs():
 
 
 def test_recursively_apply_error_on_other_type_names_the_type():
-    with pytest.raises(TypeError, match="unsupported type str"):
+    with pytest.raises(TypeError, match=r"Unsupported types \(<class 'str'>\)"):
         ops.recursively_apply(lambda t: t, [torch.ones(1), "text"], error_on_other_type=True)
 
 
@@ -193,7 +193,7 @@ def test_reduce_returns_a_copy_and_validates_the_reduction():
     assert torch.equal(ops.reduce({"t": tensor}, reduction="sum", scale=2.0)["t"], tensor * 2)
     with pytest.raises(ValueError, match="valid: mean, sum"):
         ops.reduce(tensor, reduction="average")
-    with pytest.raises(TypeError, match="unsupported type str"):
+    with pytest.raises(TypeError, match=r"Unsupported types \(<class 'str'>\)"):
         ops.reduce(["x"])
 
 

@@ -1096,11 +1096,29 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
     for name, value in vars(build_parser().parse_args(["script.py"])).items():
         if not hasattr(args, name):
             setattr(args, name, value)
+    _drop_options_of_unselected_backends(args)
     if args.main_process_port == 0:
         args.main_process_port = None
     plan = resolve_plan(args)
     args.master_port = str(plan.main_process_port)
     return {**os.environ, **environment_for(plan)}
+
+
+def _drop_options_of_unselected_backends(args: argparse.Namespace) -> None:
+    """Accelerate's launcher builds its namespace with every backend's options at its own defaults
+    (``fsdp_offload_params=False``, ``megatron_lm_tp_degree=1``) and reads a backend's options only when that
+    backend is selected; here such values would count as given for a backend that is not. So the options of a
+    backend plugin the namespace does not select go back to drivetrain's defaults."""
+    from drivetrain.contract.manager import get_plugin_manager
+
+    selected = {_backend_of_flag(flag) for flag in ACCELERATE_BACKEND_FLAGS if getattr(args, flag, False)}
+    if args.backend is not None:
+        selected.add(args.backend)
+    manager = get_plugin_manager()
+    defaults = getattr(args, "_plugin_option_defaults", {})
+    for dest, plugin in getattr(args, "_plugin_option_owners", {}).items():
+        if plugin not in selected and manager.info(plugin).kind == "backend":
+            setattr(args, dest, defaults.get(dest))
 
 
 #: Accelerate's launchers by kind; drivetrain's launcher chooses from the options and the installed backends.

@@ -61,7 +61,9 @@ def _choice_value(name: str, value: Any, choices: tuple[str, ...]) -> str:
     text = str(value).strip().lower()
     if text not in choices:
         raise ConfigurationError(
-            f"ParallelismConfig.{name}={value!r} is not valid; choose one of: {', '.join(choices)}"
+            # starts with Accelerate's wording ("Invalid cp_comm_strategy: x"), which its users match on
+            f"Invalid {name}: {value}. ParallelismConfig.{name}={value!r} is not valid; choose one of: "
+            f"{', '.join(choices)}"
         )
     return text
 

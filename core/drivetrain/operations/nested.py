@@ -107,10 +107,12 @@ def recursively_apply(
     if test_type(data):
         return func(data, *args, **kwargs)
     if error_on_other_type:
+        # Accelerate's exact wording: callers (and Accelerate's own tests) match on it.
         name = getattr(func, "__name__", repr(func))
+        test_name = getattr(test_type, "__name__", repr(test_type))
         raise TypeError(
-            f"unsupported type {type(data).__name__} passed to {name}: only tensors nested in lists, tuples and "
-            f"dicts are accepted (leaves must satisfy {getattr(test_type, '__name__', 'test_type')})"
+            f"Unsupported types ({type(data)}) passed to `{name}`. Only nested list/tuple/dicts of objects that are "
+            f"valid for `{test_name}` should be passed."
         )
     return data
 

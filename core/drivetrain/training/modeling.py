@@ -42,11 +42,26 @@ def restore_forward(model: torch.nn.Module) -> None:
     """Undo the mixed-precision forward patch that ``prepare_model`` applied."""
     original = model.__dict__.pop(ORIGINAL_FORWARD_ATTRIBUTE, None)
     if original is None:
+        original = _accelerate_original_forward(model)
+    if original is None:
         return
     if isinstance(original, types.MethodType) and original.__self__ is model:
         model.__dict__.pop("forward", None)
     else:
         model.forward = original  # type: ignore[method-assign]
+
+
+def _accelerate_original_forward(model: torch.nn.Module) -> Any:
+    """The forward that Accelerate-style code saved in ``_original_forward`` before wrapping ``model.forward``
+    (e.g. with ``convert_outputs_to_fp32``), when the current forward's ``__wrapped__`` chain leads back to it;
+    None otherwise (a forward replaced by something else is left alone)."""
+    original = model.__dict__.pop("_original_forward", None)
+    forward = model.__dict__.get("forward")
+    if original is None or forward is None:
+        return None
+    while forward is not None and forward != original:
+        forward = getattr(forward, "__wrapped__", None)
+    return original if forward is not None else None
 
 
 def extract_model_from_parallel(

@@ -45,6 +45,51 @@ class PrepareForLaunch:
         self.launcher(*args)
 
 
+def _convert_nargs_to_dict(nargs: list[str]) -> dict[str, Any]:
+    """The training script's ``--name value`` arguments as SageMaker hyperparameters: ``{"name": value}`` with
+    ``True``/``False`` as bools and numbers as int (whole) or float. SageMaker passes every hyperparameter with a
+    value, so a flag without one (argparse's ``store_true``) is a ValueError."""
+
+    def is_option(token: str) -> bool:
+        if not token.startswith("-"):
+            return False
+        try:
+            float(token)  # a negative number is a value
+        except ValueError:
+            return True
+        return False
+
+    def typed(value: str) -> Any:
+        if value in ("True", "False"):
+            return value == "True"
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+        return int(number) if number.is_integer() else number
+
+    hyperparameters: dict[str, Any] = {}
+    index = 0
+    while index < len(nargs):
+        token = nargs[index]
+        if not is_option(token):
+            raise ValueError(
+                f"training script argument {token!r} is not a --name: pass hyperparameters as --name value"
+            )
+        name, has_inline, inline = token.lstrip("-").partition("=")
+        if has_inline:
+            value, index = inline, index + 1
+        elif index + 1 < len(nargs) and not is_option(nargs[index + 1]):
+            value, index = nargs[index + 1], index + 2
+        else:
+            raise ValueError(
+                f"training script flag {token!r} has no value: SageMaker does not support argparse store_true/"
+                "store_false flags; give it an explicit value (e.g. True or False)"
+            )
+        hyperparameters[name.replace("-", "_")] = typed(value)
+    return hyperparameters
+
+
 # drivetrain launch's own helpers (the launcher sits above this layer: resolved by name on first use)
 __getattr__, __dir__, _names = reexport(
     __name__,
