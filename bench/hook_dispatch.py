@@ -1,11 +1,14 @@
-"""Cost of calling a hook through pluggy's hook caller, the one calling mechanism of contract 1.1.
+"""Cost of dispatching the per-step hook: the Accelerator's per-step caller, pluggy's hook caller, and calling
+the implementation directly.
 
-    python bench/hook_dispatch.py [--calls 200000]
+    python bench/hook_dispatch.py [--calls 200000] [--repeats 7]
 
-A prepared training step calls one hook (``backward``; ``autocast`` too with mixed precision). This times a
-first-result hook called through the Accelerator's ``PluginStack`` (pluggy's ``HookCaller``) against calling
-the same implementation directly, with the reference backend alone and with two plugins in front of it that
-answer ``None``. Prints microseconds per call; compare with bench/step_overhead.py's per-step time.
+A prepared training step calls one hook (``backward``; ``autocast`` too with mixed precision). This times the
+``backward`` hook with a loss whose ``backward()`` does nothing, so what is left is dispatch: called through
+``PluginStack.caller`` (what ``Accelerator.backward`` uses: plain first-result implementations called directly,
+in pluggy's order), through pluggy's ``HookCaller`` (``stack.hook.backward``), and the implementation called by
+hand, with the reference backend alone and with two plugins in front of it that answer ``None``. Prints the
+fastest repeat in microseconds per call; compare with bench/step_overhead.py's per-step time.
 """
 
 from __future__ import annotations
@@ -20,34 +23,40 @@ from drivetrain import Accelerator, hookimpl, reset_state
 from drivetrain.plugin_api import PluginInfo, get_plugin_manager
 
 
-def per_call_us(function, calls: int, **arguments) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        function(**arguments)
-    return (time.perf_counter() - start) / calls * 1e6
+class NoOpLoss:
+    def backward(self, **kwargs) -> None:
+        pass
+
+
+def per_call_us(function, calls: int, repeats: int, **arguments) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            function(**arguments)
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
 
 
 def declining_plugin() -> types.SimpleNamespace:
     plugin = types.SimpleNamespace(PLUGIN_INFO=PluginInfo(kind="feature"))
-    plugin.clip_grad_norm = hookimpl(lambda parameters: None)
+    plugin.backward = hookimpl(lambda loss: None)
     return plugin
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200_000)
+    parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    parameters = [torch.nn.Parameter(torch.zeros(1))]
     local = get_plugin_manager().load("local").module
+    arguments = dict(loss=NoOpLoss(), backward_kwargs={})
 
-    def direct(parameters, max_norm, norm_type, accelerator):
-        return local.clip_grad_norm(parameters=parameters, max_norm=max_norm, norm_type=norm_type)
-
-    arguments = dict(parameters=parameters, max_norm=1.0, norm_type=2.0)
-    print(
-        f"direct call of the implementation: {per_call_us(direct, args.calls, accelerator=None, **arguments):.2f} us"
-    )
+    reset_state()
+    accelerator = Accelerator(cpu=True)
+    direct = per_call_us(local.backward, args.calls, args.repeats, accelerator=accelerator, **arguments)
+    print(f"implementation called by hand:           {direct:6.2f} us")
     for extra in (0, 2):
         reset_state()
         names = []
@@ -55,9 +64,16 @@ def main() -> None:
             get_plugin_manager().register(f"decline{index}", declining_plugin())
             names.append(f"decline{index}")
         accelerator = Accelerator(cpu=True, plugins=names)
-        caller = accelerator.state.plugins.caller("clip_grad_norm")
-        cost = per_call_us(caller, args.calls, accelerator=accelerator, **arguments)
-        print(f"through pluggy's hook caller, {extra} plugin(s) before local: {cost:.2f} us")
+        stack = accelerator.state.plugins
+        per_step = per_call_us(
+            stack.caller("backward"), args.calls, args.repeats, accelerator=accelerator, **arguments
+        )
+        pluggy = per_call_us(
+            stack.hook.backward, args.calls, args.repeats, accelerator=accelerator, **arguments
+        )
+        print(
+            f"{extra} plugin(s) before local: per-step caller {per_step:6.2f} us, pluggy's hook caller {pluggy:6.2f} us"
+        )
         for name in names:
             get_plugin_manager().unregister(name)
 

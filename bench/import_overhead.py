@@ -2,7 +2,8 @@
 
     python bench/import_overhead.py [--repeats 15] [--reference-python /tmp/ref-venv/bin/python]
 
-Prints the median CPU time (user + system) of each and the ratio. With --reference-python, also times
+Prints the median CPU time (user + system) of each and the median of the per-round ratios (the three
+statements run in turn each round). With --reference-python, also times
 `import accelerate` in that interpreter (a separate virtual environment with accelerate installed).
 Target (issue 2): drivetrain <= 1.03x torch.
 """
@@ -34,17 +35,28 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--reference-python", default=None)
     args = parser.parse_args()
-    # Interleave measurements so machine load affects both alike.
-    torch_times, ours_times = [], []
+    # Interleave measurements so machine load affects all alike; ratios are taken per round.
+    statements = {
+        "torch": "import torch",
+        "ours": "import drivetrain",
+        "full": "from drivetrain import Accelerator",
+    }
+    times: dict[str, list[float]] = {name: [] for name in statements}
+    cpu_time(sys.executable, "from drivetrain import Accelerator")  # warm the file cache
     for _ in range(args.repeats):
-        torch_times.append(cpu_time(sys.executable, "import torch"))
-        ours_times.append(cpu_time(sys.executable, "import drivetrain"))
-    torch_time, ours = statistics.median(torch_times), statistics.median(ours_times)
-    print(f"import torch       {torch_time * 1000:8.1f} ms CPU")
-    print(f"import drivetrain  {ours * 1000:8.1f} ms CPU   ratio {ours / torch_time:.3f}x torch")
-    full = median_time(sys.executable, "from drivetrain import Accelerator", args.repeats)
+        for name, statement in statements.items():
+            times[name].append(cpu_time(sys.executable, statement))
+
+    def ratio(name: str) -> float:
+        return statistics.median(ours / torch for ours, torch in zip(times[name], times["torch"]))
+
+    print(f"import torch       {statistics.median(times['torch']) * 1000:8.1f} ms CPU")
     print(
-        f"from drivetrain import Accelerator {full * 1000:8.1f} ms CPU   ratio {full / torch_time:.3f}x torch"
+        f"import drivetrain  {statistics.median(times['ours']) * 1000:8.1f} ms CPU   ratio {ratio('ours'):.3f}x torch"
+    )
+    print(
+        f"from drivetrain import Accelerator {statistics.median(times['full']) * 1000:8.1f} ms CPU"
+        f"   ratio {ratio('full'):.3f}x torch"
     )
     if args.reference_python:
         reference = median_time(args.reference_python, "import accelerate", args.repeats)
