@@ -50,6 +50,9 @@ _LAZY = {
     "AcceleratedScheduler": "drivetrain.training.scheduler",
     # processes and devices
     "TorchCollectives": "drivetrain.operations.torch_collectives",
+    "join_process_group": "drivetrain.operations.process_group",
+    "release_at_shutdown": "drivetrain.operations.process_group",
+    "shutdown_process_group": "drivetrain.operations.process_group",
     "register_rng_type": "drivetrain.operations.random",
     # data
     "prepare_data_loader": "drivetrain.data",

@@ -1,9 +1,8 @@
 """Breaks collectives: all_gather returns the ranks' tensors in reverse order."""
 
 from drivetrain import hookimpl
-from drivetrain.operations.torch_collectives import TorchCollectives
+from drivetrain.plugin_api import TorchCollectives, join_process_group
 from drivetrain_ddp.plugin import PLUGIN_INFO, wrap_model  # noqa: F401
-from drivetrain_ddp.process_group import join_process_group
 
 
 class ReversedGather(TorchCollectives):

@@ -3,8 +3,8 @@
 import contextlib
 
 from drivetrain import hookimpl
+from drivetrain.plugin_api import release_at_shutdown
 from drivetrain_ddp.plugin import PLUGIN_INFO, setup_process_group  # noqa: F401
-from drivetrain_ddp.process_group import track_wrapped_model
 from drivetrain_ddp.wrapper import DrivetrainDDP
 
 
@@ -17,6 +17,4 @@ class AlwaysSyncing(DrivetrainDDP):
 def wrap_model(model, accelerator, evaluation_mode):
     if evaluation_mode or accelerator.num_processes <= 1:
         return None
-    wrapped = AlwaysSyncing(model)
-    track_wrapped_model(wrapped)
-    return wrapped
+    return release_at_shutdown(AlwaysSyncing(model))

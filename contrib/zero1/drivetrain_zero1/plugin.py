@@ -8,20 +8,17 @@ what the docs lacked. Select it with ``Accelerator(backend="zero1")`` or ``--bac
 from __future__ import annotations
 
 import inspect
-import os
-import weakref
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from drivetrain import hookimpl
 from drivetrain.plugin_api import (
     Capabilities,
     DistributedEnvironment,
-    DistributedType,
     PluginInfo,
-    TorchCollectives,
+    join_process_group,
+    release_at_shutdown,
 )
 
 PLUGIN_INFO = PluginInfo(
@@ -39,42 +36,10 @@ PLUGIN_INFO = PluginInfo(
     ),
 )
 
-#: DDP wrappers built in this process: released before the process group is destroyed (see _shutdown).
-_wrappers: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
-
-
-def _shutdown() -> None:
-    """Meet the other ranks, drop every DDP reducer (it holds the process group), destroy the group."""
-    if not dist.is_initialized():
-        return
-    dist.barrier()
-    for wrapper in list(_wrappers):
-        wrapper.__dict__["reducer"] = None
-        wrapper.__dict__["logger"] = None
-    _wrappers.clear()
-    dist.destroy_process_group()
-
 
 @hookimpl
 def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> DistributedEnvironment:
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size == 1:
-        return DistributedEnvironment(distributed_type=DistributedType.NO)
-    if not dist.is_initialized():
-        backend = init_kwargs.get("backend") or ("nccl" if device.type == "cuda" else "gloo")
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend=backend, rank=int(os.environ["RANK"]), world_size=world_size)
-    return DistributedEnvironment(
-        num_processes=dist.get_world_size(),
-        process_index=dist.get_rank(),
-        local_process_index=int(os.environ.get("LOCAL_RANK", "0")),
-        local_num_processes=int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
-        distributed_type=DistributedType.MULTI_GPU if device.type == "cuda" else DistributedType.MULTI_CPU,
-        torch_backend=dist.get_backend(),
-        collectives=TorchCollectives(),
-        shutdown=_shutdown,
-    )
+    return join_process_group(device, init_kwargs)
 
 
 @hookimpl
@@ -85,8 +50,7 @@ def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) 
     wrapped = torch.nn.parallel.DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None
     )
-    _wrappers.add(wrapped)
-    return wrapped
+    return release_at_shutdown(wrapped)
 
 
 @hookimpl

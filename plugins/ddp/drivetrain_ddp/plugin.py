@@ -13,8 +13,7 @@ import attrs
 import torch
 
 from drivetrain import hookimpl
-from drivetrain.plugin_api import Capabilities, PluginInfo
-from drivetrain_ddp.process_group import join_process_group, track_wrapped_model
+from drivetrain.plugin_api import Capabilities, PluginInfo, join_process_group, release_at_shutdown
 from drivetrain_ddp.wrapper import DrivetrainDDP
 
 PLUGIN_INFO = PluginInfo(
@@ -74,5 +73,4 @@ def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) 
     wrapped = DrivetrainDDP(model, **kwargs)
     if handler is not None:
         handler.register_comm_hook(wrapped)
-    track_wrapped_model(wrapped)
-    return wrapped
+    return release_at_shutdown(wrapped)

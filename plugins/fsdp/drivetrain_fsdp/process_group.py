@@ -1,16 +1,19 @@
-"""The process group (joined as the ddp backend joins it) and the device mesh FSDP2 shards over."""
+"""The process group (``plugin_api.join_process_group``) and the device mesh FSDP2 shards over."""
 
 from __future__ import annotations
 
-import atexit
-import datetime
 from typing import Any
 
 import attrs
 import torch
 
-from drivetrain.plugin_api import ConfigurationError, DistributedEnvironment, DistributedType
-from drivetrain_ddp.process_group import TORCH_BACKEND_FOR_DEVICE, join_process_group, shutdown_process_group
+from drivetrain.plugin_api import (
+    ConfigurationError,
+    DistributedEnvironment,
+    DistributedType,
+    join_process_group,
+    shutdown_process_group,
+)
 from drivetrain_fsdp.config import FullyShardedDataParallelPlugin, ShardingStrategy
 
 #: Meshes built in this process, by (device type, shape); dropped when the process group goes away.
@@ -22,39 +25,17 @@ def shutdown() -> None:
     shutdown_process_group()
 
 
-def _join_alone(device: torch.device, init_kwargs: dict[str, Any]) -> None:
-    """A process group of one, so that fully_shard and torch.distributed.checkpoint work unchanged in a
-    single process (and a checkpoint saved by one process reshards onto many, and back)."""
-    import torch.distributed as dist
-
-    kwargs = dict(init_kwargs)
-    backend = kwargs.pop("backend", None) or TORCH_BACKEND_FOR_DEVICE.get(device.type, "gloo")
-    timeout = kwargs.pop("timeout", None)
-    if isinstance(timeout, (int, float)):
-        timeout = datetime.timedelta(seconds=timeout)
-    if timeout is not None:
-        kwargs["timeout"] = timeout
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
-    atexit.register(shutdown)
-
-
 def join(
     device: torch.device, init_kwargs: dict[str, Any], parallelism: Any = None
 ) -> DistributedEnvironment:
-    """``setup_process_group`` of the fsdp backend: ddp's, reported as ``DistributedType.FSDP``; with a
-    ``ParallelismConfig``, also the run's N-D mesh, this process's data-parallel coordinates and (with a
+    """``setup_process_group`` of the fsdp backend: the kernel's ``join_process_group``, in a group of one
+    too (so that fully_shard and torch.distributed.checkpoint work unchanged in a single process, and a
+    checkpoint saved by one process reshards onto many, and back), reported as ``DistributedType.FSDP``; with
+    a ``ParallelismConfig``, also the run's N-D mesh, this process's data-parallel coordinates and (with a
     ``cp`` dimension) the context-parallel context."""
-    import torch.distributed as dist
-
-    environment = join_process_group(device, init_kwargs)
-    if not dist.is_initialized():
-        _join_alone(device, init_kwargs)
     environment = attrs.evolve(
-        environment,
+        join_process_group(device, init_kwargs, alone=True),
         distributed_type=DistributedType.FSDP,
-        torch_backend=dist.get_backend(),
         shutdown=shutdown,
     )
     if parallelism is None or parallelism.total_size != environment.num_processes:

@@ -1,9 +1,8 @@
-"""The process group (joined as the ddp backend joins it) and megatron-core's tensor/pipeline/data-parallel
+"""The process group (``plugin_api.join_process_group``) and megatron-core's tensor/pipeline/data-parallel
 groups (``parallel_state.initialize_model_parallel``)."""
 
 from __future__ import annotations
 
-import atexit
 from typing import Any
 
 import attrs
@@ -13,9 +12,9 @@ from drivetrain.plugin_api import (
     ConfigurationError,
     DistributedEnvironment,
     DistributedType,
-    TorchCollectives,
+    join_process_group,
+    shutdown_process_group,
 )
-from drivetrain_ddp.process_group import join_process_group, shutdown_process_group
 from drivetrain_megatron.config import MegatronLMPlugin
 
 
@@ -24,15 +23,6 @@ def shutdown() -> None:
 
     parallel_state.destroy_model_parallel()
     shutdown_process_group()
-
-
-def _join_alone(device: torch.device) -> None:
-    """A process group of one, so that megatron-core's groups (and its layers) work unchanged in one process."""
-    import torch.distributed as dist
-
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
-    atexit.register(shutdown)
 
 
 def check_degrees(config: MegatronLMPlugin, world_size: int, device: torch.device) -> None:
@@ -67,13 +57,10 @@ def join(
 ) -> DistributedEnvironment:
     """``setup_process_group`` of the megatron backend: the torchrun process group, then megatron-core's
     groups; data is shared out by data-parallel rank (every tensor/pipeline-parallel peer sees the same batch)."""
-    import torch.distributed as dist
     from megatron.core import parallel_state
 
-    environment = join_process_group(device, init_kwargs)
-    if not dist.is_initialized():
-        _join_alone(device)
-    world_size = dist.get_world_size()
+    environment = join_process_group(device, init_kwargs, alone=True)
+    world_size = environment.num_processes
     check_degrees(config, world_size, device)
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
@@ -84,11 +71,7 @@ def join(
     )
     return attrs.evolve(
         environment,
-        num_processes=world_size,
-        process_index=dist.get_rank(),
         distributed_type=DistributedType.MEGATRON_LM,
-        torch_backend=dist.get_backend(),
-        collectives=TorchCollectives(),
         shutdown=shutdown,
         data_parallel_size=parallel_state.get_data_parallel_world_size(),
         data_parallel_rank=parallel_state.get_data_parallel_rank(),

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api import ConfigurationError, release_at_shutdown
 from drivetrain_megatron.config import MegatronLMPlugin
 
 #: Set on a model this backend prepared (so a second prepare leaves it alone).
@@ -28,7 +28,6 @@ def wrap_for_data_parallel(
     torch's wrapper on the same group computes the same average."""
     from megatron.core import parallel_state
 
-    from drivetrain_ddp.process_group import track_wrapped_model
     from drivetrain_ddp.wrapper import DrivetrainDDP
 
     if evaluation_mode or model.__dict__.get(PREPARED_ATTRIBUTE) or isinstance(model, DrivetrainDDP):
@@ -46,8 +45,7 @@ def wrap_for_data_parallel(
         kwargs.update(device_ids=[device.index], output_device=device.index)
     wrapped = DrivetrainDDP(model, **kwargs)
     wrapped.__dict__[PREPARED_ATTRIBUTE] = True
-    track_wrapped_model(wrapped)
-    return wrapped
+    return release_at_shutdown(wrapped)
 
 
 def record_batch_sizes(dataloader: Any, config: MegatronLMPlugin, options: Any) -> None:

@@ -13,20 +13,16 @@ hook's arguments and calling rule, is docs/hooks.md; everything else a plugin ma
 from __future__ import annotations
 
 import contextlib
-import os
-import weakref
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from drivetrain import hookimpl
 from drivetrain.plugin_api import (
     Capabilities,
-    DistributedEnvironment,
-    DistributedType,
     PluginInfo,
-    TorchCollectives,
+    join_process_group,
+    release_at_shutdown,
 )
 
 PLUGIN_INFO = PluginInfo(
@@ -48,46 +44,15 @@ PLUGIN_INFO = PluginInfo(
     requires=(),
 )
 
-#: Wrappers built in this process, released before the process group is destroyed (see _shutdown).
-_wrappers: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
-
-
-def _shutdown() -> None:
-    """Called by ``accelerator.end_training()``: meet the other ranks, release every DDP reducer (it holds
-    the process group; left alive, gloo can abort the process at exit), destroy the group."""
-    if not dist.is_initialized():
-        return
-    dist.barrier()
-    for wrapper in list(_wrappers):
-        wrapper.__dict__["reducer"] = None
-        wrapper.__dict__["logger"] = None
-    _wrappers.clear()
-    dist.destroy_process_group()
-
 
 @hookimpl
 def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> Any:
     """Join the process group; return a ``plugin_api.DistributedEnvironment`` (ranks, world size,
     distributed type, collectives, shutdown). ``init_kwargs`` holds the script's
-    ``InitProcessGroupKwargs`` (``backend``, ``init_method``, ``timeout``) that are not None."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size == 1:
-        return DistributedEnvironment(distributed_type=DistributedType.NO)
-    if not dist.is_initialized():
-        backend = init_kwargs.get("backend") or ("nccl" if device.type == "cuda" else "gloo")
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend=backend, rank=int(os.environ["RANK"]), world_size=world_size)
-    return DistributedEnvironment(
-        num_processes=dist.get_world_size(),
-        process_index=dist.get_rank(),
-        local_process_index=int(os.environ.get("LOCAL_RANK", "0")),
-        local_num_processes=int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
-        distributed_type=DistributedType.MULTI_GPU if device.type == "cuda" else DistributedType.MULTI_CPU,
-        torch_backend=dist.get_backend(),
-        collectives=TorchCollectives(),
-        shutdown=_shutdown,
-    )
+    ``InitProcessGroupKwargs`` (``backend``, ``init_method``, ``timeout``) that are not None.
+    ``join_process_group`` joins the group the launcher describes (gloo on CPU, nccl on CUDA) and shuts it
+    down at ``accelerator.end_training()``; ``attrs.evolve`` its result to change what it reports."""
+    return join_process_group(device, init_kwargs)
 
 
 @hookimpl
@@ -100,8 +65,7 @@ def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) 
     wrapped = torch.nn.parallel.DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None
     )
-    _wrappers.add(wrapped)
-    return wrapped
+    return release_at_shutdown(wrapped)
 
 
 @hookimpl
