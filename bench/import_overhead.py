@@ -3,8 +3,10 @@
     python bench/import_overhead.py [--repeats 15] [--reference-python /tmp/ref-venv/bin/python]
 
 Prints the median CPU time (user + system) of each and the median of the per-round ratios (the three
-statements run in turn each round). With --reference-python, also times
-`import accelerate` in that interpreter (a separate virtual environment with accelerate installed).
+statements run in turn each round). Also times, inside one fresh process each, ``import torch`` and then the
+package on top of it: the steadiest figure on a shared machine (no start-up, shutdown or between-process
+variance). With --reference-python, also times ``import accelerate`` in that interpreter (a separate virtual
+environment with accelerate installed).
 Target (issue 2): drivetrain <= 1.03x torch.
 """
 
@@ -23,6 +25,34 @@ def cpu_time(python: str, statement: str) -> float:
     subprocess.run([python, "-c", statement], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     after = os.times()
     return (after.children_user - before.children_user) + (after.children_system - before.children_system)
+
+
+_IN_PROCESS = """
+import time
+start = time.process_time()
+import torch
+after_torch = time.process_time()
+{statement}
+print(after_torch - start, time.process_time() - after_torch)
+"""
+
+
+def cost_on_top_of_torch(python: str, statement: str, repeats: int) -> float:
+    """Median over fresh processes of (import torch + ``statement``) / (import torch), both timed inside the
+    same process: start-up, shutdown and the variance between two processes drop out, which on a shared
+    machine are larger than the few percent being measured."""
+    ratios = []
+    for _ in range(repeats):
+        output = subprocess.run(
+            [python, "-c", _IN_PROCESS.format(statement=statement)],
+            check=True,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        ).stdout
+        torch_seconds, statement_seconds = map(float, output.split()[-2:])
+        ratios.append((torch_seconds + statement_seconds) / torch_seconds)
+    return statistics.median(ratios)
 
 
 def median_time(python: str, statement: str, repeats: int) -> float:
@@ -58,7 +88,13 @@ def main() -> None:
         f"from drivetrain import Accelerator {statistics.median(times['full']) * 1000:8.1f} ms CPU"
         f"   ratio {ratio('full'):.3f}x torch"
     )
+    on_top = cost_on_top_of_torch(sys.executable, "from drivetrain import Accelerator", args.repeats)
+    print(
+        f"import torch; from drivetrain import Accelerator, in one process: {on_top:.3f}x import torch alone"
+    )
     if args.reference_python:
+        reference_on_top = cost_on_top_of_torch(args.reference_python, "import accelerate", args.repeats)
+        print(f"import torch; import accelerate, in one process: {reference_on_top:.3f}x import torch alone")
         reference = median_time(args.reference_python, "import accelerate", args.repeats)
         reference_torch = median_time(args.reference_python, "import torch", args.repeats)
         print(
