@@ -139,7 +139,10 @@ class MegatronLMDummyDataLoader(torch.utils.data.DataLoader):
         if dataset is None:
             return None
         micro_batch_size = int(self.dataset_args.get("micro_batch_size", 1))
-        loader = torch.utils.data.DataLoader(dataset, batch_size=micro_batch_size, shuffle=self._served == 1)
+        # one batch per step: num_micro_batches micro-batches, which megatron-core's schedule cuts apart
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=micro_batch_size * config.num_micro_batches, shuffle=self._served == 1
+        )
         config.micro_batch_size = micro_batch_size
         config.global_batch_size = micro_batch_size * config.num_micro_batches * options.num_processes
         return prepare_data_loader(loader, **options.to_kwargs())

@@ -12,7 +12,20 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
+import attrs
 import torch
+
+
+@attrs.define
+class StepOutput:
+    """What ``model(**batch)`` returns from a step that megatron-core's schedule ran (``pp_degree > 1`` or
+    ``num_micro_batches > 1``) with a shipped train step: ``loss`` (the sum of the loss function's logged
+    values, averaged over the micro-batches, on every pipeline stage), ``losses`` (each logged value, on the
+    last stage; empty elsewhere) and ``logits`` (when the loss function logs ``"logits"``)."""
+
+    loss: torch.Tensor
+    losses: dict[str, torch.Tensor] = attrs.field(factory=dict)
+    logits: torch.Tensor | None = None
 
 
 def avg_losses_across_data_parallel_group(losses: list[torch.Tensor]) -> torch.Tensor:
@@ -50,6 +63,9 @@ def _plugin_option(plugin: Any, name: str) -> Any:
 class _FamilyTrainStep(AbstractTrainStep):
     """The shipped model families: the plugin's ``custom_get_batch_function`` and ``custom_loss_function``
     replace the family's own batch and loss functions (``_batch_func``, ``_loss_func``)."""
+
+    #: what a scheduled ``model(**batch)`` returns (a script's own AbstractTrainStep gets the loss tensor)
+    model_output_class = StepOutput
 
     def __init__(self, name: str, megatron_args: Any) -> None:
         self.megatron_args = megatron_args
