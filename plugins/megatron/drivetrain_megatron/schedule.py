@@ -70,9 +70,12 @@ def _rows(batch: Any) -> int:
 
 
 def prepare_stage(model: torch.nn.Module, config: MegatronLMPlugin) -> None:
-    """Give ``model`` what megatron-core's schedules look up on a stage, where it lacks them: ``config``
-    (the run's ``model_parallel_config()``), ``model_type`` (decoder-only) and, with one stage,
+    """Give ``model`` what megatron-core's schedules and ``finalize_model_grads`` look up on a stage, where it
+    lacks them (megatron-core's own models have them all): ``config`` (the run's ``model_parallel_config()``),
+    ``model_type`` (decoder-only), ``pre_process`` / ``post_process`` (first / last stage),
+    ``share_embeddings_and_output_weights`` (False: no weight shared between stages) and, with one stage,
     ``set_input_tensor`` (nothing to receive)."""
+    from megatron.core import parallel_state
     from megatron.core.enums import ModelType
 
     if getattr(model, "config", None) is None:
@@ -97,8 +100,15 @@ def prepare_stage(model: torch.nn.Module, config: MegatronLMPlugin) -> None:
             )
     elif not hasattr(model, "set_input_tensor"):
         model.set_input_tensor = lambda tensors: None
-    if not hasattr(model, "model_type"):
-        model.model_type = ModelType.encoder_or_decoder
+    defaults = {
+        "model_type": ModelType.encoder_or_decoder,
+        "pre_process": parallel_state.is_pipeline_first_stage(),
+        "post_process": parallel_state.is_pipeline_last_stage(),
+        "share_embeddings_and_output_weights": False,
+    }
+    for name, value in defaults.items():
+        if not hasattr(model, name):
+            setattr(model, name, value)
 
 
 class ScheduledModel(torch.nn.Module):

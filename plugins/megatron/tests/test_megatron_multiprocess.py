@@ -1,7 +1,14 @@
 """The megatron backend in real processes (gloo on loopback): tp=2 on 2 processes and tp=2 x dp=2 on 4 train a
 model of megatron-core Column/RowParallelLinear layers to the same weights as the dense model trained by the
 ``local`` backend (tolerance: rtol=1e-5, atol=1e-6; float32 sums differ only in order), resume exactly from
-save_state, and refuse a checkpoint saved with other degrees."""
+save_state, and refuse a checkpoint saved with other degrees.
+
+The pipeline (pp=2), micro-batch (num_micro_batches > 1) and sequence-parallel runs need megatron-core code that
+allocates on CUDA; their scripts install ``scripts/cpu_device_shim.py`` first, a test-only stand-in that makes
+``torch.cuda.current_device()`` answer the CPU (and ``synchronize`` a no-op, and the schedules' one literal
+``device="cuda"`` allocation land on the CPU), so megatron-core's real schedules, gloo send/recv,
+DistributedDataParallel and sequence-parallel collectives run unchanged; drivetrain-megatron itself is not
+patched."""
 
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ from drivetrain.testing import assert_checks_passed, launch_script
 SCRIPTS = Path(__file__).parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 import megatron_checks as checks  # noqa: E402
+import megatron_schedule as scheduled  # noqa: E402
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -78,3 +86,75 @@ def test_tensor_and_data_parallel_match_dense_local(tmp_path):
     four = launch_script(str(SCRIPTS / "megatron_checks.py"), 4, env={**env, "MEGATRON_FOREIGN": str(saved)})
     assert_checks_passed(four, [*common, "other_degrees_refused"])
     assert_matches_dense(tmp_path / "train_4.pt", 2 * checks.BATCH)
+
+
+def dense_pipeline_with_local(initial: dict[str, torch.Tensor], micro_batches: int, shares: int) -> tuple:
+    """The 4 layers as one dense model, trained by ``local`` with gradient accumulation over the same
+    micro-batches (``shares`` data-parallel shares of 2-row micro-batches make one accumulated step)."""
+    from drivetrain import Accelerator, reset_state
+
+    reset_state()
+    accelerator = Accelerator(backend="local", cpu=True, gradient_accumulation_steps=micro_batches)
+    layers = torch.nn.ModuleList(torch.nn.Linear(scheduled.HIDDEN, scheduled.HIDDEN) for _ in range(4))
+    layers.load_state_dict(initial)
+    optimizer = torch.optim.SGD(layers.parameters(), lr=0.1, momentum=0.9)
+    # a share's micro-batch i and the other shares' micro-batch i together: 2 x shares rows
+    loader = torch.utils.data.DataLoader(scheduled.dataset(), batch_size=2 * shares)
+    layers, optimizer, loader = accelerator.prepare(layers, optimizer, loader)
+    rows = list(scheduled.dataset())
+    losses, step_loss = [], 0.0
+    for index in range(scheduled.STEPS * micro_batches):
+        step, micro = divmod(index, micro_batches)
+        # share s of step t holds rows [(t * shares + s) * 2m, ... + 2m); micro-batch i is its rows 2i, 2i + 1
+        picked = [
+            rows[(step * shares + share) * 2 * micro_batches + 2 * micro + offset]
+            for share in range(shares)
+            for offset in range(2)
+        ]
+        x = torch.stack([row[0] for row in picked])
+        y = torch.stack([row[1] for row in picked])
+        with accelerator.accumulate(layers):
+            hidden = x
+            for layer in layers:
+                hidden = torch.tanh(layer(hidden))
+            loss = torch.nn.functional.mse_loss(hidden, y)
+            accelerator.backward(loss)
+            step_loss += loss.item() / micro_batches
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(layers.parameters(), scheduled.CLIP)
+            optimizer.step()
+            optimizer.zero_grad()
+        if micro == micro_batches - 1:
+            losses.append(step_loss)
+            step_loss = 0.0
+    reset_state()
+    return {name: value.detach() for name, value in layers.state_dict().items()}, losses
+
+
+def assert_scheduled_matches_dense(result_file: Path, micro_batches: int, shares: int) -> None:
+    result = torch.load(result_file)
+    dense, losses = dense_pipeline_with_local(result["initial"], micro_batches, shares)
+    for name, value in dense.items():
+        torch.testing.assert_close(result["final"][name], value, rtol=RTOL, atol=ATOL, msg=name)
+    assert result["losses"] == pytest.approx(losses, rel=RTOL, abs=ATOL)
+    assert not torch.equal(result["final"]["0.weight"], result["initial"]["0.weight"])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "mode, micro_batches, shares, checks_expected",
+    [
+        # pp=2: megatron-core's 1F1B schedule over 4 micro-batches, gloo send/recv between the stages
+        ("pipeline", 4, 1, ["resume_exact", "checkpoint_per_stage"]),
+        # pp=1, dp=2: forward_backward_no_pipelining over 2 micro-batches, megatron-core's DDP averaging
+        ("micro", 2, 2, []),
+    ],
+)
+def test_megatron_schedule_matches_dense_local(tmp_path, mode, micro_batches, shares, checks_expected):
+    env = {"TMPDIR": str(tmp_path), "MEGATRON_OUT": str(tmp_path), "MEGATRON_MODE": mode}
+    env["PYTHONWARNINGS"] = "ignore"
+    result = launch_script(str(SCRIPTS / "megatron_schedule.py"), 2, env=env)
+    common = ["groups", "global_batch_size", "loss_on_every_stage", "eval_loss_on_every_stage"]
+    assert_checks_passed(result, [*common, *checks_expected])
+    assert_scheduled_matches_dense(tmp_path / f"{mode}.pt", micro_batches, shares)

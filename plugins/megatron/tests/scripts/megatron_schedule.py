@@ -1,0 +1,279 @@
+"""Launched in 2 processes by test_megatron_multiprocess.py; MEGATRON_MODE picks the run:
+
+- ``pipeline``: pp_degree=2, num_micro_batches=4: a 4-layer model split in two stages of 2 layers; every
+  ``model(batch)`` is one step of megatron-core's 1F1B schedule (real point-to-point send/recv over gloo);
+  then save_state / load_state per pipeline stage and an exact resume;
+- ``micro``: pp_degree=1, num_micro_batches=2 on 2 data-parallel shares: megatron-core's
+  ``forward_backward_no_pipelining`` and its DistributedDataParallel averaging the shares;
+- ``sequence``: tp_degree=2 with sequence_parallelism: a LayerNorm on the sequence shard, Column/Row parallel
+  layers that all-gather / reduce-scatter along the sequence.
+
+Every run installs cpu_device_shim first (a CPU-only torch; see that module for exactly what it changes).
+Process 0 writes the initial and final full weights and the losses to ``$MEGATRON_OUT/<mode>.pt`` for the
+test to compare with the same dense model trained by the ``local`` backend. Prints ``CHECK <name> ok``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import cpu_device_shim  # noqa: E402
+
+cpu_device_shim.install()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from megatron.core import parallel_state as ps  # noqa: E402
+from megatron.core import tensor_parallel  # noqa: E402
+
+from drivetrain import Accelerator  # noqa: E402
+from drivetrain.utils import (  # noqa: E402
+    AbstractTrainStep,
+    MegatronLMPlugin,
+    avg_losses_across_data_parallel_group,
+    set_seed,
+)
+
+HIDDEN, FFN, SEQ, LAYERS = 8, 16, 4, 4
+STEPS = 3
+CLIP = 0.5
+ROWS = 48
+
+
+def check(name: str, condition: bool, detail: str = "") -> None:
+    if not condition:
+        print(f"CHECK {name} FAILED {detail}", flush=True)
+        sys.exit(1)
+    print(f"CHECK {name} ok", flush=True)
+
+
+def dataset() -> torch.utils.data.TensorDataset:
+    generator = torch.Generator().manual_seed(11)
+    x = torch.randn(ROWS, SEQ, HIDDEN, generator=generator)
+    y = torch.randn(ROWS, SEQ, HIDDEN, generator=generator)
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def dense_layers() -> torch.nn.ModuleList:
+    """The whole model's layers, identically initialised on every process (and in the test's dense run)."""
+    set_seed(0)
+    return torch.nn.ModuleList(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(LAYERS))
+
+
+class Stage(torch.nn.Module):
+    """One pipeline stage: its share of the layers; activations are [sequence, batch, hidden] (megatron-core's
+    layout). The first stage reads the batch, the others the tensor the schedule received."""
+
+    def __init__(self, config, layers: list[torch.nn.Module], first: bool) -> None:
+        super().__init__()
+        self.config = config
+        self.layers = torch.nn.ModuleList(layers)
+        self.first = first
+        self.input_tensor: torch.Tensor | None = None
+
+    def set_input_tensor(self, tensors) -> None:
+        self.input_tensor = tensors[0] if isinstance(tensors, list) else tensors
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = x.transpose(0, 1).contiguous() if self.first else self.input_tensor
+        for layer in self.layers:
+            hidden = torch.tanh(layer(hidden))
+        return hidden
+
+
+class RegressionStep(AbstractTrainStep):
+    """batch (x, y) of [batch, sequence, hidden]; mean squared error on the last stage."""
+
+    def __init__(self, megatron_args=None) -> None:
+        super().__init__("RegressionStep")
+
+    def get_batch_func(self):
+        return lambda data_iterator: next(data_iterator)
+
+    def get_loss_func(self):
+        def loss_func(target: torch.Tensor, output: torch.Tensor):
+            loss = torch.nn.functional.mse_loss(output, target.transpose(0, 1))
+            return loss, {"mse": avg_losses_across_data_parallel_group([loss])[0]}
+
+        return loss_func
+
+    def get_forward_step_func(self):
+        def forward_step(data_iterator, model):
+            x, y = self.get_batch(data_iterator)
+            return model(x), lambda output: self.loss_func(y, output)
+
+        return forward_step
+
+
+def stage_weights(model: torch.nn.Module, first_layer: int) -> dict[str, torch.Tensor]:
+    return {
+        f"{first_layer + index}.{name}": value.detach().clone()
+        for index, layer in enumerate(model.layers)
+        for name, value in layer.state_dict().items()
+    }
+
+
+def all_stage_weights(model: torch.nn.Module, first_layer: int) -> dict[str, torch.Tensor]:
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, stage_weights(model, first_layer))
+    merged: dict[str, torch.Tensor] = {}
+    for part in parts:
+        merged.update(part)
+    return merged
+
+
+def run_scheduled(mode: str, out: str) -> None:
+    pipeline = mode == "pipeline"
+    micro_batches = 4 if pipeline else 2
+    plugin = MegatronLMPlugin(
+        pp_degree=2 if pipeline else 1,
+        num_micro_batches=micro_batches,
+        gradient_clipping=CLIP,
+        seq_length=SEQ,
+        custom_train_step_class=RegressionStep,
+    )
+    accelerator = Accelerator(megatron_lm_plugin=plugin)
+    stage = ps.get_pipeline_model_parallel_rank()
+    stages = ps.get_pipeline_model_parallel_world_size()
+    check("groups", ps.get_data_parallel_world_size() == (1 if pipeline else 2))
+    per_stage = LAYERS // stages
+    layers = dense_layers()
+    config = plugin.model_parallel_config(num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=1)
+    model = Stage(config, list(layers)[stage * per_stage : (stage + 1) * per_stage], first=stage == 0)
+    initial = all_stage_weights(model, stage * per_stage)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    # one batch per step: micro_batches micro-batches of 2 rows
+    loader = torch.utils.data.DataLoader(dataset(), batch_size=2 * micro_batches)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    check(
+        "global_batch_size",
+        plugin.micro_batch_size == 2 and plugin.global_batch_size == 2 * micro_batches * (1 if pipeline else 2),
+        f"{plugin.micro_batch_size} {plugin.global_batch_size}",
+    )
+    iterator = iter(loader)
+    losses = []
+    for _ in range(STEPS):
+        x, y = next(iterator)
+        loss = model(x, y)
+        accelerator.backward(loss)  # a no-op: the schedule ran backward
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    check("loss_on_every_stage", all(value > 0 for value in losses), str(losses))
+    unwrapped = accelerator.unwrap_model(model)
+    final = all_stage_weights(unwrapped, stage * per_stage)
+
+    # evaluation: forward only over the micro-batches, the same loss on every stage
+    model.eval()
+    with torch.no_grad():
+        eval_loss = model(*next(iterator))
+    model.train()
+    seen = [torch.zeros(()) for _ in range(dist.get_world_size())]
+    dist.all_gather(seen, eval_loss)
+    check("eval_loss_on_every_stage", all(torch.equal(value, seen[0]) for value in seen), str(seen))
+    if accelerator.is_main_process:
+        torch.save({"initial": initial, "final": final, "losses": losses}, os.path.join(out, f"{mode}.pt"))
+
+    if pipeline:
+        save_dir = os.path.join(out, "pipeline_checkpoint")
+        batches = [next(iterator) for _ in range(2)]
+        accelerator.save_state(save_dir)
+
+        def train_on(pairs: list) -> None:
+            for x, y in pairs:
+                accelerator.backward(model(x, y))
+                optimizer.step()
+                optimizer.zero_grad()
+
+        train_on(batches)
+        first = [p.detach().clone() for p in unwrapped.parameters()]
+        accelerator.load_state(save_dir)
+        train_on(batches)
+        again = [p.detach() for p in unwrapped.parameters()]
+        check("resume_exact", all(torch.equal(a, b) for a, b in zip(first, again)))
+        shard = os.path.join(save_dir, "megatron", f"mp_rank_00_{stage:03d}")
+        check("checkpoint_per_stage", os.path.isfile(os.path.join(shard, "model_0.pt")), shard)
+    accelerator.end_training()
+
+
+class SequenceParallelMLP(torch.nn.Module):
+    """LayerNorm on this rank's sequence shard, then Column/RowParallelLinear that all-gather the sequence
+    before the first matmul and reduce-scatter it after the second."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        init = torch.nn.init.xavier_normal_
+        self.norm = torch.nn.LayerNorm(HIDDEN)
+        for parameter in self.norm.parameters():
+            parameter.sequence_parallel = True  # megatron-core's mark: sees one sequence shard per rank
+        self.up = tensor_parallel.ColumnParallelLinear(
+            HIDDEN, FFN, config=config, init_method=init, bias=True, gather_output=False
+        )
+        self.down = tensor_parallel.RowParallelLinear(
+            FFN, HIDDEN, config=config, init_method=init, bias=True, input_is_parallel=True, skip_bias_add=False
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shard = tensor_parallel.scatter_to_sequence_parallel_region(x.transpose(0, 1).contiguous())
+        hidden, _ = self.up(self.norm(shard))
+        out, _ = self.down(torch.nn.functional.gelu(hidden))
+        # every rank computes the loss on the whole sequence: the gather's backward keeps this rank's part
+        full = tensor_parallel.gather_from_sequence_parallel_region(out, tensor_parallel_output_grad=False)
+        return full.transpose(0, 1)
+
+
+def run_sequence_parallel(out: str) -> None:
+    plugin = MegatronLMPlugin(tp_degree=2, sequence_parallelism=True, gradient_clipping=CLIP)
+    accelerator = Accelerator(megatron_lm_plugin=plugin)
+    set_seed(0)
+    model = SequenceParallelMLP(plugin.model_parallel_config())
+    check("sequence_parallel_config", model.up.sequence_parallel and model.down.sequence_parallel)
+    group = ps.get_tensor_model_parallel_group()
+
+    def full_weights(module: SequenceParallelMLP) -> dict[str, torch.Tensor]:
+        def gathered(tensor: torch.Tensor, dim: int) -> torch.Tensor:
+            parts = [torch.empty_like(tensor) for _ in range(2)]
+            dist.all_gather(parts, tensor.detach().contiguous(), group=group)
+            return torch.cat(parts, dim=dim)
+
+        return {
+            "norm.weight": module.norm.weight.detach().clone(),
+            "norm.bias": module.norm.bias.detach().clone(),
+            "up.weight": gathered(module.up.weight, 0),
+            "up.bias": gathered(module.up.bias, 0),
+            "down.weight": gathered(module.down.weight, 1),
+            "down.bias": module.down.bias.detach().clone(),
+        }
+
+    initial = full_weights(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    loader = torch.utils.data.DataLoader(dataset(), batch_size=4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    losses = []
+    for _, (x, y) in zip(range(STEPS), loader):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    final = full_weights(accelerator.unwrap_model(model))
+    norms = [torch.empty_like(final["norm.weight"]) for _ in range(2)]
+    dist.all_gather(norms, final["norm.weight"], group=group)
+    check("tp_ranks_agree_on_norm", torch.equal(norms[0], norms[1]))
+    if accelerator.is_main_process:
+        torch.save({"initial": initial, "final": final, "losses": losses}, os.path.join(out, "sequence.pt"))
+    accelerator.end_training()
+
+
+def main() -> None:
+    mode, out = os.environ["MEGATRON_MODE"], os.environ["MEGATRON_OUT"]
+    if mode == "sequence":
+        run_sequence_parallel(out)
+    else:
+        run_scheduled(mode, out)
+
+
+if __name__ == "__main__":
+    main()
