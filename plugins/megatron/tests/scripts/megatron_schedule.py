@@ -31,6 +31,8 @@ from megatron.core import tensor_parallel  # noqa: E402
 from drivetrain import Accelerator  # noqa: E402
 from drivetrain.utils import (  # noqa: E402
     AbstractTrainStep,
+    GPTTrainStep,
+    MegatronLMDummyDataLoader,
     MegatronLMPlugin,
     avg_losses_across_data_parallel_group,
     set_seed,
@@ -176,6 +178,8 @@ def run_scheduled(mode: str, out: str) -> None:
     if accelerator.is_main_process:
         torch.save({"initial": initial, "final": final, "losses": losses}, os.path.join(out, f"{mode}.pt"))
 
+    if os.environ.get("MEGATRON_DATA"):
+        check_indexed_dataset_loaders(accelerator, os.environ["MEGATRON_DATA"], out)
     if pipeline:
         save_dir = os.path.join(out, "pipeline_checkpoint")
         batches = [next(iterator) for _ in range(2)]
@@ -196,6 +200,33 @@ def run_scheduled(mode: str, out: str) -> None:
         shard = os.path.join(save_dir, "megatron", f"mp_rank_00_{stage:03d}")
         check("checkpoint_per_stage", os.path.isfile(os.path.join(shard, "model_0.pt")), shard)
     accelerator.end_training()
+
+
+def check_indexed_dataset_loaders(accelerator: Accelerator, prefix: str, out: str) -> None:
+    """MegatronLMDummyDataLoader on an indexed dataset (.bin/.idx) the test wrote: megatron-core's GPT
+    datasets split 6:1:1 by document, shared out over the data-parallel group; process 0 writes every split's
+    samples as gather_for_metrics returns them (each sample once) and this rank's batch count."""
+    loader = MegatronLMDummyDataLoader(
+        data_path=prefix,
+        splits_string="6,1,1",
+        seq_length=4,
+        micro_batch_size=1,
+        eod_token=0,
+        vocab_size=100,
+        data_cache_path=os.path.join(out, "index_cache"),
+    )
+    loaders = accelerator.prepare(loader, loader, loader)
+    seen: dict[str, list] = {}
+    for name, split in zip(("train", "valid", "test"), loaders):
+        rows = []
+        for batch in split:
+            tokens, labels, loss_mask, _, position_ids = GPTTrainStep().get_batch(iter([batch]))
+            check(f"{name}_labels_shifted", torch.equal(labels[:, :-1], tokens[:, 1:]))
+            rows.append(accelerator.gather_for_metrics(torch.cat([tokens, labels[:, -1:]], dim=1)))
+        seen[name] = [row.tolist() for row in torch.cat(rows)] if rows else []
+        seen[f"{name}_batches"] = len(split)
+    if accelerator.is_main_process:
+        torch.save(seen, os.path.join(out, "indexed.pt"))
 
 
 class SequenceParallelMLP(torch.nn.Module):
