@@ -217,3 +217,50 @@ def assert_indexed_splits(seen: dict, documents: list[list[int]]) -> None:
     assert len(heads) == len(set(heads))
     assert set(heads) <= {token for document in train_documents for token in document}
     assert len(heads) + sum(sample[:4].count(0) for sample in seen["train"]) == 32
+
+
+def dense_sequence_mlp_with_local(initial: dict[str, torch.Tensor]) -> tuple:
+    from drivetrain import Accelerator, reset_state
+
+    reset_state()
+    accelerator = Accelerator(backend="local", cpu=True)
+    model = torch.nn.ModuleDict(
+        {
+            "norm": torch.nn.LayerNorm(scheduled.HIDDEN),
+            "up": torch.nn.Linear(scheduled.HIDDEN, scheduled.FFN),
+            "down": torch.nn.Linear(scheduled.FFN, scheduled.HIDDEN),
+        }
+    )
+    model.load_state_dict(initial)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    loader = torch.utils.data.DataLoader(scheduled.dataset(), batch_size=4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    losses = []
+    for _, (x, y) in zip(range(scheduled.STEPS), loader):
+        out = model["down"](torch.nn.functional.gelu(model["up"](model["norm"](x))))
+        loss = torch.nn.functional.mse_loss(out, y)
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(model.parameters(), scheduled.CLIP)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    reset_state()
+    return {name: value.detach() for name, value in model.state_dict().items()}, losses
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_sequence_parallel_matches_dense_local(tmp_path):
+    """tp=2 with sequence_parallelism: each rank normalises half the sequence; the all-gather before the
+    column-parallel matmul and the reduce-scatter after the row-parallel one are megatron-core's; the layer
+    norm's and the row bias's gradients are summed over the tensor-parallel group by the backend."""
+    env = {"TMPDIR": str(tmp_path), "MEGATRON_OUT": str(tmp_path), "MEGATRON_MODE": "sequence"}
+    env["PYTHONWARNINGS"] = "ignore"
+    result = launch_script(str(SCRIPTS / "megatron_schedule.py"), 2, env=env)
+    assert_checks_passed(result, ["sequence_parallel_config", "tp_ranks_agree_on_norm"])
+    saved = torch.load(tmp_path / "sequence.pt")
+    dense, losses = dense_sequence_mlp_with_local(saved["initial"])
+    for name, value in dense.items():
+        torch.testing.assert_close(saved["final"][name], value, rtol=RTOL, atol=ATOL, msg=name)
+    assert saved["losses"] == pytest.approx(losses, rel=RTOL, abs=ATOL)
+    assert not torch.equal(saved["final"]["norm.weight"], saved["initial"]["norm.weight"])
