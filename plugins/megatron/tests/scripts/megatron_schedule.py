@@ -8,7 +8,7 @@
 - ``sequence``: tp_degree=2 with sequence_parallelism: a LayerNorm on the sequence shard, Column/Row parallel
   layers that all-gather / reduce-scatter along the sequence.
 
-Every run installs cpu_device_shim first (a CPU-only torch; see that module for exactly what it changes).
+Every run installs cpu_device_shim first (in main) (a CPU-only torch; see that module for exactly what it changes).
 Process 0 writes the initial and final full weights and the losses to ``$MEGATRON_OUT/<mode>.pt`` for the
 test to compare with the same dense model trained by the ``local`` backend. Prints ``CHECK <name> ok``.
 """
@@ -18,18 +18,13 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
-import cpu_device_shim  # noqa: E402
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core import tensor_parallel
 
-cpu_device_shim.install()
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from megatron.core import parallel_state as ps  # noqa: E402
-from megatron.core import tensor_parallel  # noqa: E402
-
-from drivetrain import Accelerator  # noqa: E402
-from drivetrain.utils import (  # noqa: E402
+from drivetrain import Accelerator
+from drivetrain.utils import (
     AbstractTrainStep,
     GPTTrainStep,
     MegatronLMDummyDataLoader,
@@ -299,6 +294,11 @@ def run_sequence_parallel(out: str) -> None:
 
 
 def main() -> None:
+    # in the launched processes only (the test imports this module for its constants)
+    sys.path.insert(0, os.path.dirname(__file__))
+    import cpu_device_shim
+
+    cpu_device_shim.install()
     mode, out = os.environ["MEGATRON_MODE"], os.environ["MEGATRON_OUT"]
     if mode == "sequence":
         run_sequence_parallel(out)
