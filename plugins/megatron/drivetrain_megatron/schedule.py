@@ -224,8 +224,7 @@ def wrap(model: torch.nn.Module, accelerator: Any, config: MegatronLMPlugin) -> 
     prepare_stage(model, config)
     ddp = DistributedDataParallel(
         config=model.config,
-        ddp_config=DistributedDataParallelConfig(
-use_distributed_optimizer=False, overlap_grad_reduce=False),
+        ddp_config=DistributedDataParallelConfig(use_distributed_optimizer=False, overlap_grad_reduce=False),
         module=model,
     )
     return ScheduledModel(ddp, accelerator, config)

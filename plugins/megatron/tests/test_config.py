@@ -97,7 +97,9 @@ def test_combinations_that_cannot_run():
     with pytest.raises(ConfigurationError, match=r"= 4 must divide the number of processes \(2\)"):
         check_degrees(MegatronLMPlugin(tp_degree=4).resolved(), 2, cpu)
     # a CPU-only torch (this one) cannot run megatron-core's schedules or sequence-parallel collectives
-    with pytest.raises(ConfigurationError, match=r"pp_degree=2 / num_micro_batches=1 \(megatron-core's schedules"):
+    with pytest.raises(
+        ConfigurationError, match=r"pp_degree=2 / num_micro_batches=1 \(megatron-core's schedules"
+    ):
         check_degrees(MegatronLMPlugin(pp_degree=2).resolved(), 2, cpu)
     with pytest.raises(ConfigurationError, match="pp_degree=1 / num_micro_batches=4 .* need CUDA"):
         check_degrees(MegatronLMPlugin(num_micro_batches=4).resolved(), 2, cpu)
@@ -272,7 +274,9 @@ def test_indexed_dataset_arguments_name_what_is_missing(tmp_path):
 
     config = MegatronLMPlugin().resolved()
     with pytest.raises(ConfigurationError, match="data_path '.*missing' names no indexed dataset"):
-        build_gpt_datasets({"data_path": str(tmp_path / "missing"), "seq_length": 4, "eod_token": 0}, config, 1)
+        build_gpt_datasets(
+            {"data_path": str(tmp_path / "missing"), "seq_length": 4, "eod_token": 0}, config, 1
+        )
     with pytest.raises(ConfigurationError, match=r"needs seq_length=\.\.\."):
         build_gpt_datasets({"data_path": str(tmp_path / "missing")}, config, 1)
 

@@ -192,9 +192,7 @@ def follows_documents(sample: list[int], documents: list[list[int]]) -> bool:
     after a document's last token its end-of-document 0, after a 0 the first token of some document."""
     next_in_document = {a: b for document in documents for a, b in zip(document, document[1:])}
     starts = {document[0] for document in documents}
-    return all(
-        (b in starts) if a == 0 else next_in_document.get(a) == b for a, b in zip(sample, sample[1:])
-    )
+    return all((b in starts) if a == 0 else next_in_document.get(a) == b for a, b in zip(sample, sample[1:]))
 
 
 def assert_indexed_splits(seen: dict, documents: list[list[int]]) -> None:

@@ -146,7 +146,8 @@ def run_scheduled(mode: str, out: str) -> None:
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     check(
         "global_batch_size",
-        plugin.micro_batch_size == 2 and plugin.global_batch_size == 2 * micro_batches * (1 if pipeline else 2),
+        plugin.micro_batch_size == 2
+        and plugin.global_batch_size == 2 * micro_batches * (1 if pipeline else 2),
         f"{plugin.micro_batch_size} {plugin.global_batch_size}",
     )
     iterator = iter(loader)
@@ -238,7 +239,13 @@ class SequenceParallelMLP(torch.nn.Module):
             HIDDEN, FFN, config=config, init_method=init, bias=True, gather_output=False
         )
         self.down = tensor_parallel.RowParallelLinear(
-            FFN, HIDDEN, config=config, init_method=init, bias=True, input_is_parallel=True, skip_bias_add=False
+            FFN,
+            HIDDEN,
+            config=config,
+            init_method=init,
+            bias=True,
+            input_is_parallel=True,
+            skip_bias_add=False,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
