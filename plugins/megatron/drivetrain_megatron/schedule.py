@@ -1,7 +1,7 @@
 """megatron-core's schedules driving a prepared model: with ``pp_degree > 1`` or ``num_micro_batches > 1``,
 ``model(**batch)`` in training mode is one whole step of forward and backward passes over the micro-batches
-(``megatron.core.pipeline_parallel.get_forward_backward_func()``: the 1F1B pipeline schedule, the interleaved
-one with virtual stages, or ``forward_backward_no_pipelining``), as Accelerate's Megatron engine does.
+(``megatron.core.pipeline_parallel.get_forward_backward_func()``: the 1F1B pipeline schedule, or
+``forward_backward_no_pipelining`` with one stage), as Accelerate's Megatron engine does.
 
 Gradients go through megatron-core's own ``DistributedDataParallel`` (its contiguous gradient buffer,
 ``param.main_grad``) and ``finalize_model_grads`` (the data-parallel all-reduce, the sequence-parallel
@@ -219,8 +219,15 @@ class ScheduledModel(torch.nn.Module):
 
 def wrap(model: torch.nn.Module, accelerator: Any, config: MegatronLMPlugin) -> ScheduledModel:
     """``model`` (one pipeline stage) in megatron-core's ``DistributedDataParallel`` and the schedule."""
+    from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
+    if parallel_state.get_virtual_pipeline_model_parallel_world_size() is not None:
+        raise ConfigurationError(
+            "MegatronLMPlugin.num_layers_per_virtual_pipeline_stage: megatron-core's interleaved schedule runs "
+            "several model chunks per stage, and drivetrain-megatron prepares one model per stage; leave it "
+            "unset (the 1F1B schedule runs)"
+        )
     prepare_stage(model, config)
     ddp = DistributedDataParallel(
         config=model.config,
