@@ -217,6 +217,26 @@ class ScheduledModel(torch.nn.Module):
             parameter.grad = None
 
 
+def _transformer_config(config: Any) -> Any:
+    """The ``TransformerConfig`` megatron-core's DistributedDataParallel, schedule and gradient finalisation
+    read: the stage's own, or (a model of plain Column/RowParallelLinear layers with one stage, built from a
+    ``ModelParallelConfig``) a copy of its settings; the network sizes it then holds (1) are read only to
+    shape activations passed between stages, and there is one stage."""
+    import dataclasses
+
+    from megatron.core.model_parallel_config import ModelParallelConfig
+    from megatron.core.transformer import TransformerConfig
+
+    if isinstance(config, TransformerConfig):
+        return config
+    values = {
+        field.name: getattr(config, field.name)
+        for field in dataclasses.fields(ModelParallelConfig)
+        if field.init
+    }
+    return TransformerConfig(**values, num_layers=1, hidden_size=1, num_attention_heads=1)
+
+
 def wrap(model: torch.nn.Module, accelerator: Any, config: MegatronLMPlugin) -> ScheduledModel:
     """``model`` (one pipeline stage) in megatron-core's ``DistributedDataParallel`` and the schedule."""
     from megatron.core import parallel_state
@@ -230,7 +250,7 @@ def wrap(model: torch.nn.Module, accelerator: Any, config: MegatronLMPlugin) -> 
         )
     prepare_stage(model, config)
     ddp = DistributedDataParallel(
-        config=model.config,
+        config=_transformer_config(model.config),
         ddp_config=DistributedDataParallelConfig(use_distributed_optimizer=False, overlap_grad_reduce=False),
         module=model,
     )

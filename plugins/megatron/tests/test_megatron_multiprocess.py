@@ -158,6 +158,7 @@ def test_megatron_schedule_matches_dense_local(tmp_path, mode, micro_batches, sh
         documents = write_indexed_dataset(tmp_path / "corpus")
         env["MEGATRON_DATA"] = str(tmp_path / "corpus")
         checks_expected = [*checks_expected, "train_labels_shifted", "valid_labels_shifted"]
+        checks_expected += ["gpt_step_scheduled_loss", "gpt_step_trains_shares_alike"]
     result = launch_script(str(SCRIPTS / "megatron_schedule.py"), 2, env=env)
     common = ["groups", "global_batch_size", "loss_on_every_stage", "eval_loss_on_every_stage"]
     assert_checks_passed(result, [*common, *checks_expected])

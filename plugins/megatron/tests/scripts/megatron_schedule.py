@@ -176,6 +176,7 @@ def run_scheduled(mode: str, out: str) -> None:
 
     if os.environ.get("MEGATRON_DATA"):
         check_indexed_dataset_loaders(accelerator, os.environ["MEGATRON_DATA"], out)
+        check_gpt_train_step_on_indexed_data(accelerator, plugin, os.environ["MEGATRON_DATA"], out)
     if pipeline:
         save_dir = os.path.join(out, "pipeline_checkpoint")
         batches = [next(iterator) for _ in range(2)]
@@ -223,6 +224,78 @@ def check_indexed_dataset_loaders(accelerator: Accelerator, prefix: str, out: st
         seen[f"{name}_batches"] = len(split)
     if accelerator.is_main_process:
         torch.save(seen, os.path.join(out, "indexed.pt"))
+
+
+class TinyLanguageModel(torch.nn.Module):
+    """Embedding and a vocabulary-parallel head; called as GPTTrainStep calls megatron-core's GPTModel and,
+    like it, returns per-token losses ([batch, sequence])."""
+
+    VOCAB = 256
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(self.VOCAB, HIDDEN)
+        self.head = tensor_parallel.ColumnParallelLinear(
+            HIDDEN, self.VOCAB, config=config, init_method=torch.nn.init.xavier_normal_, bias=False
+        )
+
+    def forward(self, tokens, position_ids, attention_mask, labels=None):
+        logits, _ = self.head(self.embedding(tokens).transpose(0, 1).contiguous())
+        losses = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), labels.transpose(0, 1))
+        return losses.transpose(0, 1).contiguous()
+
+
+def check_gpt_train_step_on_indexed_data(accelerator, plugin, prefix: str, out: str) -> None:
+    """GPTTrainStep (the default train step) through megatron-core's schedule on GPTDataset batches: the
+    evaluation loss is the masked mean of the per-token losses over both micro-batches, averaged over the
+    data-parallel shares, and a training step moves every share's weights alike."""
+    plugin.custom_train_step_class = (
+        None  # as Accelerate scripts set it on accelerator.state.megatron_lm_plugin
+    )
+    set_seed(0)
+    model = TinyLanguageModel(plugin.model_parallel_config())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    loader = MegatronLMDummyDataLoader(
+        data_path=prefix,
+        splits_string="6,1,1",
+        seq_length=4,
+        micro_batch_size=1,
+        eod_token=0,
+        vocab_size=256,
+        data_cache_path=os.path.join(out, "index_cache"),
+    )
+    model, optimizer, train = accelerator.prepare(model, optimizer, loader)
+    batch = next(iter(train))
+    model.eval()
+    with torch.no_grad():
+        scheduled = model(**batch)
+        by_hand = []
+        for part in range(2):  # the schedule's two micro-batches of one sample
+            sample = {key: value[part : part + 1] for key, value in batch.items()}
+            per_token = accelerator.unwrap_model(model)(
+                sample["tokens"], sample["position_ids"], sample["attention_mask"], labels=sample["labels"]
+            )
+            mask = sample["loss_mask"]
+            by_hand.append((per_token * mask).sum() / mask.sum())
+        expected = avg_losses_across_data_parallel_group([sum(by_hand) / 2])[0]
+    check(
+        "gpt_step_scheduled_loss",
+        torch.allclose(scheduled.loss, expected, rtol=1e-6) and set(scheduled.losses) == {"lm loss"},
+        f"{scheduled.loss} != {expected}",
+    )
+    model.train()
+    before = accelerator.unwrap_model(model).embedding.weight.detach().clone()
+    outputs = model(**batch)
+    accelerator.backward(outputs.loss)
+    optimizer.step()
+    optimizer.zero_grad()
+    after = accelerator.unwrap_model(model).embedding.weight.detach()
+    shares = [torch.empty_like(after) for _ in range(ps.get_data_parallel_world_size())]
+    dist.all_gather(shares, after.contiguous(), group=ps.get_data_parallel_group())
+    check(
+        "gpt_step_trains_shares_alike",
+        not torch.equal(before, after) and all(torch.equal(share, after) for share in shares),
+    )
 
 
 class SequenceParallelMLP(torch.nn.Module):
