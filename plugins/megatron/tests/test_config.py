@@ -299,3 +299,13 @@ def test_pipeline_stage_needs_what_the_schedule_calls():
     stage.config = config
     with pytest.raises(ConfigurationError, match="pp_degree=2 needs seq_length"):
         prepare_stage(stage, plugin)
+
+
+def test_distributed_optimizer_is_refused_with_the_reason():
+    from drivetrain_megatron.training import prepare_optimizer
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    with pytest.raises(
+        ConfigurationError, match="use_distributed_optimizer=True is not supported: .*torch.cuda"
+    ):
+        prepare_optimizer(optimizer, MegatronLMPlugin(use_distributed_optimizer=True).resolved())
