@@ -148,7 +148,7 @@ def assert_scheduled_matches_dense(result_file: Path, micro_batches: int, shares
         # pp=2: megatron-core's 1F1B schedule over 4 micro-batches, gloo send/recv between the stages
         ("pipeline", 4, 1, ["resume_exact", "checkpoint_per_stage"]),
         # pp=1, dp=2: forward_backward_no_pipelining over 2 micro-batches, megatron-core's DDP averaging
-        ("micro", 2, 2, []),
+        ("micro", 2, 2, ["accumulate_keeps_gradients_local", "accumulate_averages_at_sync"]),
     ],
 )
 def test_megatron_schedule_matches_dense_local(tmp_path, mode, micro_batches, shares, checks_expected):
@@ -158,7 +158,11 @@ def test_megatron_schedule_matches_dense_local(tmp_path, mode, micro_batches, sh
         documents = write_indexed_dataset(tmp_path / "corpus")
         env["MEGATRON_DATA"] = str(tmp_path / "corpus")
         checks_expected = [*checks_expected, "train_labels_shifted", "valid_labels_shifted"]
-        checks_expected += ["gpt_step_scheduled_loss", "gpt_step_trains_shares_alike"]
+        checks_expected += [
+            "gpt_step_scheduled_loss",
+            "gpt_step_trains_shares_alike",
+            "accumulate_equals_one_call",
+        ]
     result = launch_script(str(SCRIPTS / "megatron_schedule.py"), 2, env=env)
     common = ["groups", "global_batch_size", "loss_on_every_stage", "eval_loss_on_every_stage"]
     assert_checks_passed(result, [*common, *checks_expected])

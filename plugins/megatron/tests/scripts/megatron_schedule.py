@@ -174,6 +174,8 @@ def run_scheduled(mode: str, out: str) -> None:
     if accelerator.is_main_process:
         torch.save({"initial": initial, "final": final, "losses": losses}, os.path.join(out, f"{mode}.pt"))
 
+    if not pipeline:
+        check_accumulation_across_calls(accelerator, model, optimizer)
     if os.environ.get("MEGATRON_DATA"):
         check_indexed_dataset_loaders(accelerator, os.environ["MEGATRON_DATA"], out)
         check_gpt_train_step_on_indexed_data(accelerator, plugin, os.environ["MEGATRON_DATA"], out)
@@ -197,6 +199,43 @@ def run_scheduled(mode: str, out: str) -> None:
         shard = os.path.join(save_dir, "megatron", f"mp_rank_00_{stage:03d}")
         check("checkpoint_per_stage", os.path.isfile(os.path.join(shard, "model_0.pt")), shard)
     accelerator.end_training()
+
+
+def check_accumulation_across_calls(accelerator: Accelerator, model, optimizer) -> None:
+    """gradient_accumulation_steps=2 over two scheduled calls: the first call's gradients stay local to each
+    data-parallel share (megatron-core's finalize_model_grads is skipped), the second's are averaged, and they
+    equal one call on both batches together (every micro-batch of equal size)."""
+    x, y = dataset().tensors
+    share = ps.get_data_parallel_rank()
+    first = (x[share * 4 : share * 4 + 4], y[share * 4 : share * 4 + 4])
+    second = (x[8 + share * 4 : 12 + share * 4], y[8 + share * 4 : 12 + share * 4])
+    parameters = list(accelerator.unwrap_model(model).parameters())
+    group = ps.get_data_parallel_group()
+
+    def same_on_every_share() -> bool:
+        flat = torch.cat([parameter.grad.reshape(-1) for parameter in parameters])
+        shares = [torch.empty_like(flat) for _ in range(ps.get_data_parallel_world_size())]
+        dist.all_gather(shares, flat, group=group)
+        return all(torch.equal(part, flat) for part in shares)
+
+    optimizer.zero_grad()
+    accelerator.gradient_accumulation_steps = 2
+    with accelerator.accumulate(model):
+        model(*first)
+    check("accumulate_keeps_gradients_local", not same_on_every_share())
+    with accelerator.accumulate(model):
+        model(*second)
+    check("accumulate_averages_at_sync", same_on_every_share())
+    accumulated = [parameter.grad.clone() for parameter in parameters]
+    optimizer.zero_grad()
+    accelerator.gradient_accumulation_steps = 1
+    model(torch.cat([first[0], second[0]]), torch.cat([first[1], second[1]]))
+    together = [parameter.grad for parameter in parameters]
+    check(
+        "accumulate_equals_one_call",
+        all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(accumulated, together)),
+    )
+    optimizer.zero_grad()
 
 
 def check_indexed_dataset_loaders(accelerator: Accelerator, prefix: str, out: str) -> None:
