@@ -194,7 +194,9 @@ class ScheduledModel(torch.nn.Module):
                 losses[key] = sum(values) / len(values)
             else:
                 losses[key] = torch.cat(values)
-        loss = sum((value for value in losses.values() if value.dim() == 0), torch.zeros(()))
+        # on the accelerator's device: the stages without a loss take part in the broadcast (NCCL on CUDA)
+        device = self._accelerator().device
+        loss = sum((value for value in losses.values() if value.dim() == 0), torch.zeros((), device=device))
         loss = loss.detach().float().reshape(())
         if parallel_state.get_pipeline_model_parallel_world_size() > 1:
             torch.distributed.broadcast(
