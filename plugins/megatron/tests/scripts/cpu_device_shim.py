@@ -12,7 +12,11 @@ calling process only:
 - ``torch.cuda.synchronize()`` does nothing (p2p_communication calls it after batched send/recv; CPU work
   is already synchronous);
 - ``megatron.core.pipeline_parallel.schedules`` sees a ``torch`` whose ``zeros(..., device="cuda")``
-  allocates on the CPU (everything else is torch itself).
+  allocates on the CPU (everything else is torch itself);
+- the "CUDA" random state that megatron-core's model-parallel RNG tracker (``model_parallel_cuda_manual_seed``,
+  forked around dropout in GPTModel's attention) saves and restores is the CPU generator's
+  (``torch.cuda.manual_seed``/``get_rng_state`` and ``tensor_parallel.random``'s get/set helpers). The tracker
+  then warns "CPU RNG state changed within GPU RNG context"; the tests use no dropout.
 
 Nothing in drivetrain or drivetrain-megatron is patched: the backend runs the code it runs on CUDA (it
 refuses these features on a CPU-only torch without the shim, see ``check_degrees``).
@@ -43,5 +47,10 @@ def install() -> None:
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
     torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
     from megatron.core.pipeline_parallel import schedules
+    from megatron.core.tensor_parallel import random
 
     schedules.torch = _SchedulesTorch("torch")
+    torch.cuda.manual_seed = torch.manual_seed  # type: ignore[assignment]
+    torch.cuda.get_rng_state = torch.cuda.random.get_rng_state = lambda *args, **kwargs: torch.get_rng_state()
+    random._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
+    random._set_cuda_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)

@@ -412,6 +412,108 @@ def run_sequence_parallel(out: str) -> None:
     accelerator.end_training()
 
 
+GPT_SEQ, GPT_VOCAB, GPT_ROWS = 8, 64, 16
+
+
+def gpt_dataset() -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(5)
+    ids = torch.randint(1, GPT_VOCAB, (GPT_ROWS, GPT_SEQ + 1), generator=generator)
+    return [{"input_ids": row} for row in ids]
+
+
+def build_gpt(plugin: MegatronLMPlugin, pre_process: bool, post_process: bool):
+    """megatron-core's GPTModel (local layer spec, no dropout); each pipeline stage builds its own layers."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    config = plugin.model_parallel_config(
+        num_layers=2, hidden_size=16, num_attention_heads=2, hidden_dropout=0.0, attention_dropout=0.0
+    )
+    set_seed(0)
+    model_parallel_cuda_manual_seed(0)
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(),
+        vocab_size=GPT_VOCAB,
+        max_sequence_length=GPT_SEQ,
+        pre_process=pre_process,
+        post_process=post_process,
+    )
+
+
+def gpt_states(model) -> list[dict[str, torch.Tensor]]:
+    """Every stage's weights, in stage order (on every process)."""
+    parts: list = [None] * dist.get_world_size()
+    own = {name: value.detach().clone() for name, value in model.state_dict().items() if value is not None}
+    dist.all_gather_object(parts, (ps.get_pipeline_model_parallel_rank(), own))
+    return [state for _, state in sorted(parts, key=lambda part: part[0])]
+
+
+def run_gpt_pipeline(out: str) -> None:
+    """pp=2: megatron-core's GPTModel split in two stages (embedding + layer 0 | layer 1 + final norm + output
+    layer; GPTModel's default of no weight shared between them), GPTTrainStep, 2 micro-batches per step."""
+    plugin = MegatronLMPlugin(pp_degree=2, num_micro_batches=2, seq_length=GPT_SEQ, gradient_clipping=0)
+    accelerator = Accelerator(megatron_lm_plugin=plugin)
+    model = build_gpt(plugin, ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage())
+    initial = gpt_states(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    loader = torch.utils.data.DataLoader(gpt_dataset(), batch_size=4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    losses = []
+    for _, batch in zip(range(STEPS), loader):
+        outputs = model(**batch)
+        accelerator.backward(outputs.loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(outputs.loss.item())
+    final = gpt_states(accelerator.unwrap_model(model))
+    check("gpt_pipeline_trained", all(loss > 0 for loss in losses), str(losses))
+    if accelerator.is_main_process:
+        torch.save(
+            {"initial": initial, "final": final, "losses": losses}, os.path.join(out, "gpt_pipeline.pt")
+        )
+    accelerator.end_training()
+
+
+def stages_to_whole(stages: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The two stages' weights under one whole model's names (stage 1's layer 0 is the whole model's layer 1)."""
+    whole = dict(stages[0])
+    for name, value in stages[1].items():
+        whole[name.replace("decoder.layers.0.", "decoder.layers.1.")] = value
+    return whole
+
+
+def run_gpt_reference(out: str) -> None:
+    """The same GPT trained by hand in one process (no drivetrain, no schedule): the whole model from the
+    pipeline run's initial weights, each step's 2 micro-batches' masked mean losses averaged, SGD."""
+    dist.init_process_group("gloo")
+    ps.initialize_model_parallel()
+    plugin = MegatronLMPlugin().resolved()
+    pipeline = torch.load(os.path.join(out, "gpt_pipeline.pt"))
+    model = build_gpt(plugin, True, True)
+    model.load_state_dict(stages_to_whole(pipeline["initial"]))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    batches = torch.utils.data.DataLoader(gpt_dataset(), batch_size=2)
+    step = GPTTrainStep()
+    losses, step_loss = [], 0.0
+    for index, batch in zip(range(STEPS * 2), batches):
+        tokens, labels, loss_mask, attention_mask, position_ids = step.get_batch(iter([batch]))
+        per_token = model(tokens, position_ids, attention_mask, labels=labels)
+        loss = (per_token.float() * loss_mask).sum() / loss_mask.sum()
+        (loss / 2).backward()
+        step_loss += loss.item() / 2
+        if index % 2 == 1:
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(step_loss)
+            step_loss = 0.0
+    final = {name: value.detach().clone() for name, value in model.state_dict().items() if value is not None}
+    torch.save({"final": final, "losses": losses}, os.path.join(out, "gpt_reference.pt"))
+    check("gpt_reference_trained", True)
+    dist.destroy_process_group()
+
+
 def main() -> None:
     # in the launched processes only (the test imports this module for its constants)
     sys.path.insert(0, os.path.dirname(__file__))
@@ -421,6 +523,10 @@ def main() -> None:
     mode, out = os.environ["MEGATRON_MODE"], os.environ["MEGATRON_OUT"]
     if mode == "sequence":
         run_sequence_parallel(out)
+    elif mode == "gpt_pipeline":
+        run_gpt_pipeline(out)
+    elif mode == "gpt_reference":
+        run_gpt_reference(out)
     else:
         run_scheduled(mode, out)
 
