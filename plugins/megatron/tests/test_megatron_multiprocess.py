@@ -5,10 +5,10 @@ save_state, and refuse a checkpoint saved with other degrees.
 
 The pipeline (pp=2), micro-batch (num_micro_batches > 1) and sequence-parallel runs need megatron-core code that
 allocates on CUDA; their scripts install ``scripts/cpu_device_shim.py`` first, a test-only stand-in that makes
-``torch.cuda.current_device()`` answer the CPU (and ``synchronize`` a no-op, and the schedules' one literal
-``device="cuda"`` allocation land on the CPU), so megatron-core's real schedules, gloo send/recv,
-DistributedDataParallel and sequence-parallel collectives run unchanged; drivetrain-megatron itself is not
-patched."""
+``torch.cuda.current_device()`` answer the CPU (and ``synchronize`` a no-op, the schedules' one literal
+``device="cuda"`` allocation land on the CPU, and megatron-core's CUDA RNG tracker keep the CPU generator's
+state), so megatron-core's real schedules, gloo send/recv, DistributedDataParallel, sequence-parallel
+collectives and GPTModel run unchanged; drivetrain-megatron itself is not patched."""
 
 from __future__ import annotations
 
