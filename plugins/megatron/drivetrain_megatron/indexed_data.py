@@ -17,24 +17,6 @@ from typing import Any
 from drivetrain.plugin_api import ConfigurationError
 from drivetrain_megatron.config import MegatronLMPlugin
 
-#: the dataset arguments this module reads (others are accepted and ignored, as Megatron-LM's are)
-KNOWN = (
-    "data_path",
-    "splits_string",
-    "split",
-    "seq_length",
-    "micro_batch_size",
-    "seed",
-    "eod_token",
-    "vocab_size",
-    "tokenizer",
-    "data_cache_path",
-    "reset_position_ids",
-    "reset_attention_mask",
-    "eod_mask_loss",
-)
-
-
 class TokenIds:
     """The special-token facts megatron-core's GPT dataset needs from a tokenizer: the end-of-document id
     (documents are joined with it; with ``eod_mask_loss`` its positions leave the loss) and the vocabulary
