@@ -17,6 +17,7 @@ from typing import Any
 from drivetrain.plugin_api import ConfigurationError
 from drivetrain_megatron.config import MegatronLMPlugin
 
+
 class TokenIds:
     """The special-token facts megatron-core's GPT dataset needs from a tokenizer: the end-of-document id
     (documents are joined with it; with ``eod_mask_loss`` its positions leave the loss) and the vocabulary
