@@ -135,7 +135,7 @@ class MegatronLMPlugin:
     tp_degree: int = _field(_check_int("tp_degree", 1), 1, "tensor parallelism degree")
     pp_degree: int = _field(_check_int("pp_degree", 1), 1, "pipeline parallelism degree")
     num_micro_batches: int = _field(
-        _check_int("num_micro_batches", 1), 1, "micro-batches per step (pipeline parallelism)"
+        _check_int("num_micro_batches", 1), 1, "micro-batches per step, run by megatron-core's schedule"
     )
     gradient_clipping: float = _field(
         _check_float("gradient_clipping"), 1.0, "clip gradients to this global L2 norm (0: off)"
@@ -269,11 +269,6 @@ class MegatronLMPlugin:
             raise ConfigurationError(
                 "MegatronLMPlugin: context_parallel_size and expert_model_parallel_size must be 1; "
                 "drivetrain-megatron runs tensor, pipeline, sequence and data parallelism"
-            )
-        if self.num_micro_batches > 1 and self.pp_degree == 1:
-            raise ConfigurationError(
-                f"MegatronLMPlugin.num_micro_batches={self.num_micro_batches} needs pp_degree > 1; without "
-                "pipeline parallelism use Accelerator(gradient_accumulation_steps=...)"
             )
 
     def model_parallel_config(self, **overrides: Any) -> Any:

@@ -106,9 +106,12 @@ class MegatronLMDummyScheduler:
 
 class MegatronLMDummyDataLoader(torch.utils.data.DataLoader):
     """Megatron dataset arguments (``data_path``, ``splits_string``, ``seq_length``, ``micro_batch_size``,
-    ...). Prepared up to three times, it becomes the train, validation and test loaders, built from the
-    datasets ``MegatronLMPlugin.custom_megatron_datasets_provider_function(**dataset_args)`` returns
-    (``(train, valid, test)``), each shared out over the data-parallel group."""
+    ...). Prepared up to three times, it becomes the train, validation and test loaders, each shared out over
+    the data-parallel group, of the datasets that
+    ``MegatronLMPlugin.custom_megatron_datasets_provider_function(**dataset_args)`` returns
+    (``(train, valid, test)``) or, without a provider, of megatron-core's GPT datasets built from the indexed
+    dataset at ``data_path`` (indexed_data.py). A loader's batch is one step: ``micro_batch_size`` x
+    ``num_micro_batches`` samples."""
 
     def __init__(self, **dataset_kwargs: Any) -> None:
         # A data loader of nothing until prepared, so that Accelerator.prepare hands it to the backend.
@@ -121,15 +124,23 @@ class MegatronLMDummyDataLoader(torch.utils.data.DataLoader):
         from drivetrain.plugin_api import prepare_data_loader
 
         config.megatron_dataset_flag = True
+        micro_batch_size = int(self.dataset_args.get("micro_batch_size", 1))
+        config.micro_batch_size = micro_batch_size
+        config.global_batch_size = micro_batch_size * config.num_micro_batches * options.num_processes
+        provider = config.custom_megatron_datasets_provider_function
         if self._datasets is None:
-            provider = config.custom_megatron_datasets_provider_function
-            if provider is None:
+            if provider is not None:
+                self._datasets = tuple(provider(**self.dataset_args))
+            elif self.dataset_args.get("data_path") is not None:
+                from drivetrain_megatron.indexed_data import build_gpt_datasets
+
+                self._datasets = build_gpt_datasets(self.dataset_args, config, config.global_batch_size)
+            else:
                 raise ConfigurationError(
-                    "MegatronLMDummyDataLoader: set MegatronLMPlugin.custom_megatron_datasets_provider_function "
-                    "(dataset arguments -> (train, valid, test) datasets); drivetrain-megatron does not build "
-                    "Megatron-LM indexed datasets from data_path itself"
+                    "MegatronLMDummyDataLoader needs data_path=<indexed dataset prefix> or "
+                    "MegatronLMPlugin.custom_megatron_datasets_provider_function (dataset arguments -> "
+                    "(train, valid, test) datasets)"
                 )
-            self._datasets = tuple(provider(**self.dataset_args))
         if self._served >= 3:
             raise ConfigurationError(
                 "MegatronLMDummyDataLoader is prepared at most 3 times (train, valid, test)"
@@ -138,8 +149,11 @@ class MegatronLMDummyDataLoader(torch.utils.data.DataLoader):
         self._served += 1
         if dataset is None:
             return None
-        micro_batch_size = int(self.dataset_args.get("micro_batch_size", 1))
-        loader = torch.utils.data.DataLoader(dataset, batch_size=micro_batch_size, shuffle=self._served == 1)
-        config.micro_batch_size = micro_batch_size
-        config.global_batch_size = micro_batch_size * config.num_micro_batches * options.num_processes
+        # megatron-core's datasets are already shuffled by their seed and read in order (as Megatron-LM's
+        # sampler does); a provider's train split is shuffled by the loader
+        shuffle = self._served == 1 and provider is not None
+        # one batch per step: num_micro_batches micro-batches, which megatron-core's schedule cuts apart
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=micro_batch_size * config.num_micro_batches, shuffle=shuffle
+        )
         return prepare_data_loader(loader, **options.to_kwargs())

@@ -16,6 +16,7 @@ from drivetrain.plugin_api import (
     shutdown_process_group,
 )
 from drivetrain_megatron.config import MegatronLMPlugin
+from drivetrain_megatron.schedule import cuda_device_calls_resolve
 
 
 def shutdown() -> None:
@@ -33,22 +34,23 @@ def check_degrees(config: MegatronLMPlugin, world_size: int, device: torch.devic
             f"MegatronLMPlugin: tp_degree x pp_degree = {config.tp_degree} x {config.pp_degree} = "
             f"{model_parallel} must divide the number of processes ({world_size})"
         )
-    if config.pp_degree > 1 and device.type != "cuda":
-        raise ConfigurationError(
-            f"MegatronLMPlugin.pp_degree={config.pp_degree} needs CUDA: megatron-core's pipeline schedules "
-            f"allocate their buffers on 'cuda' (this process computes on {device.type}); use pp_degree=1 here "
-            "(tensor, sequence and data parallelism run on CPU)"
+    if device.type == "cuda" or cuda_device_calls_resolve():
+        return
+    needs = []
+    if config.pp_degree > 1 or config.num_micro_batches > 1:
+        needs.append(
+            f"pp_degree={config.pp_degree} / num_micro_batches={config.num_micro_batches} (megatron-core's "
+            "schedules allocate on 'cuda' and torch.cuda.current_device())"
         )
-    if config.sequence_parallelism and device.type != "cuda":
-        raise ConfigurationError(
-            "MegatronLMPlugin.sequence_parallelism=True needs CUDA: megatron-core's sequence-parallel all-gather "
-            f"writes into a buffer it allocates on 'cuda' (this process computes on {device.type}); leave it off "
-            "on CPU"
+    if config.sequence_parallelism:
+        needs.append(
+            "sequence_parallelism=True (its all-gather and reduce-scatter allocate on torch.cuda.current_device())"
         )
-    if config.use_distributed_optimizer and device.type != "cuda":
+    if needs:
         raise ConfigurationError(
-            "MegatronLMPlugin.use_distributed_optimizer=True needs CUDA: megatron-core's optimizers and "
-            f"gradient buffers allocate on 'cuda' (this process computes on {device.type}); leave it off on CPU"
+            f"MegatronLMPlugin: {'; '.join(needs)} need CUDA, and this torch has none (the process computes on "
+            f"{device.type}); use pp_degree=1, num_micro_batches=1 and sequence_parallelism=False here (tensor "
+            "and data parallelism run on CPU)"
         )
 
 

@@ -12,7 +12,20 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
+import attrs
 import torch
+
+
+@attrs.define
+class StepOutput:
+    """What ``model(**batch)`` returns from a step that megatron-core's schedule ran (``pp_degree > 1`` or
+    ``num_micro_batches > 1``) with a shipped train step: ``loss`` (the sum of the loss function's logged
+    values, averaged over the micro-batches, on every pipeline stage), ``losses`` (each logged value, on the
+    last stage; empty elsewhere) and ``logits`` (when the loss function logs ``"logits"``)."""
+
+    loss: torch.Tensor
+    losses: dict[str, torch.Tensor] = attrs.field(factory=dict)
+    logits: torch.Tensor | None = None
 
 
 def avg_losses_across_data_parallel_group(losses: list[torch.Tensor]) -> torch.Tensor:
@@ -50,6 +63,9 @@ def _plugin_option(plugin: Any, name: str) -> Any:
 class _FamilyTrainStep(AbstractTrainStep):
     """The shipped model families: the plugin's ``custom_get_batch_function`` and ``custom_loss_function``
     replace the family's own batch and loss functions (``_batch_func``, ``_loss_func``)."""
+
+    #: what a scheduled ``model(**batch)`` returns (a script's own AbstractTrainStep gets the loss tensor)
+    model_output_class = StepOutput
 
     def __init__(self, name: str, megatron_args: Any) -> None:
         self.megatron_args = megatron_args
@@ -93,16 +109,27 @@ class GPTTrainStep(_FamilyTrainStep):
     def _batch_func(self) -> Callable[[Iterator[Any]], Any]:
         def get_batch(data_iterator: Iterator[Any]) -> tuple[torch.Tensor, ...]:
             data = next(data_iterator)
-            tokens_ = data["input_ids"] if "input_ids" in data else data["text"]
-            tokens_ = tokens_.long()
-            tokens, labels = tokens_[:, :-1].contiguous(), tokens_[:, 1:].contiguous()
+            if "tokens" in data and "labels" in data:
+                # megatron-core's GPTDataset samples (MegatronLMDummyDataLoader with data_path): already
+                # shifted, with their own masks and positions
+                tokens, labels = data["tokens"].long(), data["labels"].long()
+            else:
+                tokens_ = data["input_ids"] if "input_ids" in data else data["text"]
+                tokens_ = tokens_.long()
+                tokens, labels = tokens_[:, :-1].contiguous(), tokens_[:, 1:].contiguous()
             length = tokens.shape[1]
-            attention_mask = torch.tril(torch.ones(1, 1, length, length, device=tokens.device)) < 0.5
-            position_ids = torch.arange(length, device=tokens.device).unsqueeze(0).expand_as(tokens)
-            loss_mask = torch.ones_like(tokens, dtype=torch.float)
-            if self.eod_mask_loss and self.eod_token is not None:
-                loss_mask[tokens == self.eod_token] = 0.0
-            return tokens, labels, loss_mask, attention_mask, position_ids
+            attention_mask = data.get("attention_mask")
+            if attention_mask is None:
+                attention_mask = torch.tril(torch.ones(1, 1, length, length, device=tokens.device)) < 0.5
+            position_ids = data.get("position_ids")
+            if position_ids is None:
+                position_ids = torch.arange(length, device=tokens.device).unsqueeze(0).expand_as(tokens)
+            loss_mask = data.get("loss_mask")
+            if loss_mask is None:
+                loss_mask = torch.ones_like(tokens, dtype=torch.float)
+                if self.eod_mask_loss and self.eod_token is not None:
+                    loss_mask[tokens == self.eod_token] = 0.0
+            return tokens, labels, loss_mask.float(), attention_mask, position_ids
 
         return get_batch
 

@@ -10,7 +10,9 @@ from typing import Any
 import torch
 
 from drivetrain.plugin_api import ConfigurationError, release_at_shutdown
+from drivetrain_megatron import schedule
 from drivetrain_megatron.config import MegatronLMPlugin
+from drivetrain_megatron.schedule import uses_schedule
 
 #: Set on a model this backend prepared (so a second prepare leaves it alone).
 PREPARED_ATTRIBUTE = "_drivetrain_megatron_prepared"
@@ -21,11 +23,12 @@ CLIPS_ATTRIBUTE = "_drivetrain_megatron_clips"
 def wrap_for_data_parallel(
     model: torch.nn.Module, accelerator: Any, config: MegatronLMPlugin, evaluation_mode: bool
 ) -> torch.nn.Module | None:
-    """The model in torch's DistributedDataParallel over megatron-core's data-parallel group (gradients are
-    averaged among the replicas of the same tensor/pipeline shard only); unchanged with one replica.
-
-    megatron-core's own DistributedDataParallel keeps its gradient buffers on 'cuda' and cannot run on CPU;
-    torch's wrapper on the same group computes the same average."""
+    """With megatron-core's schedule (``pp_degree > 1`` or ``num_micro_batches > 1``): the model in
+    megatron-core's DistributedDataParallel, driven by the schedule (schedule.py). Otherwise the model in
+    torch's DistributedDataParallel over megatron-core's data-parallel group (gradients are averaged among the
+    replicas of the same tensor/pipeline shard only), unchanged with one replica: megatron-core's wrapper
+    allocates its gradient buffer on ``torch.cuda.current_device()``, which a CPU-only torch does not have,
+    while torch's wrapper on the same group computes the same average on any device."""
     from megatron.core import parallel_state
 
     from drivetrain_ddp.wrapper import DrivetrainDDP
@@ -35,6 +38,10 @@ def wrap_for_data_parallel(
     if config.custom_prepare_model_function is not None:
         model = config.custom_prepare_model_function(model) or model
     model.__dict__[PREPARED_ATTRIBUTE] = True
+    if uses_schedule(config):
+        scheduled = schedule.wrap(model, accelerator, config)
+        scheduled.__dict__[PREPARED_ATTRIBUTE] = True
+        return scheduled
     if parallel_state.get_data_parallel_world_size() == 1:
         return model
     if not any(parameter.requires_grad for parameter in model.parameters()):
@@ -49,16 +56,17 @@ def wrap_for_data_parallel(
 
 
 def record_batch_sizes(dataloader: Any, config: MegatronLMPlugin, options: Any) -> None:
-    """Accelerate's ``megatron_lm_plugin.global_batch_size``: micro-batch x micro-batches x data-parallel size."""
+    """Accelerate's ``megatron_lm_plugin.global_batch_size``: micro-batch x micro-batches x data-parallel size.
+    A batch of the loader is one step: ``num_micro_batches`` micro-batches (the schedule cuts it)."""
     batch_size = getattr(dataloader, "batch_size", None)
     if batch_size is None:
         sampler = getattr(dataloader, "batch_sampler", None)
         batch_size = getattr(sampler, "batch_size", None)
     if batch_size is None:
         return
-    micro = batch_size // options.num_processes if options.split_batches else batch_size
-    config.micro_batch_size = micro
-    config.global_batch_size = micro * config.num_micro_batches * options.num_processes
+    per_step = batch_size // options.num_processes if options.split_batches else batch_size
+    config.micro_batch_size = per_step // config.num_micro_batches
+    config.global_batch_size = per_step * options.num_processes
 
 
 def prepare_optimizer(optimizer: torch.optim.Optimizer, config: MegatronLMPlugin) -> None:
@@ -69,9 +77,10 @@ def prepare_optimizer(optimizer: torch.optim.Optimizer, config: MegatronLMPlugin
 
     if config.use_distributed_optimizer:
         raise ConfigurationError(
-            "MegatronLMPlugin.use_distributed_optimizer=True: megatron-core's distributed optimizer runs on its "
-            "own DistributedDataParallel gradient buffers, which drivetrain-megatron does not drive yet; leave "
-            "it off (gradients are averaged over the data-parallel group with torch's DDP)"
+            "MegatronLMPlugin.use_distributed_optimizer=True is not supported: megatron-core 0.16.1's "
+            "distributed optimizer accepts only parameters whose type() is 'torch.cuda.*Tensor' and clips with "
+            "CUDA multi-tensor kernels, so drivetrain-megatron does not drive it; leave it off (the prepared "
+            "torch optimizer steps on the data-parallel-averaged gradients)"
         )
     if not config.gradient_clipping or getattr(optimizer.step, CLIPS_ATTRIBUTE, False):
         return
@@ -93,7 +102,9 @@ def run_backward(
 ) -> None:
     """backward; at a synchronisation step the gradients are final afterwards (DDP averaged them over the
     data-parallel group during backward), and those of sequence-parallel weights are summed over the
-    tensor-parallel group."""
+    tensor-parallel group. The loss of a scheduled step was back-propagated by the schedule: nothing to do."""
+    if uses_schedule(config) and schedule.is_scheduled_loss(loss, accelerator):
+        return  # the schedule already ran backward (Accelerate's Megatron backward is a no-op too)
     loss.backward(**backward_kwargs)
     if accelerator.sync_gradients and config.sequence_parallelism:
         reduce_sequence_parallel_gradients(accelerator.prepared.models)

@@ -93,19 +93,18 @@ def test_bad_values_name_the_field(fields, words):
 def test_combinations_that_cannot_run():
     with pytest.raises(ConfigurationError, match="sequence_parallelism=True needs tp_degree > 1"):
         MegatronLMPlugin(sequence_parallelism=True).resolved()
-    with pytest.raises(ConfigurationError, match="num_micro_batches=4 needs pp_degree > 1"):
-        MegatronLMPlugin(num_micro_batches=4).resolved()
     cpu = torch.device("cpu")
     with pytest.raises(ConfigurationError, match=r"= 4 must divide the number of processes \(2\)"):
         check_degrees(MegatronLMPlugin(tp_degree=4).resolved(), 2, cpu)
+    # a CPU-only torch (this one) cannot run megatron-core's schedules or sequence-parallel collectives
     with pytest.raises(
-        ConfigurationError, match="pp_degree=2 needs CUDA: megatron-core's pipeline schedules"
+        ConfigurationError, match=r"pp_degree=2 / num_micro_batches=1 \(megatron-core's schedules"
     ):
         check_degrees(MegatronLMPlugin(pp_degree=2).resolved(), 2, cpu)
-    with pytest.raises(ConfigurationError, match="sequence_parallelism=True needs CUDA"):
+    with pytest.raises(ConfigurationError, match="pp_degree=1 / num_micro_batches=4 .* need CUDA"):
+        check_degrees(MegatronLMPlugin(num_micro_batches=4).resolved(), 2, cpu)
+    with pytest.raises(ConfigurationError, match="sequence_parallelism=True .* need CUDA"):
         check_degrees(MegatronLMPlugin(tp_degree=2, sequence_parallelism=True).resolved(), 2, cpu)
-    with pytest.raises(ConfigurationError, match="use_distributed_optimizer=True needs CUDA"):
-        check_degrees(MegatronLMPlugin(use_distributed_optimizer=True).resolved(), 2, cpu)
 
 
 def test_launch_flags_reach_the_plugin(monkeypatch):
@@ -268,3 +267,45 @@ def test_dummy_data_loader_and_bert_step(one_process):
     # masked-LM loss keeps the first token (0.5); sentence order: cross-entropy of equal logits, log 2
     assert loss.item() == pytest.approx(0.5 + 0.693147, abs=1e-5)
     assert logged["sop loss"].item() == pytest.approx(0.693147, abs=1e-5)
+
+
+def test_indexed_dataset_arguments_name_what_is_missing(tmp_path):
+    from drivetrain_megatron.indexed_data import build_gpt_datasets
+
+    config = MegatronLMPlugin().resolved()
+    with pytest.raises(ConfigurationError, match="data_path '.*missing' names no indexed dataset"):
+        build_gpt_datasets(
+            {"data_path": str(tmp_path / "missing"), "seq_length": 4, "eod_token": 0}, config, 1
+        )
+    with pytest.raises(ConfigurationError, match=r"needs seq_length=\.\.\."):
+        build_gpt_datasets({"data_path": str(tmp_path / "missing")}, config, 1)
+
+
+def test_pipeline_stage_needs_what_the_schedule_calls():
+    from drivetrain_megatron.schedule import prepare_stage
+
+    plugin = MegatronLMPlugin(pp_degree=2).resolved()
+    with pytest.raises(ConfigurationError, match="needs a set_input_tensor"):
+        prepare_stage(torch.nn.Linear(2, 2), plugin)
+
+    class Stage(torch.nn.Linear):
+        def set_input_tensor(self, tensors):
+            self.input_tensor = tensors
+
+    with pytest.raises(ConfigurationError, match="model.config needs hidden_size"):
+        prepare_stage(Stage(2, 2), plugin)
+    config = plugin.model_parallel_config(num_layers=2, hidden_size=2, num_attention_heads=1)
+    stage = Stage(2, 2)
+    stage.config = config
+    with pytest.raises(ConfigurationError, match="pp_degree=2 needs seq_length"):
+        prepare_stage(stage, plugin)
+
+
+def test_distributed_optimizer_is_refused_with_the_reason():
+    from drivetrain_megatron.training import prepare_optimizer
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    with pytest.raises(
+        ConfigurationError, match="use_distributed_optimizer=True is not supported: .*torch.cuda"
+    ):
+        prepare_optimizer(optimizer, MegatronLMPlugin(use_distributed_optimizer=True).resolved())
