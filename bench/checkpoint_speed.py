@@ -5,16 +5,20 @@
 Each system runs in its own process: a model of ``--size-mb`` fp32 weights (square Linear layers) with AdamW
 state (two more copies), saved and loaded back from a scratch folder. Systems:
 
-- ``drivetrain``: Accelerator.save_state / load_state (safetensors weights; fsync, checksums, manifest and
-  rename finished in the background after save_state returns; verified on load). ``finish s`` is how long
+- ``drivetrain``: Accelerator.save_state(blocking=False) / load_state, the opt-in asynchronous save
+  (safetensors weights; fsync, checksums, manifest and rename finished in the background after save_state
+  returns; verified on load). ``finish s`` is how long
   ``wait_for_checkpoint()`` then waits until the checkpoint is complete on disk (timed separately, after
   the save: the training loop would run meanwhile);
-- ``drivetrain-blocking``: the same with ``save_state(blocking=True)``: returns once complete on disk;
+- ``drivetrain-blocking``: the same with ``save_state(blocking=True)``, the default: returns once complete on
+  disk;
 - ``raw``: safetensors.torch.save_file(weights) + torch.save(optimizer state), load_file + torch.load (no
   fsync, no checksum);
 - ``raw+fsync``: the same plus an fsync of each file (what durability costs anyway);
 - ``accelerate``: the reference system's save_state / load_state, run by ``--reference-python`` (an
-  interpreter whose environment has accelerate; never install it into drivetrain's own venv).
+  interpreter whose environment has accelerate; never install it into drivetrain's own venv);
+- ``accelerate+fsync``: the same plus an fsync of every file it wrote: the like-for-like reference for the
+  default (blocking) save_state, whose target is <= 1.1x of it.
 
 Memory is the peak resident set of the process's own pages (file pages mapped from the page cache
 excluded) sampled every 2 ms during the operation (for a save: until it is complete), minus the same
@@ -95,10 +99,11 @@ def _build(size_mb: int):
 
 
 def _fsync_tree(directory: str) -> None:
-    for name in os.listdir(directory):
-        fd = os.open(os.path.join(directory, name), os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
+    for folder, _, names in os.walk(directory):
+        for name in names:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
 
 
 def _child(system: str, size_mb: int, directory: str, repeats: int) -> dict:
@@ -117,12 +122,17 @@ def _child(system: str, size_mb: int, directory: str, repeats: int) -> dict:
         save = lambda: accelerator.save_state(directory, blocking=blocking)  # noqa: E731
         finish = accelerator.wait_for_checkpoint
         load = lambda: accelerator.load_state(directory)  # noqa: E731
-    elif system == "accelerate":
+    elif system.startswith("accelerate"):
         from accelerate import Accelerator
 
         accelerator = Accelerator(cpu=True)
         model, optimizer = accelerator.prepare(model, optimizer)
-        save = lambda: accelerator.save_state(directory)  # noqa: E731
+
+        def save() -> None:
+            accelerator.save_state(directory)
+            if system == "accelerate+fsync":
+                _fsync_tree(directory)
+
         load = lambda: accelerator.load_state(directory)  # noqa: E731
     else:
         from safetensors.torch import load_file, save_file
@@ -180,7 +190,9 @@ def main() -> None:
         default="/tmp/ref-venv/bin/python",
         help="interpreter with accelerate installed (skipped when missing)",
     )
-    parser.add_argument("--systems", default="drivetrain,drivetrain-blocking,raw,raw+fsync,accelerate")
+    parser.add_argument(
+        "--systems", default="drivetrain,drivetrain-blocking,raw,raw+fsync,accelerate,accelerate+fsync"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -192,12 +204,12 @@ def main() -> None:
     scratch = tempfile.mkdtemp(prefix="ckpt-bench-", dir=os.environ.get("BENCH_DIR"))
     try:
         for system in args.systems.split(","):
-            python = args.reference_python if system == "accelerate" else sys.executable
+            python = args.reference_python if system.startswith("accelerate") else sys.executable
             if not os.path.exists(python):
                 print(f"skipping {system}: {python} not found", file=sys.stderr)
                 continue
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
-            if system == "accelerate":
+            if system.startswith("accelerate"):
                 env.pop("PYTHONPATH", None)
             completed = subprocess.run(
                 [
@@ -237,6 +249,12 @@ def main() -> None:
             f"{row['save_extra_mb']:>10.0f} {row['load_extra_mb']:>10.0f}"
         )
     by_name = {row["system"]: row for row in rows}
+    blocking, reference = by_name.get("drivetrain-blocking"), by_name.get("accelerate+fsync")
+    if blocking is not None and reference is not None:
+        print(
+            f"save_state (blocking, the default) / accelerate's save_state + fsync of its files: "
+            f"{min(blocking['save_s']) / min(reference['save_s']):.2f}x (target <= 1.1x)"
+        )
     ours = by_name.get("drivetrain")
     if ours is not None:
         print("drivetrain / other (best of each):")
