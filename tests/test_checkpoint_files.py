@@ -444,3 +444,65 @@ def test_checkpoint_pickles_skip_the_zip_crc_and_still_load(tmp_path):
     import zipfile
 
     assert {info.CRC for info in zipfile.ZipFile(path).infolist()} == {0}
+
+
+def _save_both_ways(tmp_path, monkeypatch):
+    """The same state saved by a blocking save (checksummed while written) and by an asynchronous one
+    (checksummed by reading the files back), with pieces small enough that every file has several."""
+    from drivetrain import Accelerator
+
+    monkeypatch.setattr(files, "HASH_CHUNK_SIZE", 1 << 20)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(700, 700), torch.nn.Linear(700, 3))
+    optimizer = torch.optim.AdamW(model.parameters())
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model(torch.randn(2, 700)).sum().backward()
+    optimizer.step()
+    read_back = []
+    checksum_range = files.checksum_range
+    monkeypatch.setattr(
+        manifests, "checksum_range", lambda path, *a: read_back.append(path) or checksum_range(path, *a)
+    )
+    accelerator.save_state(str(tmp_path / "blocking"))
+    blocking_read_back = list(read_back)
+    accelerator.save_state(str(tmp_path / "async"), blocking=False)
+    accelerator.wait_for_checkpoint()
+    listed = [
+        json.loads((tmp_path / name / manifests.MANIFEST_NAME).read_text())["files"]
+        for name in ("blocking", "async")
+    ]
+    return accelerator, listed, blocking_read_back, read_back[len(blocking_read_back) :]
+
+
+def test_a_blocking_save_checksums_while_writing_and_records_what_reading_back_would(tmp_path, monkeypatch):
+    accelerator, (blocking, asynchronous), blocking_read_back, async_read_back = _save_both_ways(
+        tmp_path, monkeypatch
+    )
+    # the blocking save read nothing back for the files it wrote itself; the asynchronous one read them all
+    assert not any(path.endswith(("model.safetensors", "optimizer.bin")) for path in blocking_read_back)
+    assert any(path.endswith("optimizer.bin") for path in async_read_back)
+    assert len(blocking["optimizer.bin"]["sha256_chunks"]) > 1
+    for name in ("model.safetensors", "optimizer.bin"):
+        assert blocking[name] == asynchronous[name]  # sizes, sha256 and xxh3-128 of every piece
+    # and the checksums are those of the bytes on disk: a standard sha256 of each piece agrees
+    data = (tmp_path / "blocking" / "optimizer.bin").read_bytes()
+    pieces = [data[offset : offset + (1 << 20)] for offset in range(0, len(data), 1 << 20)]
+    assert blocking["optimizer.bin"]["sha256_chunks"] == [
+        hashlib.sha256(piece).hexdigest() for piece in pieces
+    ]
+    accelerator.load_state(str(tmp_path / "blocking"))  # verified against the manifest
+
+
+def test_checksums_of_a_failed_save_are_not_taken_for_the_next_files(tmp_path, monkeypatch):
+    target = tmp_path / "checkpoint"
+    temporary = manifests.start_incomplete(str(target))
+    with files.blocking_save(True), files.checkpoint_writer(os.path.join(temporary, "weights.bin")) as out:
+        out.write(b"a" * 100)
+    # the save fails here; the next one writes a file of the same name and size some other way
+    temporary = manifests.start_incomplete(str(target))
+    with open(os.path.join(temporary, "weights.bin"), "wb") as handle:
+        handle.write(b"b" * 100)
+    manifests.write_manifest(temporary, {})
+    listed = json.loads((tmp_path / f"{os.path.basename(temporary)}" / manifests.MANIFEST_NAME).read_text())
+    assert listed["files"]["weights.bin"]["sha256_chunks"] == [hashlib.sha256(b"b" * 100).hexdigest()]

@@ -212,7 +212,7 @@ class Checkpointer:
         config = self.project_configuration
         wait = (not config.async_save) if blocking is None else blocking
         try:
-            with files.early_writeback(wait):
+            with files.blocking_save(wait):
                 self._write_checkpoint_files(temporary, safe_serialization, save_model_func_kwargs)
         except (KeyboardInterrupt, SystemExit):
             if writer:

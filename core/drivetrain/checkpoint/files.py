@@ -1,10 +1,11 @@
 """Checkpoint files on disk: written at page-cache speed, made durable and checksummed afterwards.
 
-A save first writes its files (this is all ``save_state`` waits for); then a finishing step, usually in the
-background (see :mod:`drivetrain.checkpoint.finishing`), fsyncs them and reads them back to checksum them
-for the manifest. In a blocking save, a file's dirty pages are handed to the disk every
-:data:`_WRITEBACK_EVERY` bytes while it is written (``sync_file_range`` on Linux, which starts writeback
-without waiting), so the fsyncs at the end have little left to do.
+A save first writes its files; then a finishing step fsyncs them and checksums them for the manifest (see
+:mod:`drivetrain.checkpoint.finishing`). A save with ``blocking=False`` returns once the files are written,
+and the finishing step, in the background, reads them back to checksum them. A blocking save (the default)
+checksums each file as it is written, on another thread while the disk-bound write goes on, and hands a
+file's dirty pages to the disk every :data:`_WRITEBACK_EVERY` bytes (``sync_file_range`` on Linux, which
+starts writeback without waiting), so the fsyncs at the end have little left to do.
 
 Checksums cover consecutive :data:`HASH_CHUNK_SIZE` pieces of a file (the last one shorter; an empty file
 has one, of no bytes), so the pieces of one file can be checked on several cores at once. Each piece gets a
@@ -104,19 +105,79 @@ def _find_sync_file_range() -> Callable[[int, int, int], Any] | None:
 _start_writeback = _find_sync_file_range()
 
 #: Whether files being written start their writeback early. Worth it when the caller waits for the fsync
-#: anyway (a blocking save: about 10% faster here); a save that returns before its fsync is slowed by it
-#: instead, as ``sync_file_range`` blocks while the disk's queue is full.
+#: anyway (a blocking save); a save that returns before its fsync is slowed by it instead, as
+#: ``sync_file_range`` blocks while the disk's queue is full.
 _EARLY_WRITEBACK: ContextVar[bool] = ContextVar("drivetrain_early_writeback", default=True)
 
 
+#: Whether files opened by :func:`checkpoint_writer` are checksummed as they are written. Worth it when the
+#: caller waits for the save anyway (a blocking save): the hashing overlaps the disk-bound write, and the
+#: finishing step need not read the files back. A save that returns before it is durable leaves the
+#: checksums to the background instead, so that ``save_state`` returns at page-cache speed.
+_INLINE_CHECKSUMS: ContextVar[bool] = ContextVar("drivetrain_inline_checksums", default=False)
+
+#: Checksums of files written with inline checksums, by absolute path: (size, {"<algorithm>_chunks": [...]}).
+#: :func:`drivetrain.checkpoint.manifest.write_manifest` takes them instead of reading the files back.
+_written_checksums: dict[str, tuple[int, dict[str, list[str]]]] = {}
+_written_checksums_lock = threading.Lock()
+
+
 @contextlib.contextmanager
-def early_writeback(enabled: bool) -> Iterator[None]:
-    """Files opened by :func:`checkpoint_writer` inside the block start writeback early only if ``enabled``."""
-    token = _EARLY_WRITEBACK.set(enabled)
+def blocking_save(enabled: bool) -> Iterator[None]:
+    """Files opened by :func:`checkpoint_writer` inside the block start writeback early and are checksummed as
+    they are written only if ``enabled`` (the save waits until its checkpoint is durable)."""
+    writeback, inline = _EARLY_WRITEBACK.set(enabled), _INLINE_CHECKSUMS.set(enabled)
     try:
         yield
     finally:
-        _EARLY_WRITEBACK.reset(token)
+        _INLINE_CHECKSUMS.reset(inline)
+        _EARLY_WRITEBACK.reset(writeback)
+
+
+def forget_written_checksums(directory: str) -> None:
+    """Drop the checksums recorded for files under ``directory`` (a save that failed left them; the folder is
+    about to be written again)."""
+    prefix = os.path.join(os.path.abspath(directory), "")
+    with _written_checksums_lock:
+        for path in [path for path in _written_checksums if path.startswith(prefix)]:
+            del _written_checksums[path]
+
+
+def take_written_checksums(path: str) -> tuple[int, dict[str, list[str]]] | None:
+    """The checksums recorded while ``path`` was written (once: the record is removed), or None."""
+    with _written_checksums_lock:
+        return _written_checksums.pop(os.path.abspath(path), None)
+
+
+class _ChunkHasher:
+    """The manifest's checksums (:data:`CHECKSUMS`) of each :data:`HASH_CHUNK_SIZE` piece of a file, fed its
+    bytes in order."""
+
+    def __init__(self) -> None:
+        self.digests: dict[str, list[str]] = {f"{name}_chunks": [] for name in CHECKSUMS}
+        self._hashers = [factory() for factory in CHECKSUMS.values()]
+        self._in_chunk = 0
+
+    def update(self, view: memoryview) -> None:
+        while view.nbytes:
+            take = min(view.nbytes, HASH_CHUNK_SIZE - self._in_chunk)
+            for hasher in self._hashers:
+                hasher.update(view[:take])
+            self._in_chunk += take
+            view = view[take:]
+            if self._in_chunk == HASH_CHUNK_SIZE:
+                self._close_chunk()
+
+    def finish(self, size: int) -> dict[str, list[str]]:
+        if self._in_chunk or size == 0:  # the last, shorter piece (an empty file has one, of no bytes)
+            self._close_chunk()
+        return self.digests
+
+    def _close_chunk(self) -> None:
+        for digests, hasher in zip(self.digests.values(), self._hashers):
+            digests.append(hasher.hexdigest())
+        self._hashers = [factory() for factory in CHECKSUMS.values()]
+        self._in_chunk = 0
 
 
 class CheckpointFile:
@@ -128,6 +189,7 @@ class CheckpointFile:
         self._start_writeback = _start_writeback if _EARLY_WRITEBACK.get() else None
         self._written = 0
         self._handed_to_disk = 0
+        self.hasher = _ChunkHasher() if _INLINE_CHECKSUMS.get() else None
 
     def write(self, data: Any) -> int:
         view = memoryview(data)
@@ -138,7 +200,16 @@ class CheckpointFile:
         return view.nbytes
 
     def _write_all(self, view: memoryview) -> None:
-        self._handle.write(view)  # a BufferedWriter writes everything or raises
+        if self.hasher is None:
+            self._handle.write(view)  # a BufferedWriter writes everything or raises
+        else:
+            # Hash on another thread while this one writes (both release the GIL), and wait for it before
+            # returning: the caller may reuse its buffer once write() returns.
+            hashed = hashing_pool().submit(self.hasher.update, view)
+            try:
+                self._handle.write(view)
+            finally:
+                hashed.result()
         self._written += len(view)
         if self._start_writeback is not None and self._written - self._handed_to_disk >= _WRITEBACK_EVERY:
             # Start writing these pages to disk now (without waiting): the fsync later has little left to
@@ -167,12 +238,17 @@ def checkpoint_writer(path: str, durable: bool = False) -> Iterator[CheckpointFi
     """Open ``path`` for writing and close it on success. A checkpoint file is made durable later, with
     the rest of its folder (:func:`drivetrain.checkpoint.manifest.write_manifest`); ``durable`` fsyncs it
     before returning, for a file that stands alone."""
+    with _written_checksums_lock:
+        _written_checksums.pop(os.path.abspath(path), None)  # whatever an earlier file of this name recorded
     with open(path, "wb") as handle:
         out = CheckpointFile(handle)
         yield out
         handle.flush()
         if durable:
             os.fsync(handle.fileno())
+    if out.hasher is not None:
+        with _written_checksums_lock:
+            _written_checksums[os.path.abspath(path)] = (out.tell(), out.hasher.finish(out.tell()))
     on_file_written(path)
 
 

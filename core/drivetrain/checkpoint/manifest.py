@@ -62,6 +62,7 @@ def start_incomplete(final: str) -> str:
     """Create an empty temporary folder for a save into ``final`` (removing one a killed save left)."""
     temporary = incomplete_path(final)
     shutil.rmtree(temporary, ignore_errors=True)
+    files.forget_written_checksums(temporary)
     os.makedirs(temporary)
     return temporary
 
@@ -96,6 +97,10 @@ def write_manifest(directory: str, metadata: dict[str, Any]) -> None:
         path = os.path.join(directory, relative)
         size = os.path.getsize(path)
         listed[relative] = {"size": size}
+        written = files.take_written_checksums(path)
+        if written is not None and written[0] == size:  # checksummed as it was written (a blocking save)
+            listed[relative].update(written[1])
+            continue
         pieces.extend((relative, path, offset, length) for offset, length in chunk_ranges(size))
     algorithms = tuple(files.CHECKSUMS)
     tasks = [
