@@ -157,9 +157,22 @@ class MegatronCoreOptimizer:
                     "MegatronLMPlugin(use_distributed_optimizer=True): the checkpoint's optimizer state was not "
                     "saved by the distributed optimizer; load it with the use_distributed_optimizer it was saved with"
                 )
-            for part, part_state in zip(parts, saved):
-                # megatron-core scatters the gathered shards over gloo, from CPU tensors
-                part.load_parameter_state_from_dp_zero(_to_cpu(part_state))
+            # megatron-core scatters the gathered shards over gloo, from CPU tensors, and copies them into
+            # views of the (leaf) model parameters: outside autograd
+            with torch.no_grad():
+                for part, part_state in zip(parts, saved):
+                    # torch's Adam keeps a per-parameter "step" (restored above from the param groups) that
+                    # the gathered shards do not carry, and megatron-core 0.16.1 copies every state key; it
+                    # also restores one step tensor shared by all parameters, which torch's Adam would then
+                    # advance once per parameter: each gets its own copy back
+                    steps = {
+                        key: entry.pop("step") for key, entry in part.optimizer.state.items() if "step" in entry
+                    }
+                    try:
+                        part.load_parameter_state_from_dp_zero(_to_cpu(part_state))
+                    finally:
+                        for key, step in steps.items():
+                            part.optimizer.state[key]["step"] = step.clone()
 
     def __repr__(self) -> str:
         return f"MegatronCoreOptimizer({type(self.megatron_optimizer).__name__})"

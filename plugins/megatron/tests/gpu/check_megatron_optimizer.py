@@ -48,11 +48,18 @@ def dataset() -> torch.utils.data.TensorDataset:
 
 class Stage(torch.nn.Module):
     """Column- then row-parallel linear layers; activations [sequence, batch, hidden] (megatron-core's layout,
-    which its linear layers' backward expects)."""
+    which its linear layers' backward expects). It has what megatron-core's schedule and gradient finalisation
+    look up on a model chunk: one stage, decoder-only, no shared embedding."""
+
+    pre_process = post_process = True
+    share_embeddings_and_output_weights = False
 
     def __init__(self, config) -> None:
         super().__init__()
         from megatron.core import tensor_parallel
+        from megatron.core.enums import ModelType
+
+        self.model_type = ModelType.encoder_or_decoder
 
         init = torch.nn.init.xavier_normal_
         self.config = config
@@ -62,6 +69,9 @@ class Stage(torch.nn.Module):
         self.down = tensor_parallel.RowParallelLinear(
             FFN, HIDDEN, config=config, init_method=init, bias=True, input_is_parallel=True, skip_bias_add=False
         )
+
+    def set_input_tensor(self, tensors) -> None:
+        """Nothing to receive: the only stage reads the batch."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden, _ = self.up(x.transpose(0, 1).contiguous())
