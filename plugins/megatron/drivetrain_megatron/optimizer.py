@@ -70,6 +70,9 @@ def optimizer_config(
     values: dict[str, Any] = {
         "optimizer": name,
         "lr": float(first["lr"]),
+        # megatron-core copies both into every param group, where MegatronLMDummyScheduler (its
+        # OptimizerParamScheduler) reads them
+        "min_lr": float(config.min_lr or 0.0),
         "weight_decay": float(first["weight_decay"]),
         "clip_grad": float(config.gradient_clipping or 0.0),
         "use_distributed_optimizer": bool(config.use_distributed_optimizer),
@@ -166,7 +169,9 @@ class MegatronCoreOptimizer:
                     # also restores one step tensor shared by all parameters, which torch's Adam would then
                     # advance once per parameter: each gets its own copy back
                     steps = {
-                        key: entry.pop("step") for key, entry in part.optimizer.state.items() if "step" in entry
+                        key: entry.pop("step")
+                        for key, entry in part.optimizer.state.items()
+                        if "step" in entry
                     }
                     try:
                         part.load_parameter_state_from_dp_zero(_to_cpu(part_state))
@@ -189,7 +194,10 @@ def _to_cpu(value: Any) -> Any:
 
 
 def build(
-    optimizer: torch.optim.Optimizer, model_chunk: torch.nn.Module, config: MegatronLMPlugin, mixed_precision: str
+    optimizer: torch.optim.Optimizer,
+    model_chunk: torch.nn.Module,
+    config: MegatronLMPlugin,
+    mixed_precision: str,
 ) -> MegatronCoreOptimizer:
     """megatron-core's optimizer for ``model_chunk`` (megatron-core's DistributedDataParallel) with the
     settings of ``optimizer``, which must hold exactly the chunk's trainable parameters."""

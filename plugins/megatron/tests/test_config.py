@@ -309,7 +309,8 @@ def test_distributed_optimizer_is_refused_off_cuda_with_the_reason():
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     accelerator = SimpleNamespace(device=torch.device("cpu"))
     with pytest.raises(
-        ConfigurationError, match="use_distributed_optimizer=True needs CUDA: .*torch.cuda.*on cpu leave it off"
+        ConfigurationError,
+        match="use_distributed_optimizer=True needs CUDA: .*torch.cuda.*on cpu leave it off",
     ):
         prepare_optimizer(optimizer, accelerator, MegatronLMPlugin(use_distributed_optimizer=True).resolved())
 
@@ -321,7 +322,12 @@ def test_adamw_settings_become_megatron_cores_optimizer_config():
     adamw = torch.optim.AdamW(weights, lr=3e-4, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.05)
     plugin = MegatronLMPlugin(gradient_clipping=0.5, use_distributed_optimizer=True).resolved()
     settings = optimizer_config(adamw, plugin, "bf16")
-    assert (settings.optimizer, settings.lr, settings.weight_decay) == ("adam", 3e-4, 0.05)
+    assert (settings.optimizer, settings.lr, settings.min_lr, settings.weight_decay) == (
+        "adam",
+        3e-4,
+        0.0,
+        0.05,
+    )
     assert (settings.adam_beta1, settings.adam_beta2, settings.adam_eps) == (0.8, 0.95, 1e-6)
     assert settings.decoupled_weight_decay is True
     assert (settings.clip_grad, settings.use_distributed_optimizer) == (0.5, True)

@@ -67,7 +67,13 @@ class Stage(torch.nn.Module):
             HIDDEN, FFN, config=config, init_method=init, bias=True, gather_output=False
         )
         self.down = tensor_parallel.RowParallelLinear(
-            FFN, HIDDEN, config=config, init_method=init, bias=True, input_is_parallel=True, skip_bias_add=False
+            FFN,
+            HIDDEN,
+            config=config,
+            init_method=init,
+            bias=True,
+            input_is_parallel=True,
+            skip_bias_add=False,
         )
 
     def set_input_tensor(self, tensors) -> None:
@@ -119,7 +125,9 @@ def by_hand(plugin, initial: dict[str, torch.Tensor], batches: list, distributed
     stage.load_state_dict(initial)
     ddp = DistributedDataParallel(
         config=config,
-        ddp_config=DistributedDataParallelConfig(use_distributed_optimizer=distributed, overlap_grad_reduce=False),
+        ddp_config=DistributedDataParallelConfig(
+            use_distributed_optimizer=distributed, overlap_grad_reduce=False
+        ),
         module=stage,
     )
     optimizer = get_megatron_optimizer(
@@ -203,7 +211,9 @@ def run_case(case: str) -> str:
     megatron_optimizer = getattr(inner, "megatron_optimizer", None)
     chained = getattr(megatron_optimizer, "chained_optimizers", [megatron_optimizer])
     classes = "/".join(type(part).__name__ for part in chained)
-    print(f"[{case}] prepared optimizer: {type(inner).__name__} around {type(megatron_optimizer).__name__}({classes})")
+    print(
+        f"[{case}] prepared optimizer: {type(inner).__name__} around {type(megatron_optimizer).__name__}({classes})"
+    )
     if not isinstance(megatron_optimizer, MegatronOptimizer):
         return f"FAIL {case} the prepared optimizer is {type(inner).__name__}, not megatron-core's"
     expected_class = "DistributedOptimizer" if distributed else "FP32Optimizer"
@@ -232,7 +242,9 @@ def run_case(case: str) -> str:
     trained = weights(unwrapped)
     expected_lrs = [LR * lr_factor(step) for step in range(STEPS)]
     if any(abs(a - b) > 1e-12 for a, b in zip(lrs, expected_lrs)):
-        return f"FAIL {case} the LR schedule did not reach megatron-core's param_groups: {lrs} != {expected_lrs}"
+        return (
+            f"FAIL {case} the LR schedule did not reach megatron-core's param_groups: {lrs} != {expected_lrs}"
+        )
     if not losses[-1] < losses[0] * 0.9:
         return f"FAIL {case} loss did not fall: {losses}"
 
@@ -279,7 +291,9 @@ def main() -> int:
     if "--case" in sys.argv:
         return child(sys.argv[sys.argv.index("--case") + 1])
     if not torch.cuda.is_available():
-        print("MEGATRON-OPTIMIZER SKIP no CUDA device: megatron-core's optimizer runs on CUDA only", flush=True)
+        print(
+            "MEGATRON-OPTIMIZER SKIP no CUDA device: megatron-core's optimizer runs on CUDA only", flush=True
+        )
         return 0
     failed = False
     for case in CASES:
