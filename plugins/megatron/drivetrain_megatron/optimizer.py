@@ -69,7 +69,8 @@ def optimizer_config(
             )
     values: dict[str, Any] = {
         "optimizer": name,
-        "lr": float(first["lr"]),
+        # the peak rate: an LR scheduler built on the optimizer may have set "lr" to its first (warm-up) rate
+        "lr": float(first.get("initial_lr", first["lr"])),
         # megatron-core copies both into every param group, where MegatronLMDummyScheduler (its
         # OptimizerParamScheduler) reads them
         "min_lr": float(config.min_lr or 0.0),

@@ -332,6 +332,9 @@ def test_adamw_settings_become_megatron_cores_optimizer_config():
     assert settings.decoupled_weight_decay is True
     assert (settings.clip_grad, settings.use_distributed_optimizer) == (0.5, True)
     assert (settings.bf16, settings.fp16) == (True, False)
+    # a schedule already at its first (warm-up) rate: megatron-core gets the peak rate
+    torch.optim.lr_scheduler.LambdaLR(adamw, lambda step: 0.0)
+    assert adamw.param_groups[0]["lr"] == 0.0 and optimizer_config(adamw, plugin).lr == 3e-4
     # torch's Adam adds the decay to the gradient: megatron-core's coupled mode
     adam = torch.optim.Adam(weights, lr=1e-3, weight_decay=0.1)
     coupled = optimizer_config(adam, MegatronLMPlugin().resolved())
