@@ -38,6 +38,8 @@ def save(
     if accelerator.is_main_process:
         os.makedirs(os.path.join(output_dir, FOLDER), exist_ok=True)
         write_layout(coordinates, os.path.join(output_dir, FOLDER, LAYOUT_FILE))
+    # on every rank: megatron-core's distributed optimizer gathers its shards to data-parallel rank 0
+    optimizer_states = [] if config.no_save_optim else [optimizer.state_dict() for optimizer in optimizers]
     if coordinates["dp_rank"] != 0:
         return  # data-parallel replicas hold the same shard
     folder = shard_folder(output_dir, coordinates["tp_rank"], coordinates["pp_rank"])
@@ -46,9 +48,8 @@ def save(
         torch_save_into_checkpoint(
             _unwrapped(accelerator, model).state_dict(), os.path.join(folder, f"model_{index}.pt")
         )
-    if not config.no_save_optim:
-        for index, optimizer in enumerate(optimizers):
-            torch_save_into_checkpoint(optimizer.state_dict(), os.path.join(folder, f"optimizer_{index}.pt"))
+    for index, state in enumerate(optimizer_states):
+        torch_save_into_checkpoint(state, os.path.join(folder, f"optimizer_{index}.pt"))
     for index, scheduler in enumerate(schedulers):
         torch_save_into_checkpoint(scheduler.state_dict(), os.path.join(folder, f"scheduler_{index}.pt"))
 

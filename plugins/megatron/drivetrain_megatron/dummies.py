@@ -53,6 +53,20 @@ class MegatronLMDummyScheduler:
             # Built now, so that the first optimizer step already runs at the warm-up's first rate (0).
             self._built()
 
+    @property
+    def optimizer(self) -> Any:
+        return self._optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: Any) -> None:
+        """The optimizer the schedule drives; when prepare replaces it (megatron-core's optimizer on CUDA),
+        an already built schedule moves to the replacement and sets its current rates there."""
+        self._optimizer = optimizer
+        schedule = self.__dict__.get("_schedule")
+        if schedule is not None and schedule.optimizer is not optimizer:
+            schedule.optimizer = optimizer
+            schedule.step(0)
+
     def _built(self) -> Any:
         if self._schedule is None:
             from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
@@ -65,6 +79,10 @@ class MegatronLMDummyScheduler:
                     "or set MegatronLMPlugin.lr_decay_iters / train_iters"
                 )
             group = self.optimizer.param_groups[0]
+            # the peak rate, kept where torch's LR schedulers keep it: the schedule is about to set "lr" to the
+            # warm-up's first rate, and an optimizer built from this one later (megatron-core's) needs the peak
+            for each in self.optimizer.param_groups:
+                each.setdefault("initial_lr", each["lr"])
             weight_decay = float(group.get("weight_decay", 0.0))
             start_wd = config.start_weight_decay if config.start_weight_decay is not None else weight_decay
             end_wd = config.end_weight_decay if config.end_weight_decay is not None else weight_decay
@@ -77,7 +95,7 @@ class MegatronLMDummyScheduler:
             self._schedule = OptimizerParamScheduler(
                 self.optimizer,
                 init_lr=0.0,
-                max_lr=float(group["lr"]),
+                max_lr=float(group["initial_lr"]),
                 min_lr=config.min_lr,
                 lr_warmup_steps=warmup * shares,
                 lr_decay_steps=decay_steps * shares,

@@ -94,8 +94,7 @@ def shard_dataloader(dataloader: Any, accelerator: Any, options: Any) -> Any:
 def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.optim.Optimizer | None:
     from drivetrain_megatron.training import prepare_optimizer
 
-    prepare_optimizer(optimizer, active_config(accelerator))
-    return None
+    return prepare_optimizer(optimizer, accelerator, active_config(accelerator))
 
 
 @hookimpl

@@ -25,7 +25,10 @@ SCHEDULED_ATTRIBUTE = "_drivetrain_megatron_scheduled"
 
 
 def uses_schedule(config: MegatronLMPlugin) -> bool:
-    return config.pp_degree > 1 or config.num_micro_batches > 1
+    """Whether prepared models run megatron-core's schedule in megatron-core's DistributedDataParallel: with
+    pipeline stages, several micro-batches, or the distributed optimizer (which shards that wrapper's
+    gradient buffer; CUDA only, refused elsewhere before this is asked)."""
+    return config.pp_degree > 1 or config.num_micro_batches > 1 or bool(config.use_distributed_optimizer)
 
 
 def cuda_device_calls_resolve() -> bool:
@@ -253,7 +256,9 @@ def wrap(model: torch.nn.Module, accelerator: Any, config: MegatronLMPlugin) -> 
     prepare_stage(model, config)
     ddp = DistributedDataParallel(
         config=_transformer_config(model.config),
-        ddp_config=DistributedDataParallelConfig(use_distributed_optimizer=False, overlap_grad_reduce=False),
+        ddp_config=DistributedDataParallelConfig(
+            use_distributed_optimizer=bool(config.use_distributed_optimizer), overlap_grad_reduce=False
+        ),
         module=model,
     )
     return ScheduledModel(ddp, accelerator, config)

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from drivetrain.plugin_api import ConfigurationError, release_at_shutdown
+from drivetrain_megatron import optimizer as megatron_optimizer
 from drivetrain_megatron import schedule
 from drivetrain_megatron.config import MegatronLMPlugin
 from drivetrain_megatron.schedule import uses_schedule
@@ -23,7 +24,8 @@ CLIPS_ATTRIBUTE = "_drivetrain_megatron_clips"
 def wrap_for_data_parallel(
     model: torch.nn.Module, accelerator: Any, config: MegatronLMPlugin, evaluation_mode: bool
 ) -> torch.nn.Module | None:
-    """With megatron-core's schedule (``pp_degree > 1`` or ``num_micro_batches > 1``): the model in
+    """With megatron-core's schedule (``pp_degree > 1``, ``num_micro_batches > 1`` or
+    ``use_distributed_optimizer=True``): the model in
     megatron-core's DistributedDataParallel, driven by the schedule (schedule.py). Otherwise the model in
     torch's DistributedDataParallel over megatron-core's data-parallel group (gradients are averaged among the
     replicas of the same tensor/pipeline shard only), unchanged with one replica: megatron-core's wrapper
@@ -35,6 +37,7 @@ def wrap_for_data_parallel(
 
     if evaluation_mode or model.__dict__.get(PREPARED_ATTRIBUTE) or isinstance(model, DrivetrainDDP):
         return None
+    refuse_distributed_optimizer_off_cuda(accelerator.device, config)
     if config.custom_prepare_model_function is not None:
         model = config.custom_prepare_model_function(model) or model
     model.__dict__[PREPARED_ATTRIBUTE] = True
@@ -69,21 +72,59 @@ def record_batch_sizes(dataloader: Any, config: MegatronLMPlugin, options: Any) 
     config.global_batch_size = per_step * options.num_processes
 
 
-def prepare_optimizer(optimizer: torch.optim.Optimizer, config: MegatronLMPlugin) -> None:
-    """Refuse what cannot run; make ``optimizer.step`` first clip the gradients to ``gradient_clipping`` over
-    the whole model (as Megatron-LM's optimizer step does), where the gradients are final: the kernel calls
-    ``step`` only at synchronisation steps."""
+DISTRIBUTED_OPTIMIZER_NEEDS_CUDA = (
+    "MegatronLMPlugin.use_distributed_optimizer=True needs CUDA: megatron-core 0.16.1's distributed optimizer "
+    "accepts only parameters whose type() is 'torch.cuda.*Tensor', shards them in megatron-core's "
+    "DistributedDataParallel gradient buffer (allocated on torch.cuda.current_device()) and clips with CUDA "
+    "tensors; on {device} leave it off (the prepared torch optimizer steps on the data-parallel-averaged "
+    "gradients)"
+)
+
+
+def refuse_distributed_optimizer_off_cuda(device: torch.device, config: MegatronLMPlugin) -> None:
+    if config.use_distributed_optimizer and device.type != "cuda":
+        raise ConfigurationError(DISTRIBUTED_OPTIMIZER_NEEDS_CUDA.format(device=device.type))
+
+
+def _scheduled_chunk(optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.nn.Module | None:
+    """megatron-core's DistributedDataParallel of the prepared scheduled model whose parameters
+    ``optimizer`` updates, if any."""
+    wanted = {id(parameter) for group in optimizer.param_groups for parameter in group["params"]}
+    for model in accelerator.prepared.models:
+        model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
+        if not model.__dict__.get(schedule.SCHEDULED_ATTRIBUTE):
+            continue
+        if any(id(parameter) in wanted for parameter in model.parameters()):
+            return model.module
+    return None
+
+
+def prepare_optimizer(
+    optimizer: torch.optim.Optimizer, accelerator: Any, config: MegatronLMPlugin
+) -> Any | None:
+    """On CUDA, for a model in megatron-core's DistributedDataParallel (the schedule path, always taken with
+    ``use_distributed_optimizer=True``): megatron-core's optimizer with the settings of ``optimizer``
+    (optimizer.py), which clips to ``gradient_clipping`` itself. Otherwise ``optimizer`` itself, its ``step``
+    first clipping the gradients to ``gradient_clipping`` over the whole model (as Megatron-LM's optimizer step
+    does), where the gradients are final: the kernel calls ``step`` only at synchronisation steps."""
     from drivetrain.plugin_api import track_step_for_schedulers
 
-    if config.use_distributed_optimizer:
-        raise ConfigurationError(
-            "MegatronLMPlugin.use_distributed_optimizer=True is not supported: megatron-core 0.16.1's "
-            "distributed optimizer accepts only parameters whose type() is 'torch.cuda.*Tensor' and clips with "
-            "CUDA multi-tensor kernels, so drivetrain-megatron does not drive it; leave it off (the prepared "
-            "torch optimizer steps on the data-parallel-averaged gradients)"
-        )
+    device = accelerator.device
+    refuse_distributed_optimizer_off_cuda(device, config)
+    if isinstance(optimizer, megatron_optimizer.MegatronCoreOptimizer):
+        return None
+    if device.type == "cuda" and uses_schedule(config):
+        chunk = _scheduled_chunk(optimizer, accelerator)
+        if chunk is not None:
+            return megatron_optimizer.build(optimizer, chunk, config, str(accelerator.mixed_precision))
+        if config.use_distributed_optimizer:
+            raise ConfigurationError(
+                "MegatronLMPlugin.use_distributed_optimizer=True: the optimizer's parameters belong to no model "
+                "prepared by this accelerator; prepare the model before the optimizer (or in the same "
+                "accelerator.prepare call) and build the optimizer from model.parameters()"
+            )
     if not config.gradient_clipping or getattr(optimizer.step, CLIPS_ATTRIBUTE, False):
-        return
+        return None
     step = optimizer.step
     max_norm = config.gradient_clipping
 
@@ -95,6 +136,7 @@ def prepare_optimizer(optimizer: torch.optim.Optimizer, config: MegatronLMPlugin
     setattr(clipped_step, CLIPS_ATTRIBUTE, True)
     optimizer.step = clipped_step  # type: ignore[method-assign]
     track_step_for_schedulers(optimizer)
+    return None
 
 
 def run_backward(

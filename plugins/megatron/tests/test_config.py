@@ -301,11 +301,71 @@ def test_pipeline_stage_needs_what_the_schedule_calls():
         prepare_stage(stage, plugin)
 
 
-def test_distributed_optimizer_is_refused_with_the_reason():
+def test_distributed_optimizer_is_refused_off_cuda_with_the_reason():
+    from types import SimpleNamespace
+
     from drivetrain_megatron.training import prepare_optimizer
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    accelerator = SimpleNamespace(device=torch.device("cpu"))
     with pytest.raises(
-        ConfigurationError, match="use_distributed_optimizer=True is not supported: .*torch.cuda"
+        ConfigurationError,
+        match="use_distributed_optimizer=True needs CUDA: .*torch.cuda.*on cpu leave it off",
     ):
-        prepare_optimizer(optimizer, MegatronLMPlugin(use_distributed_optimizer=True).resolved())
+        prepare_optimizer(optimizer, accelerator, MegatronLMPlugin(use_distributed_optimizer=True).resolved())
+
+
+def test_adamw_settings_become_megatron_cores_optimizer_config():
+    from drivetrain_megatron.optimizer import optimizer_config
+
+    weights = [torch.nn.Parameter(torch.zeros(2))]
+    adamw = torch.optim.AdamW(weights, lr=3e-4, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.05)
+    plugin = MegatronLMPlugin(gradient_clipping=0.5, use_distributed_optimizer=True).resolved()
+    settings = optimizer_config(adamw, plugin, "bf16")
+    assert (settings.optimizer, settings.lr, settings.min_lr, settings.weight_decay) == (
+        "adam",
+        3e-4,
+        0.0,
+        0.05,
+    )
+    assert (settings.adam_beta1, settings.adam_beta2, settings.adam_eps) == (0.8, 0.95, 1e-6)
+    assert settings.decoupled_weight_decay is True
+    assert (settings.clip_grad, settings.use_distributed_optimizer) == (0.5, True)
+    assert (settings.bf16, settings.fp16) == (True, False)
+    # a schedule already at its first (warm-up) rate: megatron-core gets the peak rate
+    torch.optim.lr_scheduler.LambdaLR(adamw, lambda step: 0.0)
+    assert adamw.param_groups[0]["lr"] == 0.0 and optimizer_config(adamw, plugin).lr == 3e-4
+    # torch's Adam adds the decay to the gradient: megatron-core's coupled mode
+    adam = torch.optim.Adam(weights, lr=1e-3, weight_decay=0.1)
+    coupled = optimizer_config(adam, MegatronLMPlugin().resolved())
+    assert coupled.decoupled_weight_decay is False and coupled.bf16 is False
+    assert (coupled.clip_grad, coupled.use_distributed_optimizer) == (1.0, False)
+
+
+def test_sgd_settings_become_megatron_cores_optimizer_config():
+    from drivetrain_megatron.optimizer import optimizer_config
+
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.2, momentum=0.7, weight_decay=0.01)
+    settings = optimizer_config(sgd, MegatronLMPlugin(gradient_clipping=0.0).resolved())
+    assert (settings.optimizer, settings.lr, settings.sgd_momentum, settings.weight_decay) == (
+        "sgd",
+        0.2,
+        0.7,
+        0.01,
+    )
+    assert settings.clip_grad == 0.0
+
+
+def test_optimizers_megatron_core_cannot_run_are_refused_by_name():
+    from drivetrain_megatron.optimizer import optimizer_config
+
+    weights = [torch.nn.Parameter(torch.zeros(2))]
+    plugin = MegatronLMPlugin().resolved()
+    with pytest.raises(ConfigurationError, match="torch.optim.rmsprop.RMSprop; pass torch.optim.AdamW"):
+        optimizer_config(torch.optim.RMSprop(weights, lr=0.1), plugin)
+    with pytest.raises(ConfigurationError, match=r"SGD\(nesterov=True\) has no equivalent"):
+        optimizer_config(torch.optim.SGD(weights, lr=0.1, momentum=0.9, nesterov=True), plugin)
+    other = [torch.nn.Parameter(torch.zeros(2))]
+    groups = torch.optim.AdamW([{"params": weights}, {"params": other, "lr": 0.5}], lr=0.1)
+    with pytest.raises(ConfigurationError, match="AdamW parameter group 1 has lr=0.5 but group 0 has 0.1"):
+        optimizer_config(groups, plugin)
