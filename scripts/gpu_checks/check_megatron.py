@@ -1,0 +1,119 @@
+"""Check 5 (one process under torch.distributed.run; argument: the mode):
+
+- ``scheduled``: megatron-core's GPTModel (local layer spec, tiny config) with the default GPTTrainStep,
+  tp=1 pp=1, num_micro_batches=2 through megatron-core's schedule: the loss falls and the weights equal the same
+  model trained by hand (mean of the two micro-batch losses) within 1e-4;
+- ``plain``: the same with num_micro_batches=1 (the plain tp=1 path);
+- ``distopt``: use_distributed_optimizer=True: reports whether drivetrain-megatron still refuses it (its
+  refusal names CUDA; on a GPU megatron-core's optimizer could run).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import torch
+from common import device_or_exit, run_checks
+
+VOCAB, SEQ, HIDDEN, LAYERS, HEADS = 128, 16, 64, 2, 4
+STEPS = 8
+
+
+def build(plugin):
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    config = plugin.model_parallel_config(num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS)
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(),
+        vocab_size=VOCAB,
+        max_sequence_length=SEQ,
+    )
+
+
+def token_batches(batch: int) -> list[dict]:
+    generator = torch.Generator().manual_seed(3)
+    # a learnable pattern: each sequence counts up from a random start
+    starts = torch.randint(0, VOCAB, (STEPS, batch, 1), generator=generator)
+    sequences = (starts + torch.arange(SEQ + 1)) % VOCAB
+    return [{"input_ids": sequences[step]} for step in range(STEPS)]
+
+
+def hand_loss(model, input_ids: torch.Tensor, device) -> torch.Tensor:
+    tokens, labels = input_ids[:, :-1].to(device), input_ids[:, 1:].to(device)
+    mask = torch.tril(torch.ones(1, 1, SEQ, SEQ, device=device)) < 0.5
+    positions = torch.arange(SEQ, device=device).unsqueeze(0).expand_as(tokens)
+    return model(tokens, positions, mask, labels=labels).float().mean()
+
+
+def main() -> int:
+    mode = sys.argv[1]
+    device = device_or_exit(f"megatron_{mode}")
+    try:
+        import megatron.core  # noqa: F401
+    except ImportError as error:
+        print(f"RESULT megatron_{mode} SKIP 0 megatron-core not importable: {error}", flush=True)
+        return 0
+    from drivetrain import Accelerator
+    from drivetrain.utils import MegatronLMPlugin, set_seed
+
+    micro = 2 if mode == "scheduled" else 1
+    plugin = MegatronLMPlugin(
+        num_micro_batches=micro, seq_length=SEQ, use_distributed_optimizer=mode == "distopt", gradient_clipping=0.0
+    )
+    accelerator = Accelerator(megatron_lm_plugin=plugin)
+    set_seed(0)
+    model = build(plugin).to(device)
+    by_hand = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    batches = token_batches(2 * micro)
+    loader = torch.utils.data.DataLoader(
+        [batch["input_ids"][row] for batch in batches for row in range(2 * micro)], batch_size=2 * micro
+    )
+
+    if mode == "distopt":
+
+        def refused():
+            try:
+                accelerator.prepare(model, optimizer, loader)
+            except Exception as error:
+                return True, 1, f"still refused ({type(error).__name__}): {str(error)[:160]}"
+            return True, 0, "NOT refused any more: prepare accepted use_distributed_optimizer=True"
+
+        return run_checks([("megatron_distributed_optimizer_refusal", refused)])
+
+    def trains():
+        prepared, prepared_optimizer, prepared_loader = accelerator.prepare(model, optimizer, loader)
+        losses = []
+        for batch in prepared_loader:
+            output = prepared({"input_ids": batch})
+            accelerator.backward(output.loss)
+            prepared_optimizer.step()
+            prepared_optimizer.zero_grad()
+            losses.append(float(output.loss))
+        hand_optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.05)
+        for batch in batches:
+            parts = batch["input_ids"].chunk(micro)
+            loss = sum(hand_loss(by_hand, part, device) for part in parts) / micro
+            loss.backward()
+            hand_optimizer.step()
+            hand_optimizer.zero_grad()
+        ours = accelerator.unwrap_model(prepared).state_dict()
+        theirs = by_hand.state_dict()
+        keys = [k for k, v in theirs.items() if isinstance(v, torch.Tensor) and k in ours]
+        diff = max(float((ours[k].float() - theirs[k].float()).abs().max()) for k in keys)
+        ok = losses[-1] < losses[0] and diff < 1e-4 and len(keys) > 0
+        return ok, diff, (
+            f"max |scheduled - hand| weight after {STEPS} steps over {len(keys)} tensors (pass < 1e-4); "
+            f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; num_micro_batches={micro}, device={device}"
+        )
+
+    code = run_checks([(f"megatron_gpt_{mode}_tp1", trains)])
+    accelerator.end_training()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
