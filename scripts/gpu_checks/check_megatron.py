@@ -10,8 +10,8 @@
 
 from __future__ import annotations
 
-import copy
 import sys
+from pathlib import Path
 
 import torch
 from common import device_or_exit, run_checks
@@ -24,7 +24,9 @@ def build(plugin):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    config = plugin.model_parallel_config(num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS)
+    config = plugin.model_parallel_config(
+        num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, hidden_dropout=0.0, attention_dropout=0.0
+    )
     return GPTModel(
         config=config,
         transformer_layer_spec=get_gpt_layer_local_spec(),
@@ -56,22 +58,42 @@ def main() -> int:
     except ImportError as error:
         print(f"RESULT megatron_{mode} SKIP 0 megatron-core not importable: {error}", flush=True)
         return 0
+    if device.type == "cpu":
+        # CPU dry run only: the megatron tests' shim lets megatron-core's CUDA-bound schedule run on CPU
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins/megatron/tests/scripts"))
+        import cpu_device_shim
+
+        cpu_device_shim.install()
     from drivetrain import Accelerator
     from drivetrain.utils import MegatronLMPlugin, set_seed
 
     micro = 2 if mode == "scheduled" else 1
-    plugin = MegatronLMPlugin(
-        num_micro_batches=micro, seq_length=SEQ, use_distributed_optimizer=mode == "distopt", gradient_clipping=0.0
-    )
-    accelerator = Accelerator(megatron_lm_plugin=plugin)
-    set_seed(0)
-    model = build(plugin).to(device)
-    by_hand = copy.deepcopy(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    batches = token_batches(2 * micro)
-    loader = torch.utils.data.DataLoader(
-        [batch["input_ids"][row] for batch in batches for row in range(2 * micro)], batch_size=2 * micro
-    )
+    state: dict = {}
+
+    def setup():
+        plugin = MegatronLMPlugin(
+            num_micro_batches=micro, seq_length=SEQ, use_distributed_optimizer=mode == "distopt", gradient_clipping=0.0
+        )
+        state["accelerator"] = Accelerator(megatron_lm_plugin=plugin)
+        set_seed(0)
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(0)  # GPTModel's attention forks this RNG state
+        state["model"] = build(plugin).to(device)
+        # a second instance with the same weights (megatron modules hold process groups: no deepcopy)
+        state["by_hand"] = build(plugin).to(device)
+        state["by_hand"].load_state_dict(state["model"].state_dict())
+        state["optimizer"] = torch.optim.SGD(state["model"].parameters(), lr=0.05)
+        state["batches"] = token_batches(2 * micro)
+        rows = [batch["input_ids"][row] for batch in state["batches"] for row in range(2 * micro)]
+        state["loader"] = torch.utils.data.DataLoader(rows, batch_size=2 * micro)
+        return True, 0, "Accelerator(megatron_lm_plugin=...) and GPTModel built"
+
+    code = run_checks([(f"megatron_{mode}_setup", setup)])
+    if code:
+        return code
+    accelerator, model, by_hand = state["accelerator"], state["model"], state["by_hand"]
+    optimizer, batches, loader = state["optimizer"], state["batches"], state["loader"]
 
     if mode == "distopt":
 
@@ -88,11 +110,14 @@ def main() -> int:
         prepared, prepared_optimizer, prepared_loader = accelerator.prepare(model, optimizer, loader)
         losses = []
         for batch in prepared_loader:
-            output = prepared({"input_ids": batch})
-            accelerator.backward(output.loss)
+            if micro > 1:  # the schedule: GPTTrainStep cuts the batch into micro-batches
+                loss = prepared(input_ids=batch).loss
+            else:  # the plain path: the prepared model is called as the user's model
+                loss = hand_loss(prepared, batch, device)
+            accelerator.backward(loss)
             prepared_optimizer.step()
             prepared_optimizer.zero_grad()
-            losses.append(float(output.loss))
+            losses.append(float(loss))
         hand_optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.05)
         for batch in batches:
             parts = batch["input_ids"].chunk(micro)

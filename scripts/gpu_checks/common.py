@@ -84,3 +84,12 @@ def train_plain(device: torch.device, steps: int, lr: float = 0.05, batch: int =
         optimizer.step()
         optimizer.zero_grad()
     return {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+
+
+def dataset_loss(state: dict) -> float:
+    """Mean squared error of make_model() carrying ``state`` over the whole dataset (on CPU, in fp32)."""
+    model = make_model()
+    model.load_state_dict({k: v.float().cpu() for k, v in state.items()})
+    x, y = dataset().tensors
+    with torch.no_grad():
+        return float(torch.nn.functional.mse_loss(model(x), y))
