@@ -35,10 +35,14 @@ def main() -> int:
         before, after = dataset_loss(make_model().state_dict()), dataset_loss(ours)
         ok = diff < 1e-5 and after < before and device.type == accelerator.device.type
         # with one process the backend may leave the model unwrapped; the line says what it did
-        return ok, diff, (
-            f"max |ddp - hand loop| after {STEPS} SGD steps (pass < 1e-5); dataset loss {before:.4f} -> "
-            f"{after:.4f}; model={wrapped}, process group={backend}, "
-            f"device={accelerator.device}, distributed_type={accelerator.distributed_type}, backend={backend_name}"
+        return (
+            ok,
+            diff,
+            (
+                f"max |ddp - hand loop| after {STEPS} SGD steps (pass < 1e-5); dataset loss {before:.4f} -> "
+                f"{after:.4f}; model={wrapped}, process group={backend}, "
+                f"device={accelerator.device}, distributed_type={accelerator.distributed_type}, backend={backend_name}"
+            ),
         )
 
     def gathers():

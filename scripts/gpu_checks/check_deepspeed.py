@@ -7,7 +7,16 @@ import os
 import sys
 
 import torch
-from common import Skip, dataset, dataset_loss, device_or_exit, make_model, max_difference, run_checks, train_plain
+from common import (
+    Skip,
+    dataset,
+    dataset_loss,
+    device_or_exit,
+    make_model,
+    max_difference,
+    run_checks,
+    train_plain,
+)
 
 STEPS = 12
 
@@ -24,7 +33,9 @@ def main() -> int:
         from drivetrain import Accelerator
         from drivetrain.utils import DeepSpeedPlugin
 
-        accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage, gradient_accumulation_steps=1))
+        accelerator = Accelerator(
+            deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage, gradient_accumulation_steps=1)
+        )
         model = make_model()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         loader = torch.utils.data.DataLoader(dataset(), batch_size=16)
@@ -39,10 +50,14 @@ def main() -> int:
         diff = max_difference(ours, train_plain(device, STEPS))
         after = dataset_loss(ours)
         accelerator.end_training()
-        return diff < 1e-4 and after < before, diff, (
-            f"max |zero{stage} - hand loop| after {STEPS} SGD steps (pass < 1e-4); dataset loss {before:.4f} -> "
-            f"{after:.4f}; deepspeed {deepspeed.__version__}, engine={type(model).__name__}, "
-            f"device={accelerator.device}"
+        return (
+            diff < 1e-4 and after < before,
+            diff,
+            (
+                f"max |zero{stage} - hand loop| after {STEPS} SGD steps (pass < 1e-4); dataset loss {before:.4f} -> "
+                f"{after:.4f}; deepspeed {deepspeed.__version__}, engine={type(model).__name__}, "
+                f"device={accelerator.device}"
+            ),
         )
 
     return run_checks([(f"deepspeed_zero{stage}_trains_matches_local", trains)])

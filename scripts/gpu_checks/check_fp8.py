@@ -55,9 +55,13 @@ def main() -> int:
         last_fp8, last_bf16 = sum(fp8[-tail:]) / tail, sum(bf16[-tail:]) / tail
         gap = abs(last_fp8 - last_bf16) / last_bf16
         ok = bool(float8) and gap < 0.05 and last_fp8 < 0.5 * fp8[0]
-        return ok, gap, (
-            f"relative final-loss gap fp8 vs bf16 (pass < 0.05; fp8 {fp8[0]:.4f} -> {last_fp8:.4f}, bf16 "
-            f"{last_bf16:.4f}); Float8Linear modules: {float8 or 'none'}; torchao {torchao.__version__}, {device}"
+        return (
+            ok,
+            gap,
+            (
+                f"relative final-loss gap fp8 vs bf16 (pass < 0.05; fp8 {fp8[0]:.4f} -> {last_fp8:.4f}, bf16 "
+                f"{last_bf16:.4f}); Float8Linear modules: {float8 or 'none'}; torchao {torchao.__version__}, {device}"
+            ),
         )
 
     return run_checks([("fp8_torchao_trains_close_to_bf16", trains)])

@@ -38,9 +38,13 @@ def main() -> int:
         run(batches[:STEPS])
         diff = max_difference(full_weights(), train_plain(device, STEPS))
         sharded = type(next(model.parameters())).__name__
-        return diff < 1e-5, diff, (
-            f"max |fsdp2 - hand loop| after {STEPS} SGD steps (pass < 1e-5); parameter type={sharded}, "
-            f"device={accelerator.device}, distributed_type={accelerator.distributed_type}"
+        return (
+            diff < 1e-5,
+            diff,
+            (
+                f"max |fsdp2 - hand loop| after {STEPS} SGD steps (pass < 1e-5); parameter type={sharded}, "
+                f"device={accelerator.device}, distributed_type={accelerator.distributed_type}"
+            ),
         )
 
     def resumes():

@@ -25,7 +25,11 @@ def build(plugin):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     config = plugin.model_parallel_config(
-        num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, hidden_dropout=0.0, attention_dropout=0.0
+        num_layers=LAYERS,
+        hidden_size=HIDDEN,
+        num_attention_heads=HEADS,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
     )
     return GPTModel(
         config=config,
@@ -72,7 +76,10 @@ def main() -> int:
 
     def setup():
         plugin = MegatronLMPlugin(
-            num_micro_batches=micro, seq_length=SEQ, use_distributed_optimizer=mode == "distopt", gradient_clipping=0.0
+            num_micro_batches=micro,
+            seq_length=SEQ,
+            use_distributed_optimizer=mode == "distopt",
+            gradient_clipping=0.0,
         )
         state["accelerator"] = Accelerator(megatron_lm_plugin=plugin)
         set_seed(0)
@@ -130,9 +137,13 @@ def main() -> int:
         keys = [k for k, v in theirs.items() if isinstance(v, torch.Tensor) and k in ours]
         diff = max(float((ours[k].float() - theirs[k].float()).abs().max()) for k in keys)
         ok = losses[-1] < losses[0] and diff < 1e-4 and len(keys) > 0
-        return ok, diff, (
-            f"max |scheduled - hand| weight after {STEPS} steps over {len(keys)} tensors (pass < 1e-4); "
-            f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; num_micro_batches={micro}, device={device}"
+        return (
+            ok,
+            diff,
+            (
+                f"max |drivetrain - hand| weight after {STEPS} steps over {len(keys)} tensors (pass < 1e-4); "
+                f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; num_micro_batches={micro}, device={device}"
+            ),
         )
 
     code = run_checks([(f"megatron_gpt_{mode}_tp1", trains)])

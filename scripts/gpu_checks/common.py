@@ -57,7 +57,10 @@ def run_checks(checks: list) -> int:
 def make_model(seed: int = 0, hidden: int = 64) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(
-        torch.nn.Linear(DIM, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(DIM, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.ReLU(),
         torch.nn.Linear(hidden, DIM),
     )
 
