@@ -49,6 +49,7 @@ def main() -> int:
         ours = {k: v.detach().float().cpu() for k, v in state.items()}
         diff = max_difference(ours, train_plain(device, STEPS))
         after = dataset_loss(ours)
+        group = torch.distributed.get_backend() if torch.distributed.is_initialized() else "none"
         accelerator.end_training()
         return (
             diff < 1e-4 and after < before,
@@ -56,7 +57,7 @@ def main() -> int:
             (
                 f"max |zero{stage} - hand loop| after {STEPS} SGD steps (pass < 1e-4); dataset loss {before:.4f} -> "
                 f"{after:.4f}; deepspeed {deepspeed.__version__}, engine={type(model).__name__}, "
-                f"device={accelerator.device}"
+                f"device={accelerator.device}, process group={group}"
             ),
         )
 

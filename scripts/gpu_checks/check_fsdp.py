@@ -43,7 +43,8 @@ def main() -> int:
             diff,
             (
                 f"max |fsdp2 - hand loop| after {STEPS} SGD steps (pass < 1e-5); parameter type={sharded}, "
-                f"device={accelerator.device}, distributed_type={accelerator.distributed_type}"
+                f"device={accelerator.device}, distributed_type={accelerator.distributed_type}, "
+                f"process group={torch.distributed.get_backend() if torch.distributed.is_initialized() else 'none'}"
             ),
         )
 
