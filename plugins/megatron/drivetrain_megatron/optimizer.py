@@ -51,6 +51,13 @@ def optimizer_config(
 
     name, keys = _hyperparameters(optimizer)
     kind = type(optimizer).__name__
+    if config.use_distributed_optimizer and name != "adam":
+        # megatron-core asserts this deep inside get_megatron_optimizer (seen on an H100 with SGD)
+        raise ConfigurationError(
+            f"MegatronLMPlugin.use_distributed_optimizer=True needs torch.optim.AdamW or torch.optim.Adam: "
+            f"megatron-core's distributed optimizer supports only Adam (its checkpoint layout), not {kind}; "
+            "use AdamW/Adam or set use_distributed_optimizer=False"
+        )
     groups = optimizer.param_groups
     first = groups[0]
     for index, group in enumerate(groups[1:], start=1):

@@ -369,3 +369,14 @@ def test_optimizers_megatron_core_cannot_run_are_refused_by_name():
     groups = torch.optim.AdamW([{"params": weights}, {"params": other, "lr": 0.5}], lr=0.1)
     with pytest.raises(ConfigurationError, match="AdamW parameter group 1 has lr=0.5 but group 0 has 0.1"):
         optimizer_config(groups, plugin)
+
+
+def test_the_distributed_optimizer_with_sgd_is_refused_before_megatron_core_asserts():
+    from drivetrain_megatron.optimizer import optimizer_config
+
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    plugin = MegatronLMPlugin(use_distributed_optimizer=True).resolved()
+    with pytest.raises(ConfigurationError, match="use_distributed_optimizer=True needs torch.optim.AdamW"):
+        optimizer_config(sgd, plugin)
+    adam = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    assert optimizer_config(adam, plugin).use_distributed_optimizer is True
