@@ -618,3 +618,19 @@ def test_an_invalid_cp_comm_strategy_is_named_in_accelerates_wording(monkeypatch
     monkeypatch.setenv("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "ring")
     with pytest.raises(ValueError, match="Invalid cp_comm_strategy: ring"):
         ParallelismConfig(cp_size=2)
+
+
+def test_env_command_returns_the_report_and_says_when_the_console_command_is_not_on_path(monkeypatch, capsys):
+    # Scripts call Accelerate's env_command for a dict of the report (its keys), e.g. to check the install.
+    import shutil
+
+    from drivetrain.commands import env
+
+    args = env.env_command_parser().parse_args([])
+    info = env.env_command(args)
+    assert info["`accelerate` bash location"] == shutil.which("drivetrain")
+    assert info["PyTorch version"] == torch.__version__
+    monkeypatch.setattr(env, "which", lambda name: None)
+    info = env.env_command(args)
+    assert info["`accelerate` bash location"] == "Not found"
+    assert "- `drivetrain` bash location: Not found" in capsys.readouterr().out
