@@ -634,3 +634,31 @@ def test_env_command_returns_the_report_and_says_when_the_console_command_is_not
     info = env.env_command(args)
     assert info["`accelerate` bash location"] == "Not found"
     assert "- `drivetrain` bash location: Not found" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("devices", "multi_backend", "on_xpu", "refused"),
+    [
+        ({"": "cpu"}, False, False, True),  # the quantization library computes on accelerators only
+        ({"": "cpu"}, True, False, False),  # a multi-backend build trains CPU modules
+        ({"": "cpu"}, True, True, True),  # ... but not beside an XPU
+        ({"a": "disk"}, True, False, True),  # disk offload is never trainable
+    ],
+)
+def test_a_quantized_model_with_offloaded_modules_is_refused_unless_its_library_trains_on_cpu(
+    monkeypatch, devices, multi_backend, on_xpu, refused
+):
+    import drivetrain.accelerator as accelerator_module
+
+    # Accelerate's prepare_model asks these checks by these module names; scripts patch them there
+    monkeypatch.setattr(accelerator_module, "is_bitsandbytes_multi_backend_available", lambda: multi_backend)
+    monkeypatch.setattr(accelerator_module, "is_xpu_available", lambda: on_xpu)
+    model = torch.nn.Linear(2, 2)
+    model.is_loaded_in_8bit = True
+    model.hf_device_map = devices
+    accelerator = Accelerator(cpu=True)
+    if refused:
+        with pytest.raises(ValueError, match="CPU or disk offload"):
+            accelerator.prepare_model(model)
+    else:
+        assert accelerator.prepare_model(model) is not None
