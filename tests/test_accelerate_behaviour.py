@@ -662,3 +662,38 @@ def test_a_quantized_model_with_offloaded_modules_is_refused_unless_its_library_
             accelerator.prepare_model(model)
     else:
         assert accelerator.prepare_model(model) is not None
+
+
+def test_verify_on_hub_answers_gated_or_repo_as_accelerate_does(monkeypatch):
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError
+
+    from drivetrain.commands.estimate import verify_on_hub
+
+    def raising(kind):
+        error = kind.__new__(kind)  # the Hub's errors want an HTTP response; the message is all that matters
+        OSError.__init__(error, "from the Hub")
+
+        def model_info(repo, token=None):
+            raise error
+
+        return model_info
+
+    monkeypatch.setattr(huggingface_hub, "model_info", raising(GatedRepoError))
+    assert verify_on_hub("owner/gated") == "gated"
+    monkeypatch.setattr(huggingface_hub, "model_info", raising(RepositoryNotFoundError))
+    assert verify_on_hub("owner/missing") == "repo"
+    monkeypatch.setattr(huggingface_hub, "model_info", raising(ConnectionError))  # offline or unreachable
+    assert verify_on_hub("owner/any") == "gated"
+    seen = []
+    monkeypatch.setattr(huggingface_hub, "model_info", lambda repo, token=None: seen.append((repo, token)) or "info")
+    assert verify_on_hub("owner/model", token="t") == "info" and seen == [("owner/model", "t")]
+
+
+def test_estimate_memory_of_a_model_that_is_not_available_offline_is_an_os_error():
+    # Accelerate raises OSError (EnvironmentError) for a gated or missing repository; scripts catch that.
+    from drivetrain.commands.estimate import estimate_command, estimate_command_parser
+
+    args = estimate_command_parser().parse_args(["no-such-owner/no-such-model"])
+    with pytest.raises(OSError, match="no-such-owner/no-such-model"):
+        estimate_command(args)
