@@ -686,7 +686,9 @@ def test_verify_on_hub_answers_gated_or_repo_as_accelerate_does(monkeypatch):
     monkeypatch.setattr(huggingface_hub, "model_info", raising(ConnectionError))  # offline or unreachable
     assert verify_on_hub("owner/any") == "gated"
     seen = []
-    monkeypatch.setattr(huggingface_hub, "model_info", lambda repo, token=None: seen.append((repo, token)) or "info")
+    monkeypatch.setattr(
+        huggingface_hub, "model_info", lambda repo, token=None: seen.append((repo, token)) or "info"
+    )
     assert verify_on_hub("owner/model", token="t") == "info" and seen == [("owner/model", "t")]
 
 
@@ -697,3 +699,18 @@ def test_estimate_memory_of_a_model_that_is_not_available_offline_is_an_os_error
     args = estimate_command_parser().parse_args(["no-such-owner/no-such-model"])
     with pytest.raises(OSError, match="no-such-owner/no-such-model"):
         estimate_command(args)
+
+
+def test_launch_help_says_once_that_flags_take_hyphens_or_underscores_and_both_parse_alike():
+    from drivetrain.commands.launch import launch_command_parser
+
+    parser = launch_command_parser()
+    help_text = parser.format_help()
+    assert help_text.count("--num-processes") == 1 and "--num_processes=2" in help_text
+    hyphen = parser.parse_args(["--num-processes", "3", "--main-process-port", "29600", "train.py"])
+    underscore = parser.parse_args(["--num_processes", "3", "--main_process_port", "29600", "train.py"])
+    assert (
+        (hyphen.num_processes, hyphen.main_process_port)
+        == (underscore.num_processes, underscore.main_process_port)
+        == (3, 29600)
+    )
