@@ -714,3 +714,12 @@ def test_launch_help_says_once_that_flags_take_hyphens_or_underscores_and_both_p
         == (underscore.num_processes, underscore.main_process_port)
         == (3, 29600)
     )
+
+
+def test_base_dataloader_is_an_instance_attribute_as_in_accelerate():
+    from drivetrain.data_loader import DataLoaderShard
+
+    loader = DataLoaderShard(range(16), batch_size=4)
+    assert isinstance(loader.base_dataloader, DataLoader)
+    assert [batch.tolist() for batch in loader.base_dataloader][0] == [0, 1, 2, 3]
+    assert not hasattr(DataLoaderShard, "base_dataloader")  # on the class it is not there, as in Accelerate
