@@ -723,3 +723,25 @@ def test_base_dataloader_is_an_instance_attribute_as_in_accelerate():
     assert isinstance(loader.base_dataloader, DataLoader)
     assert [batch.tolist() for batch in loader.base_dataloader][0] == [0, 1, 2, 3]
     assert not hasattr(DataLoaderShard, "base_dataloader")  # on the class it is not there, as in Accelerate
+
+
+def test_an_iterable_dataset_with_enough_file_shards_gives_each_process_its_own_shards():
+    datasets = pytest.importorskip("datasets")
+    from drivetrain.data.samplers import IterableDatasetShard
+    from drivetrain.data_loader import prepare_data_loader
+
+    dataset = datasets.Dataset.from_dict({"x": list(range(10))}).to_iterable_dataset(num_shards=2)
+    seen = []
+    for rank in range(2):
+        loader = prepare_data_loader(
+            DataLoader(dataset, batch_size=4), num_processes=2, process_index=rank, dispatch_batches=False
+        )
+        assert not isinstance(loader.dataset, IterableDatasetShard)
+        seen.append([x for batch in loader for x in batch["x"].tolist()])
+    assert seen == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]  # whole shards, each read by one process only
+    # fewer shards than processes: sample-level sharding, as before
+    one_shard = datasets.Dataset.from_dict({"x": list(range(8))}).to_iterable_dataset(num_shards=1)
+    loader = prepare_data_loader(
+        DataLoader(one_shard, batch_size=2), num_processes=2, process_index=1, dispatch_batches=False
+    )
+    assert isinstance(loader.dataset, IterableDatasetShard)

@@ -124,7 +124,7 @@ class _EpochIndices:
         yield from (itertools.islice(batches, skip, None) if skip else batches)
 
 
-class _instance_property(property):  # noqa: N801 - used as a decorator, like property
+class _instance_property(property):
     """A property that exists on instances only: read on the class it raises AttributeError, as an attribute
     set in ``__init__`` does (Accelerate's loaders set ``base_dataloader`` there; ``hasattr(cls, ...)`` is
     False)."""
