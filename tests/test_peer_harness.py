@@ -122,7 +122,9 @@ def test_gaps_without_a_diagnostic_run_of_a_file_say_nothing_about_its_tests():
     # results/ is git-ignored: a checkout that never ran --diagnose must not rank every test "not collected".
     from peer import gaps
 
-    reference = {"files": {"tests/test_a.py": {"tests": {"tests/test_a.py::T::test_x": {"outcome": "passed"}}}}}
+    reference = {
+        "files": {"tests/test_a.py": {"tests": {"tests/test_a.py::T::test_x": {"outcome": "passed"}}}}
+    }
     ours = {"files": {"tests/test_a.py": {"tests": {"tests/test_a.py::T::test_x": {"outcome": "failed"}}}}}
     assert gaps.failure_gaps(reference, {}, ours, set())["groups"] == {}
     diagnosed = {"files": {"tests/test_a.py": {"tests": {}}}}  # ran, and did not collect the test
