@@ -392,3 +392,40 @@ def test_swanlab_offline(tmp_path):
         for key, entry in stored.items()
     }
     assert {key: values[key] for key in CONFIG} == CONFIG
+
+
+@pytest.mark.parametrize("name", ["aim", "comet_ml", "mlflow"])
+def test_building_a_tracker_touches_no_process_state_and_starts_no_run(tmp_path, monkeypatch, name):
+    # Accelerate's trackers start their run in start() (init_trackers calls it): a script may build one before
+    # the Accelerator, which must still be free to set the processes up.
+    pytest.importorskip(name)
+    from drivetrain.state import PartialState
+    from drivetrain_trackers.aim_tracker import AimTracker
+    from drivetrain_trackers.comet_tracker import CometMLTracker
+    from drivetrain_trackers.mlflow_tracker import MLflowTracker
+
+    monkeypatch.chdir(tmp_path)
+    PartialState._reset_state()
+    tracker = {
+        "aim": lambda: AimTracker("run", repo=str(tmp_path)),
+        "comet_ml": lambda: CometMLTracker("run", online=False),
+        "mlflow": lambda: MLflowTracker(experiment_name="e", tracking_uri=f"sqlite:///{tmp_path / 'm.db'}"),
+    }[name]()
+    assert PartialState._shared_state == {} and tracker.tracker is None
+    assert not any(tmp_path.iterdir())  # no repository, archive or store written yet
+    Accelerator(log_with=tracker)
+    assert PartialState._shared_state != {}
+
+
+@pytest.mark.parametrize(
+    ("value", "nested"), [("False", False), ("off", False), ("0", False), ("on", True), ("Yes", True)]
+)
+def test_mlflow_nested_run_variable_turns_nesting_on_and_off(monkeypatch, value, nested):
+    pytest.importorskip("mlflow")
+    from drivetrain_trackers.mlflow_tracker import MLflowTracker
+
+    monkeypatch.setenv("MLFLOW_NESTED_RUN", value)
+    assert MLflowTracker(experiment_name="e", nested_run=not nested).nested_run is nested
+    monkeypatch.setenv("MLFLOW_NESTED_RUN", "maybe")
+    with pytest.raises(ValueError, match="MLFLOW_NESTED_RUN"):
+        MLflowTracker(experiment_name="e")
