@@ -429,3 +429,19 @@ def test_mlflow_nested_run_variable_turns_nesting_on_and_off(monkeypatch, value,
     monkeypatch.setenv("MLFLOW_NESTED_RUN", "maybe")
     with pytest.raises(ValueError, match="MLFLOW_NESTED_RUN"):
         MLflowTracker(experiment_name="e")
+
+
+def test_dvclive_logs_strings_beside_numbers_at_their_steps(tmp_path):
+    # Accelerate hands DVCLive every value it can log: its .tsv files hold strings as written
+    pytest.importorskip("dvclive")
+    out = tmp_path / "dvclive"
+    accelerator = Accelerator(log_with="dvclive", project_dir=str(tmp_path))
+    accelerator.init_trackers("p", init_kwargs={"dvclive": {"dir": str(out), "save_dvc_exp": False}})
+    accelerator.log({"loss": 0.5, "phase": "warmup"})
+    accelerator.log({"loss": 0.25, "phase": "main"}, step=3)
+    accelerator.log({"loss": 0.125, "skipped": [1, 2]}, step=4)  # a list is no metric: skipped
+    accelerator.end_training()
+    assert json.loads((out / "metrics.json").read_text()) == {"loss": 0.125, "phase": "main", "step": 4}
+    phase = (out / "plots" / "metrics" / "phase.tsv").read_text().split()
+    assert phase[2:] == ["0", "warmup", "3", "main"]
+    assert not (out / "plots" / "metrics" / "skipped.tsv").exists()
