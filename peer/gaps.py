@@ -283,7 +283,12 @@ def failure_gaps(reference: dict, diagnose: dict, ours: dict, missing: set[str])
     where: dict[tuple[str, str], Counter] = defaultdict(Counter)
     imports_fine: dict[tuple[str, str], int] = Counter()
     for file, data in reference.get("files", {}).items():
-        diag_tests = diagnose.get("files", {}).get(file, {}).get("tests", {})
+        if file not in diagnose.get("files", {}):
+            # the diagnostic run did not run this file (or there is no diagnostic run stored: results are
+            # git-ignored, so a fresh checkout has none): nothing is known about why its tests fail, and
+            # counting them all "not collected" would fill the page with a non-result.
+            continue
+        diag_tests = diagnose["files"][file].get("tests", {})
         our_tests = ours.get("files", {}).get(file, {}).get("tests", {})
         for test_id, ref in data["tests"].items():
             if ref["outcome"] != "passed":
@@ -365,7 +370,13 @@ def render(static: dict, failures: dict, reference: dict, ours: dict, diagnose: 
         "",
         f"- Unit tests that pass on the reference ({reference.get('reference')}, this machine): **{ref_passing}**; "
         f"pass on drivetrain: **{kept}** ({ours.get('updated', 'not run')}).",
-        f"- With every missing name deferred to first use (diagnostic run, not a drop-in result): **{diag_kept}**.",
+        (
+            f"- With every missing name deferred to first use (diagnostic run, not a drop-in result): **{diag_kept}**"
+            f" ({diagnose.get('updated', 'date unknown')})."
+            if diagnose.get("files")
+            else "- With every missing name deferred to first use: no diagnostic run stored here (run "
+            "`scripts/peer --all --diagnose`, then `scripts/peer --gaps`); section (b) is empty until then."
+        ),
         "",
         "| script (2 processes) | reference | drivetrain | drivetrain's error | with names deferred |",
         "|---|---|---|---|---|",

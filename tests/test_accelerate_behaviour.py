@@ -618,3 +618,130 @@ def test_an_invalid_cp_comm_strategy_is_named_in_accelerates_wording(monkeypatch
     monkeypatch.setenv("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "ring")
     with pytest.raises(ValueError, match="Invalid cp_comm_strategy: ring"):
         ParallelismConfig(cp_size=2)
+
+
+def test_env_command_returns_the_report_and_says_when_the_console_command_is_not_on_path(monkeypatch, capsys):
+    # Scripts call Accelerate's env_command for a dict of the report (its keys), e.g. to check the install.
+    import shutil
+
+    from drivetrain.commands import env
+
+    args = env.env_command_parser().parse_args([])
+    info = env.env_command(args)
+    assert info["`accelerate` bash location"] == shutil.which("drivetrain")
+    assert info["PyTorch version"] == torch.__version__
+    monkeypatch.setattr(env, "which", lambda name: None)
+    info = env.env_command(args)
+    assert info["`accelerate` bash location"] == "Not found"
+    assert "- `drivetrain` bash location: Not found" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("devices", "multi_backend", "on_xpu", "refused"),
+    [
+        ({"": "cpu"}, False, False, True),  # the quantization library computes on accelerators only
+        ({"": "cpu"}, True, False, False),  # a multi-backend build trains CPU modules
+        ({"": "cpu"}, True, True, True),  # ... but not beside an XPU
+        ({"a": "disk"}, True, False, True),  # disk offload is never trainable
+    ],
+)
+def test_a_quantized_model_with_offloaded_modules_is_refused_unless_its_library_trains_on_cpu(
+    monkeypatch, devices, multi_backend, on_xpu, refused
+):
+    import drivetrain.accelerator as accelerator_module
+
+    # Accelerate's prepare_model asks these checks by these module names; scripts patch them there
+    monkeypatch.setattr(accelerator_module, "is_bitsandbytes_multi_backend_available", lambda: multi_backend)
+    monkeypatch.setattr(accelerator_module, "is_xpu_available", lambda: on_xpu)
+    model = torch.nn.Linear(2, 2)
+    model.is_loaded_in_8bit = True
+    model.hf_device_map = devices
+    accelerator = Accelerator(cpu=True)
+    if refused:
+        with pytest.raises(ValueError, match="CPU or disk offload"):
+            accelerator.prepare_model(model)
+    else:
+        assert accelerator.prepare_model(model) is not None
+
+
+def test_verify_on_hub_answers_gated_or_repo_as_accelerate_does(monkeypatch):
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError
+
+    from drivetrain.commands.estimate import verify_on_hub
+
+    def raising(kind):
+        error = kind.__new__(kind)  # the Hub's errors want an HTTP response; the message is all that matters
+        OSError.__init__(error, "from the Hub")
+
+        def model_info(repo, token=None):
+            raise error
+
+        return model_info
+
+    monkeypatch.setattr(huggingface_hub, "model_info", raising(GatedRepoError))
+    assert verify_on_hub("owner/gated") == "gated"
+    monkeypatch.setattr(huggingface_hub, "model_info", raising(RepositoryNotFoundError))
+    assert verify_on_hub("owner/missing") == "repo"
+    monkeypatch.setattr(huggingface_hub, "model_info", raising(ConnectionError))  # offline or unreachable
+    assert verify_on_hub("owner/any") == "gated"
+    seen = []
+    monkeypatch.setattr(
+        huggingface_hub, "model_info", lambda repo, token=None: seen.append((repo, token)) or "info"
+    )
+    assert verify_on_hub("owner/model", token="t") == "info" and seen == [("owner/model", "t")]
+
+
+def test_estimate_memory_of_a_model_that_is_not_available_offline_is_an_os_error():
+    # Accelerate raises OSError (EnvironmentError) for a gated or missing repository; scripts catch that.
+    from drivetrain.commands.estimate import estimate_command, estimate_command_parser
+
+    args = estimate_command_parser().parse_args(["no-such-owner/no-such-model"])
+    with pytest.raises(OSError, match="no-such-owner/no-such-model"):
+        estimate_command(args)
+
+
+def test_launch_help_says_once_that_flags_take_hyphens_or_underscores_and_both_parse_alike():
+    from drivetrain.commands.launch import launch_command_parser
+
+    parser = launch_command_parser()
+    help_text = parser.format_help()
+    assert help_text.count("--num-processes") == 1 and "--num_processes=2" in help_text
+    hyphen = parser.parse_args(["--num-processes", "3", "--main-process-port", "29600", "train.py"])
+    underscore = parser.parse_args(["--num_processes", "3", "--main_process_port", "29600", "train.py"])
+    assert (
+        (hyphen.num_processes, hyphen.main_process_port)
+        == (underscore.num_processes, underscore.main_process_port)
+        == (3, 29600)
+    )
+
+
+def test_base_dataloader_is_an_instance_attribute_as_in_accelerate():
+    from drivetrain.data_loader import DataLoaderShard
+
+    loader = DataLoaderShard(range(16), batch_size=4)
+    assert isinstance(loader.base_dataloader, DataLoader)
+    assert [batch.tolist() for batch in loader.base_dataloader][0] == [0, 1, 2, 3]
+    assert not hasattr(DataLoaderShard, "base_dataloader")  # on the class it is not there, as in Accelerate
+
+
+def test_an_iterable_dataset_with_enough_file_shards_gives_each_process_its_own_shards():
+    datasets = pytest.importorskip("datasets")
+    from drivetrain.data.samplers import IterableDatasetShard
+    from drivetrain.data_loader import prepare_data_loader
+
+    dataset = datasets.Dataset.from_dict({"x": list(range(10))}).to_iterable_dataset(num_shards=2)
+    seen = []
+    for rank in range(2):
+        loader = prepare_data_loader(
+            DataLoader(dataset, batch_size=4), num_processes=2, process_index=rank, dispatch_batches=False
+        )
+        assert not isinstance(loader.dataset, IterableDatasetShard)
+        seen.append([x for batch in loader for x in batch["x"].tolist()])
+    assert seen == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]  # whole shards, each read by one process only
+    # fewer shards than processes: sample-level sharding, as before
+    one_shard = datasets.Dataset.from_dict({"x": list(range(8))}).to_iterable_dataset(num_shards=1)
+    loader = prepare_data_loader(
+        DataLoader(one_shard, batch_size=2), num_processes=2, process_index=1, dispatch_batches=False
+    )
+    assert isinstance(loader.dataset, IterableDatasetShard)

@@ -116,3 +116,17 @@ def test_known_failures_are_tolerated_and_rewritten_for_what_ran(tmp_path, monke
         "tests/test_a.py::T::test_new",
         "tests/test_b.py::T::test_x",  # not run: kept
     }
+
+
+def test_gaps_without_a_diagnostic_run_of_a_file_say_nothing_about_its_tests():
+    # results/ is git-ignored: a checkout that never ran --diagnose must not rank every test "not collected".
+    from peer import gaps
+
+    reference = {
+        "files": {"tests/test_a.py": {"tests": {"tests/test_a.py::T::test_x": {"outcome": "passed"}}}}
+    }
+    ours = {"files": {"tests/test_a.py": {"tests": {"tests/test_a.py::T::test_x": {"outcome": "failed"}}}}}
+    assert gaps.failure_gaps(reference, {}, ours, set())["groups"] == {}
+    diagnosed = {"files": {"tests/test_a.py": {"tests": {}}}}  # ran, and did not collect the test
+    groups = gaps.failure_gaps(reference, diagnosed, ours, set())["groups"]
+    assert [key[0] for key in groups] == ["not collected here"]

@@ -468,6 +468,11 @@ class Accelerator(TrackingMixin, ProfilingMixin):
             return model  # prepared already: wrapping it again would double-wrap and double-count it
         quantized = getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)
         offloaded = {str(device) for device in getattr(model, "hf_device_map", {}).values()} & {"cpu", "disk"}
+        if "cpu" in offloaded and _module_check("is_bitsandbytes_multi_backend_available")():
+            # a quantization library built for several backends computes on the CPU: unless the accelerator
+            # is an XPU (which that library does not pair with CPU modules), CPU modules are trainable there
+            if not _module_check("is_xpu_available")():
+                offloaded.discard("cpu")
         if quantized and offloaded:
             raise ValueError(
                 "a model loaded in 8-bit or 4-bit precision cannot be trained with CPU or disk offload (its "
@@ -1011,7 +1016,23 @@ def _kind_of(obj: Any) -> str | None:
     return None
 
 
+#: Accelerate's availability checks that its ``prepare_model`` asks, by these names in this module (scripts and
+#: tests patch them here). They live in drivetrain.utils.imports, above this layer, so they resolve by name.
+_MODULE_CHECKS = ("is_bitsandbytes_multi_backend_available", "is_xpu_available")
+
+
+def _module_check(name: str) -> Callable[[], bool]:
+    """The check ``name`` as this module holds it now: patched here when a test patched it, else resolved."""
+    import sys
+
+    return getattr(sys.modules[__name__], name)
+
+
 def __getattr__(name: str) -> Any:
+    if name in _MODULE_CHECKS:
+        import importlib
+
+        return getattr(importlib.import_module("drivetrain.utils.imports"), name)
     # Accelerate's module logger, made when asked for
     if name == "logger":
         from drivetrain.logging import get_logger

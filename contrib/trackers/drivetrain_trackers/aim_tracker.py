@@ -20,18 +20,24 @@ class AimTracker(GeneralTracker):
     requires_logging_directory = True
     requires = ("aim",)
 
-    @on_main_process
     def __init__(self, run_name: str, logging_dir: str | os.PathLike = ".", **kwargs: Any) -> None:
+        # the run is made by start() (init_trackers calls it): building the tracker before the Accelerator
+        # touches no process state, as in Accelerate; `repo=` in kwargs names the repository too
         super().__init__()
+        self.run_name = run_name
+        self.init_kwargs = {"repo": os.fspath(logging_dir), **kwargs}
+        self.writer: Any = None
+
+    @on_main_process
+    def start(self) -> None:
         from aim import Run
 
-        self.run_name = run_name
-        self.writer = Run(repo=os.fspath(logging_dir), **kwargs)
-        self.writer.name = run_name
+        self.writer = Run(**self.init_kwargs)
+        self.writer.name = self.run_name
 
     @property
     def tracker(self) -> Any:
-        return getattr(self, "writer", None)
+        return self.writer
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:

@@ -21,17 +21,23 @@ class CometMLTracker(GeneralTracker):
     requires_logging_directory = False
     requires = ("comet_ml",)
 
-    @on_main_process
     def __init__(self, run_name: str, **kwargs: Any) -> None:
+        # the experiment is started by start() (init_trackers calls it): building the tracker before the
+        # Accelerator touches no process state and no Comet server, as in Accelerate
         super().__init__()
+        self.run_name = run_name
+        self.init_kwargs = kwargs
+        self.writer: Any = None
+
+    @on_main_process
+    def start(self) -> None:
         import comet_ml
 
-        self.run_name = run_name
-        self.writer = comet_ml.start(project_name=run_name, **kwargs)
+        self.writer = comet_ml.start(project_name=self.run_name, **self.init_kwargs)
 
     @property
     def tracker(self) -> Any:
-        return getattr(self, "writer", None)
+        return self.writer
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:

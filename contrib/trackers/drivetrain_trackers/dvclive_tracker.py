@@ -38,12 +38,15 @@ class DVCLiveTracker(GeneralTracker):
 
     @on_main_process
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        """Numbers become metrics at ``step``, then DVCLive moves to the next step."""
+        """What DVCLive can log as a metric (numbers, and strings, which its .tsv files hold as written) at
+        ``step``, then DVCLive moves to the next step; other values are skipped with a warning."""
+        from dvclive.plots import Metric
+
         if step is not None:
             self.live.step = step
         skipped = []
         for key, value in values.items():
-            if is_number(value):
+            if is_number(value) or Metric.could_log(value):
                 self.live.log_metric(key, value, **kwargs)
             else:
                 skipped.append(key)

@@ -31,7 +31,6 @@ class MLflowTracker(GeneralTracker):
     requires_logging_directory = False
     requires = ("mlflow",)
 
-    @on_main_process
     def __init__(
         self,
         experiment_name: str | None = None,
@@ -43,39 +42,50 @@ class MLflowTracker(GeneralTracker):
         description: str | None = None,
         tracking_uri: str | None = None,
     ) -> None:
+        # the run is started by start() (init_trackers calls it): building the tracker before the Accelerator
+        # touches no process state and no tracking store, as in Accelerate. MLflow's variables win over the
+        # arguments, as MLflow's own tools read them.
         super().__init__()
+        self.experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", experiment_name)
+        self.logging_dir = logging_dir
+        self.run_id = os.environ.get("MLFLOW_RUN_ID", run_id)
+        tags = os.environ.get("MLFLOW_TAGS", tags)
+        self.tags = json.loads(tags) if isinstance(tags, str) else tags
+        self.nested_run = _as_bool(os.environ.get("MLFLOW_NESTED_RUN", nested_run))
+        self.run_name = run_name
+        self.description = description
+        self.tracking_uri = tracking_uri
+        self.active_run: Any = None
+
+    @on_main_process
+    def start(self) -> None:
         import mlflow
 
-        experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", experiment_name)
-        run_id = os.environ.get("MLFLOW_RUN_ID", run_id)
-        tags = os.environ.get("MLFLOW_TAGS", tags)
-        if isinstance(tags, str):
-            tags = json.loads(tags)
-        nested = os.environ.get("MLFLOW_NESTED_RUN", str(nested_run)).lower() in ("1", "true", "yes")
-        if tracking_uri is not None:
-            mlflow.set_tracking_uri(tracking_uri)
-        experiment = mlflow.get_experiment_by_name(experiment_name) if experiment_name else None
+        if self.tracking_uri is not None:
+            mlflow.set_tracking_uri(self.tracking_uri)
+        name = self.experiment_name
+        experiment = mlflow.get_experiment_by_name(name) if name else None
         if experiment is not None:
             experiment_id = experiment.experiment_id
-        elif experiment_name:
-            artifact_location = os.fspath(logging_dir) if logging_dir is not None else None
+        elif name:
+            artifact_location = os.fspath(self.logging_dir) if self.logging_dir is not None else None
             experiment_id = mlflow.create_experiment(
-                experiment_name, artifact_location=artifact_location, tags=tags
+                name, artifact_location=artifact_location, tags=self.tags
             )
         else:
             experiment_id = None
         self.active_run = mlflow.start_run(
-            run_id=run_id,
+            run_id=self.run_id,
             experiment_id=experiment_id,
-            run_name=run_name,
-            nested=nested,
-            tags=tags,
-            description=description,
+            run_name=self.run_name,
+            nested=self.nested_run,
+            tags=self.tags,
+            description=self.description,
         )
 
     @property
     def tracker(self) -> Any:
-        return getattr(self, "active_run", None)
+        return self.active_run
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:
@@ -131,3 +141,16 @@ class MLflowTracker(GeneralTracker):
         import mlflow
 
         mlflow.end_run()
+
+
+def _as_bool(value: bool | str) -> bool:
+    """``MLFLOW_NESTED_RUN``'s spellings (``1/true/yes/on`` and ``0/false/no/off``, any case); it can turn
+    nesting off as well as on."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on", "y", "t"):
+        return True
+    if text in ("0", "false", "no", "off", "n", "f", ""):
+        return False
+    raise ValueError(f"MLFLOW_NESTED_RUN must be true/false (1/0, yes/no, on/off), got {value!r}")

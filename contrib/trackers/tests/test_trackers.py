@@ -392,3 +392,56 @@ def test_swanlab_offline(tmp_path):
         for key, entry in stored.items()
     }
     assert {key: values[key] for key in CONFIG} == CONFIG
+
+
+@pytest.mark.parametrize("name", ["aim", "comet_ml", "mlflow"])
+def test_building_a_tracker_touches_no_process_state_and_starts_no_run(tmp_path, monkeypatch, name):
+    # Accelerate's trackers start their run in start() (init_trackers calls it): a script may build one before
+    # the Accelerator, which must still be free to set the processes up.
+    pytest.importorskip(name)
+    from drivetrain.state import PartialState
+    from drivetrain_trackers.aim_tracker import AimTracker
+    from drivetrain_trackers.comet_tracker import CometMLTracker
+    from drivetrain_trackers.mlflow_tracker import MLflowTracker
+
+    monkeypatch.chdir(tmp_path)
+    PartialState._reset_state()
+    tracker = {
+        "aim": lambda: AimTracker("run", repo=str(tmp_path)),
+        "comet_ml": lambda: CometMLTracker("run", online=False),
+        "mlflow": lambda: MLflowTracker(experiment_name="e", tracking_uri=f"sqlite:///{tmp_path / 'm.db'}"),
+    }[name]()
+    assert PartialState._shared_state == {} and tracker.tracker is None
+    assert not any(tmp_path.iterdir())  # no repository, archive or store written yet
+    Accelerator(log_with=tracker)
+    assert PartialState._shared_state != {}
+
+
+@pytest.mark.parametrize(
+    ("value", "nested"), [("False", False), ("off", False), ("0", False), ("on", True), ("Yes", True)]
+)
+def test_mlflow_nested_run_variable_turns_nesting_on_and_off(monkeypatch, value, nested):
+    pytest.importorskip("mlflow")
+    from drivetrain_trackers.mlflow_tracker import MLflowTracker
+
+    monkeypatch.setenv("MLFLOW_NESTED_RUN", value)
+    assert MLflowTracker(experiment_name="e", nested_run=not nested).nested_run is nested
+    monkeypatch.setenv("MLFLOW_NESTED_RUN", "maybe")
+    with pytest.raises(ValueError, match="MLFLOW_NESTED_RUN"):
+        MLflowTracker(experiment_name="e")
+
+
+def test_dvclive_logs_strings_beside_numbers_at_their_steps(tmp_path):
+    # Accelerate hands DVCLive every value it can log: its .tsv files hold strings as written
+    pytest.importorskip("dvclive")
+    out = tmp_path / "dvclive"
+    accelerator = Accelerator(log_with="dvclive", project_dir=str(tmp_path))
+    accelerator.init_trackers("p", init_kwargs={"dvclive": {"dir": str(out), "save_dvc_exp": False}})
+    accelerator.log({"loss": 0.5, "phase": "warmup"})
+    accelerator.log({"loss": 0.25, "phase": "main"}, step=3)
+    accelerator.log({"loss": 0.125, "skipped": [1, 2]}, step=4)  # a list is no metric: skipped
+    accelerator.end_training()
+    assert json.loads((out / "metrics.json").read_text()) == {"loss": 0.125, "phase": "main", "step": 4}
+    phase = (out / "plots" / "metrics" / "phase.tsv").read_text().split()
+    assert phase[2:] == ["0", "warmup", "3", "main"]
+    assert not (out / "plots" / "metrics" / "skipped.tsv").exists()

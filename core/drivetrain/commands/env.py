@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import sys
+from shutil import which
 from typing import Any
 
 from drivetrain.commands.parsing import add_option
@@ -40,6 +41,7 @@ def collect(config_file: str | None) -> dict[str, Any]:
     report: dict[str, Any] = {
         "drivetrain": __version__,
         "platform": platform.platform(),
+        "bash_location": which("drivetrain") or "Not found",
         "python": sys.version.split()[0],
         "numpy": numpy.__version__,
         "torch": torch.__version__,
@@ -75,15 +77,20 @@ def collect(config_file: str | None) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = collect(args.config_file)
-    if args.json:
+    show(collect(args.config_file), args.json)
+    return 0
+
+
+def show(report: dict[str, Any], as_json: bool) -> None:
+    if as_json:
         print(json.dumps(report, indent=2, default=str))
-        return 0
+        return
     lines = [
         "Copy-and-paste the text below in your issue.",
         "",
         f"- drivetrain version: {report['drivetrain']}",
         f"- Platform: {report['platform']}",
+        f"- `drivetrain` bash location: {report['bash_location']}",
         f"- Python version: {report['python']}",
         f"- Numpy version: {report['numpy']}",
         f"- PyTorch version (CUDA?): {report['torch']} ({report['cuda_available']})",
@@ -110,20 +117,32 @@ def run(args: argparse.Namespace) -> int:
         lines.append("- DRIVETRAIN_* environment:")
         lines += [f"\t- {key}={value}" for key, value in report["environment"].items()]
     print("\n".join(lines))
-    return 0
 
 
 # Accelerate's ``accelerate.commands.env`` entry points.
-def env_command(args: argparse.Namespace) -> int:
-    return run(args)
+def env_command(args: argparse.Namespace) -> dict[str, Any]:
+    """Print the report, and return its main lines under Accelerate's keys (scripts that call Accelerate's
+    ``env_command`` read them, e.g. whether the console command is on PATH)."""
+    report = collect(args.config_file)
+    show(report, args.json)
+    return {
+        "`Accelerate` version": report["drivetrain"],
+        "Platform": report["platform"],
+        "`accelerate` bash location": report["bash_location"],
+        "Python version": report["python"],
+        "Numpy version": report["numpy"],
+        "PyTorch version": report["torch"],
+        "PyTorch accelerator": "CUDA" if report["cuda_available"] else "N/A",
+        "System RAM": f"{report['memory_gib']} GB",
+    }
 
 
 def __getattr__(attribute: str) -> Any:
     from drivetrain.commands._entry import command_main, command_parser
 
-    parser_for = command_parser("env", register_parser, env_command, HELP)
+    parser_for = command_parser("env", register_parser, run, HELP)
     if attribute == "env_command_parser":
         return parser_for
     if attribute == "main":
-        return command_main(parser_for, env_command)
+        return command_main(parser_for, run)
     raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")

@@ -19,6 +19,26 @@ estimate_command_parser = command_parser("estimate-memory", register_parser, est
 main = command_main(estimate_command_parser, estimate_command)
 
 
+def verify_on_hub(repo: str, token: str | None = None) -> Any:
+    """Accelerate's look-up of ``repo`` on the Hugging Face Hub: its ``ModelInfo``; ``"gated"`` when the
+    repository is gated or cannot be read (no network, offline mode: Accelerate answers the same); ``"repo"``
+    when it does not exist. ``drivetrain estimate-memory`` does not call it (it reads local files and caches);
+    it needs ``huggingface_hub``."""
+    try:
+        import huggingface_hub
+        from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError
+    except ImportError:
+        raise ImportError("verify_on_hub needs huggingface_hub: pip install huggingface_hub") from None
+    try:
+        return huggingface_hub.model_info(repo, token=token)
+    except GatedRepoError:
+        return "gated"
+    except RepositoryNotFoundError:
+        return "repo"
+    except OSError:
+        return "gated"
+
+
 def add_timm_hub_prefix(model_name: str) -> str:
     """``owner/name`` -> ``hf-hub:owner/name`` (what timm needs for a Hub id); bare architecture names and names
     with a source prefix stay as they are."""
@@ -101,4 +121,5 @@ __all__ = [
     "estimate_command_parser",
     "gather_data",
     "main",
+    "verify_on_hub",
 ]

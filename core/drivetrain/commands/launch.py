@@ -37,6 +37,10 @@ PARALLELISM_ENV_PREFIX = "DRIVETRAIN_PARALLELISM_CONFIG_"
 USE_PARALLELISM_ENV = "DRIVETRAIN_USE_PARALLELISM_CONFIG"
 
 HELP = "Launch a script in several processes and machines (torch's elastic launcher)."
+#: --help's text: what the command does, and that every flag takes either spelling (as Accelerate's says).
+DESCRIPTION = (
+    f"{HELP} Flags may be written with hyphens (`--num-processes=2`) or underscores (`--num_processes=2`)."
+)
 DEFAULT_MULTI_NODE_PORT = 29500
 
 #: launch setting -> the environment variable the kernel reads.
@@ -957,7 +961,7 @@ def build_parser(plugin_options: bool = True) -> ArgumentParser:
     whose text lists them), so that building it imports no plugin."""
     parser = ArgumentParser(
         prog="drivetrain launch",
-        description=HELP,
+        description=DESCRIPTION,
         usage="drivetrain launch [options] script.py [script arguments]",
         add_help=plugin_options,
     )
@@ -1034,7 +1038,7 @@ def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     ``args.func`` is :func:`launch_command`. Accelerate's options are all accepted: implemented, read by the
     plugin that implements them, or refused in one line naming the plugin to install."""
     if subparsers is not None:
-        parser = subparsers.add_parser("launch", help=HELP, description=HELP)
+        parser = subparsers.add_parser("launch", help=HELP, description=DESCRIPTION)
         register_parser(parser)
     else:
         parser = build_parser()

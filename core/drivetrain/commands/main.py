@@ -52,7 +52,9 @@ def build_parser(plugin_errors: list[str] | None = None) -> ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
     for command, module_name in BUILTIN_COMMANDS.items():
         module = importlib.import_module(f"drivetrain.commands.{module_name}")
-        sub = subparsers.add_parser(command, help=module.HELP, description=module.HELP)
+        sub = subparsers.add_parser(
+            command, help=module.HELP, description=getattr(module, "DESCRIPTION", module.HELP)
+        )
         module.register_parser(sub)
         sub.set_defaults(_run=module.run)
     errors = plugin_errors if plugin_errors is not None else []

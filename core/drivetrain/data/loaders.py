@@ -124,6 +124,18 @@ class _EpochIndices:
         yield from (itertools.islice(batches, skip, None) if skip else batches)
 
 
+class _instance_property(property):
+    """A property that exists on instances only: read on the class it raises AttributeError, as an attribute
+    set in ``__init__`` does (Accelerate's loaders set ``base_dataloader`` there; ``hasattr(cls, ...)`` is
+    False)."""
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            name = getattr(self.fget, "__name__", "")
+            raise AttributeError(f"type object {getattr(owner, '__name__', '')!r} has no attribute {name!r}")
+        return super().__get__(instance, owner)
+
+
 class _PreparedDataLoader(DataLoader):
     """What DataLoaderShard and DataLoaderDispatcher share (see the module docstring)."""
 
@@ -195,7 +207,7 @@ class _PreparedDataLoader(DataLoader):
         """Whether this loader is built on torchdata's StatefulDataLoader."""
         return self._stateful
 
-    @property
+    @_instance_property
     def base_dataloader(self) -> DataLoader:
         """The DataLoader that does the reading: this object itself (Accelerate wraps one; here the prepared
         loader is a DataLoader, or a StatefulDataLoader with ``use_stateful_dataloader``)."""

@@ -189,7 +189,11 @@ def prepare_data_loader(
 
     if iterable:
         batch_size = dataloader.batch_size
-        if num_processes > 1:
+        if num_processes > 1 and not split_batches and _shards_natively(dataset, num_processes):
+            # a dataset of file shards (Hugging Face datasets' IterableDataset) gives each process whole
+            # shards of its own, as Accelerate does: no process reads and drops the others' samples
+            dataset = dataset.shard(num_shards=num_processes, index=process_index)
+        elif num_processes > 1:
             if batch_size is None:
                 raise ValueError(
                     "sharding an iterable dataset needs a DataLoader with a batch_size (it was None)"
@@ -287,4 +291,13 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
         )
     return DataLoader(
         dataloader.dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches), **settings
+    )
+
+
+def _shards_natively(dataset: Any, num_processes: int) -> bool:
+    """Whether ``dataset`` is made of at least ``num_processes`` shards it can hand out itself
+    (``n_shards`` and ``shard(num_shards=, index=)``, as Hugging Face datasets' IterableDataset has)."""
+    n_shards = getattr(dataset, "n_shards", None)
+    return (
+        isinstance(n_shards, int) and n_shards >= num_processes and callable(getattr(dataset, "shard", None))
     )

@@ -155,3 +155,19 @@ def test_runner_command_for_a_hostfile(tmp_path):
     joined = " ".join(command)
     assert "--launcher openmpi" in joined and "--include node1@node2:0,1" in joined
     assert "--master_addr 10.0.0.1 --master_port 29501" in joined and joined.endswith("train.py --lr 1")
+
+
+def test_sequence_parallel_config_defaults_to_variable_lengths_and_checks_attention(monkeypatch):
+    from drivetrain.utils import DeepSpeedSequenceParallelConfig, ParallelismConfig
+
+    handler = DeepSpeedSequenceParallelConfig()
+    assert handler.sp_seq_length_is_variable is True and handler.sp_attn_implementation is None
+    config = ParallelismConfig(sp_backend="deepspeed", sp_size=2, sp_handler=handler)
+    assert config.sp_handler is handler
+    assert DeepSpeedSequenceParallelConfig(sp_attn_implementation="kernels-community/flash-attn2")
+    with pytest.raises(ValueError, match="Invalid sp_attn_implementation 'foobar'"):
+        DeepSpeedSequenceParallelConfig(sp_attn_implementation="foobar")
+    with pytest.raises(ValueError, match="sp_seq_length"):
+        DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=False)
+    monkeypatch.setenv("PARALLELISM_CONFIG_SP_SEQ_LENGTH", "4096")
+    assert DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=False).sp_seq_length == 4096
