@@ -3,7 +3,9 @@ process of a peer run (pytest, the launcher's workers, debug/notebook launcher c
 
 It does one thing always: `drivetrain.test_utils` (and its submodules) is the reference's own test_utils
 package, renamed, from the work folder: the regression models and datasets, the `require_*` decorators, the
-launch helpers and the multi-process scripts are the reference's, never ours.
+launch helpers and the multi-process scripts are the reference's, never ours. Its
+`path_in_accelerate_package("test_utils", ...)` points there too (the reference looks inside its installed
+package, where drivetrain has no test_utils).
 
 With PEER_DEFER_MISSING=1 (`peer/run.py --diagnose`, never a counted run) it also defers every missing
 `drivetrain` module or name to its first use: importing it gives a placeholder that raises
@@ -42,8 +44,37 @@ class _TestUtilsFinder(importlib.abc.MetaPathFinder):
                 fullname, base / "__init__.py", submodule_search_locations=[str(base)]
             )
         if base.with_suffix(".py").is_file():
-            return importlib.util.spec_from_file_location(fullname, base.with_suffix(".py"))
+            spec = importlib.util.spec_from_file_location(fullname, base.with_suffix(".py"))
+            if fullname == f"{prefix}.testing" and spec is not None:
+                spec.loader = _TestingLoader(spec.loader)
+            return spec
         return None
+
+
+class _TestingLoader(importlib.abc.Loader):
+    """Loads test_utils/testing.py, then points its ``path_in_accelerate_package("test_utils", ...)`` at this
+    work folder's test_utils: the reference finds its scripts inside its installed package, and here that
+    package's test_utils is the reference's, served from the work folder (see the finder above)."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        in_package = module.path_in_accelerate_package
+
+        def path_in_accelerate_package(*components):
+            if components and components[0] == "test_utils":
+                return TEST_UTILS.joinpath(*components[1:])
+            return in_package(*components)
+
+        module.path_in_accelerate_package = path_in_accelerate_package
 
 
 class Missing:

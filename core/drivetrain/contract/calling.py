@@ -137,14 +137,14 @@ def _direct_first_result(hook_caller: Any) -> Callable[[Mapping[str, Any]], Any]
     if len(calls) == 1:
         function, arguments_of = calls[0]
 
-        def first_result(arguments: Mapping[str, Any]) -> Any:
+        def only_answer(arguments: Mapping[str, Any]) -> Any:
             try:
                 values = arguments_of(arguments)
             except KeyError:
                 raise _MissingArgument from None
             return function(*values)
 
-        return first_result
+        return only_answer
     all_arguments = _arguments_getter(tuple({name: None for impl in impls for name in impl.argnames}))
 
     def first_result(arguments: Mapping[str, Any]) -> Any:

@@ -288,6 +288,7 @@ def tpu_config_command(args: argparse.Namespace) -> list[str]:
         )
     gcloud = ["gcloud", "alpha"] if args.use_alpha else ["gcloud"]
     remote = "; ".join(["cd /usr/share", *commands])
+    # Accelerate's argument order, so that --debug prints what its users (and its tests) expect
     return [
         *gcloud,
         "compute",
@@ -295,17 +296,43 @@ def tpu_config_command(args: argparse.Namespace) -> list[str]:
         "tpu-vm",
         "ssh",
         name,
-        f"--zone={zone}",
-        "--worker=all",
-        f"--command={remote}",
+        "--zone",
+        zone,
+        "--command",
+        remote,
+        "--worker",
+        "all",
     ]
 
 
 def run_tpu_config(args: argparse.Namespace) -> int:
     command = tpu_config_command(args)
     if args.debug:
-        print(f"Running {shlex.join(command)}")
+        # joined with spaces, not shell-quoted: the line Accelerate's --debug prints
+        print(f"Running {' '.join(command)}")
         return 0
     if shutil.which(command[0]) is None:
         raise UsageError("tpu-config runs gcloud, which is not installed here (Google Cloud SDK)")
     return subprocess.call(command)
+
+
+def tpu_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """Accelerate's ``accelerate.commands.tpu.tpu_command_parser``: the ``tpu-config`` options, as a parser
+    of its own or added to ``subparsers``; the parsed namespace runs with :func:`tpu_command_launcher`."""
+    if subparsers is not None:
+        parser = subparsers.add_parser("tpu-config", help="run commands on every TPU pod worker")
+    else:
+        parser = argparse.ArgumentParser(
+            "drivetrain tpu-config", description="run commands on every TPU pod worker"
+        )
+    register_tpu_config(parser)
+    if subparsers is not None:
+        parser.set_defaults(func=tpu_command_launcher)
+    return parser
+
+
+def tpu_command_launcher(args: argparse.Namespace) -> None:
+    """Accelerate's ``tpu_command_launcher``: runs (or with ``--debug`` prints) the gcloud command."""
+    returncode = run_tpu_config(args)
+    if returncode:
+        raise SystemExit(returncode)

@@ -32,11 +32,13 @@ def test_tpu_config_builds_the_gcloud_command_for_every_worker(tmp_path):
         "--install_drivetrain",
     )
     command = launching.tpu_config_command(args)
-    assert command[:7] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "pod", "--zone=us-central2-b"]
-    assert command[7] == "--worker=all"
-    assert (
-        command[8] == "--command=cd /usr/share; pip install -U drivetrain drivetrain-xla; echo one; echo two"
-    )
+    assert command[:8] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "pod", "--zone", "us-central2-b"]
+    assert command[8:] == [
+        "--command",
+        "cd /usr/share; pip install -U drivetrain drivetrain-xla; echo one; echo two",
+        "--worker",
+        "all",
+    ]
     alpha = launching.tpu_config_command(
         _tpu_config("--tpu_name", "p", "--tpu_zone", "z", "--command", "ls", "--use_alpha")
     )
@@ -50,10 +52,8 @@ def test_tpu_config_reads_name_zone_and_commands_from_the_config_file(tmp_path, 
     )
     monkeypatch.delenv("DRIVETRAIN_CONFIG_FILE", raising=False)
     command = launching.tpu_config_command(_tpu_config("--config_file", str(config_file)))
-    assert (
-        command[5:7] == ["mypod", "--zone=europe-west4-a"]
-        and command[-1] == "--command=cd /usr/share; echo hi"
-    )
+    assert command[5:8] == ["mypod", "--zone", "europe-west4-a"]
+    assert command[8:10] == ["--command", "cd /usr/share; echo hi"]
 
 
 def test_drivetrain_tpu_config_debug_prints_the_command_and_errors_name_what_is_missing(tmp_path):
@@ -79,8 +79,10 @@ def test_drivetrain_tpu_config_debug_prints_the_command_and_errors_name_what_is_
         timeout=120,
     )
     assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.strip() == (
-        "Running gcloud compute tpus tpu-vm ssh p --zone=z --worker=all '--command=cd /usr/share; echo hi'"
+    # Accelerate's --debug line, word for word
+    assert (
+        shown.stdout.strip()
+        == "Running gcloud compute tpus tpu-vm ssh p --zone z --command cd /usr/share; echo hi --worker all"
     )
     missing = subprocess.run(
         [sys.executable, "-m", "drivetrain.commands.main", "tpu-config", "--command", "ls"],
@@ -218,3 +220,15 @@ def test_no_xla_device_unless_asked(monkeypatch):
     assert device.detect_device(cpu=False) is None
     monkeypatch.setattr(runtime, "_REQUESTED_AT_START", {"PJRT_DEVICE": "CPU"})
     assert device.detect_device(cpu=True) is None
+
+
+def test_accelerates_tpu_command_parser_and_launcher(capsys):
+    from drivetrain.commands.tpu import tpu_command_launcher, tpu_command_parser
+
+    args = tpu_command_parser().parse_args(
+        ["--command", "ls", "--tpu_zone", "us-central1-a", "--tpu_name", "test-tpu", "--debug"]
+    )
+    tpu_command_launcher(args)
+    assert capsys.readouterr().out.strip() == (
+        "Running gcloud compute tpus tpu-vm ssh test-tpu --zone us-central1-a --command cd /usr/share; ls --worker all"
+    )
