@@ -154,7 +154,14 @@ def write_table() -> None:
         )
         for name, (status, detail) in found.items():
             if status == "plugin":
-                details.append(f"| `{our_module(module)}.{name}` | plugin | `pip install {detail}` |")
+                from drivetrain.compat.names import UNPUBLISHED_DISTRIBUTIONS
+
+                install = (
+                    f"not published yet ({UNPUBLISHED_DISTRIBUTIONS[detail]}, `{detail}`)"
+                    if detail in UNPUBLISHED_DISTRIBUTIONS
+                    else f"`pip install {detail}`"
+                )
+                details.append(f"| `{our_module(module)}.{name}` | plugin | {install} |")
             elif status == "missing":
                 reason = gaps.get(f"{module}:{name}", detail)
                 details.append(f"| `{our_module(module)}.{name}` | missing | {reason} |")

@@ -5,13 +5,17 @@ gap fails here, and so does a listed gap that has been filled (take it off the l
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from peer import names as reference
+
+REPOSITORY = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -66,6 +70,27 @@ def test_a_plugin_name_without_its_plugin_is_importable_and_names_the_distributi
         match=r"^FP8RecipeKwargs is provided by a plugin that is not installed: pip install drivetrain-fp8$",
     ):
         placeholder(backend="te")
+
+
+def test_names_of_unpublished_plugins_say_so_instead_of_naming_a_package_to_install():
+    from drivetrain.compat.names import PLUGIN_NAMES_BY_PATH, UNPUBLISHED_DISTRIBUTIONS
+
+    for module, name in (
+        ("drivetrain.utils.dataclasses", "BnbQuantizationConfig"),
+        ("drivetrain.utils", "load_and_quantize_model"),
+        ("drivetrain.inference", "prepare_pippy"),
+    ):
+        placeholder = getattr(importlib.import_module(module), name)
+        with pytest.raises(
+            ImportError, match=rf"^{name} is not available in drivetrain yet: .* is not published"
+        ):
+            placeholder()
+    # every distribution a placeholder names either is one of ours or is listed as unpublished
+    ours = {path.parent.name for path in (REPOSITORY / "plugins").glob("*/pyproject.toml")}
+    ours |= {path.parent.name for path in (REPOSITORY / "contrib").glob("*/pyproject.toml")}
+    named = {distribution for table in PLUGIN_NAMES_BY_PATH.values() for distribution in table.values()}
+    unknown = {d for d in named - set(UNPUBLISHED_DISTRIBUTIONS) if d.removeprefix("drivetrain-") not in ours}
+    assert not unknown, f"placeholders name distributions nobody ships: {sorted(unknown)}"
 
 
 def test_snapshot_covers_the_paths_scripts_import():

@@ -334,6 +334,14 @@ QUANTIZATION_DISTRIBUTION = "drivetrain-bnb"
 PIPELINE_DISTRIBUTION = "drivetrain-pippy"
 SAGEMAKER_DISTRIBUTION = "drivetrain-sagemaker"
 
+#: Distributions named above that no one publishes yet, with what they would provide: a placeholder for one of
+#: their names says that, rather than asking for a ``pip install`` of a package that does not exist.
+UNPUBLISHED_DISTRIBUTIONS = {
+    QUANTIZATION_DISTRIBUTION: "bitsandbytes quantization",
+    PIPELINE_DISTRIBUTION: "PiPPy pipeline-parallel inference",
+    SAGEMAKER_DISTRIBUTION: "SageMaker launching",
+}
+
 #: Names of Accelerate's paths that plugins provide: path -> name -> distribution to install when missing. The
 #: installed plugin's ``drivetrain.exports`` entry point of the same name answers.
 PLUGIN_NAMES_BY_PATH: dict[str, dict[str, str]] = {

@@ -29,7 +29,14 @@ class _MissingPluginName(type):
         return f"<{cls.__name__}: {cls.missing_message}>"
 
 
-def missing_plugin_name(name: str, distribution: str, module: str) -> Any:
-    """A placeholder for ``name`` (see :class:`_MissingPluginName`)."""
-    message = f"{name} is provided by a plugin that is not installed: pip install {distribution}"
+def missing_plugin_name(name: str, distribution: str, module: str, unpublished: str | None = None) -> Any:
+    """A placeholder for ``name`` (see :class:`_MissingPluginName`). ``unpublished``: what the distribution
+    would provide, when it does not exist yet."""
+    if unpublished is None:
+        message = f"{name} is provided by a plugin that is not installed: pip install {distribution}"
+    else:
+        message = (
+            f"{name} is not available in drivetrain yet: {unpublished} belongs to a {distribution} plugin that "
+            "is not published (docs/migrating.md lists what is missing)"
+        )
     return _MissingPluginName(name, (), {"missing_message": message, "__module__": module})

@@ -8,7 +8,7 @@ import importlib
 import importlib.metadata as importlib_metadata
 from typing import Any
 
-from drivetrain.compat.names import PLUGIN_EXPORTS
+from drivetrain.compat.names import PLUGIN_EXPORTS, UNPUBLISHED_DISTRIBUTIONS
 from drivetrain.contract.info import EXPORTS_GROUP
 from drivetrain.contract.manager import get_plugin_manager
 from drivetrain.errors import PluginError
@@ -63,4 +63,7 @@ def lazy_getattr(module_name: str, table: dict[str, str], name: str) -> Any:
     except ImportError:  # importable without its plugin; using it says what to install
         from drivetrain.compat.placeholders import missing_plugin_name
 
-        return missing_plugin_name(name, PLUGIN_EXPORTS[name], module_name)
+        distribution = PLUGIN_EXPORTS[name]
+        return missing_plugin_name(
+            name, distribution, module_name, UNPUBLISHED_DISTRIBUTIONS.get(distribution)
+        )

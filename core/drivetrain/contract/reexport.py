@@ -34,7 +34,7 @@ def plugin_name(name: str, distribution: str | None, module: str) -> Any:
     try:
         installed = importlib_metadata.version(hinted)
     except importlib_metadata.PackageNotFoundError:
-        return missing_plugin_name(name, hinted, module)
+        return missing_plugin_name(name, hinted, module, names.UNPUBLISHED_DISTRIBUTIONS.get(hinted))
     placeholder = missing_plugin_name(name, hinted, module)
     placeholder.missing_message = (
         f"{name} ({accelerate_path(module)}) is not provided by the installed {hinted} {installed}"
