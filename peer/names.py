@@ -109,7 +109,7 @@ def classify(reference_module: str, name: str) -> tuple[str, str]:
     except Exception as error:
         return "missing", f"{type(error).__name__}: {error}"
     if isinstance(value, reexport._MissingPluginName):
-        return "plugin", value.missing_message.rsplit("pip install ", 1)[-1]
+        return "plugin", value.distribution
     owned = names.PLUGIN_NAMES_BY_PATH.get(reference_module, {}).get(name) or names.PLUGIN_EXPORTS.get(name)
     return "implemented", f"plugin {owned}" if owned and getattr(value, "__module__", "").startswith(
         "drivetrain_"
@@ -144,6 +144,8 @@ def write_table() -> None:
         "| module | names | implemented | plugin | missing |",
         "|---|---|---|---|---|",
     ]
+    from drivetrain.compat.names import UNPUBLISHED_DISTRIBUTIONS
+
     details = []
     for module, found in results.items():
         counts = {status: sum(1 for s, _ in found.values() if s == status) for status in totals}
@@ -154,8 +156,6 @@ def write_table() -> None:
         )
         for name, (status, detail) in found.items():
             if status == "plugin":
-                from drivetrain.compat.names import UNPUBLISHED_DISTRIBUTIONS
-
                 install = (
                     f"not published yet ({UNPUBLISHED_DISTRIBUTIONS[detail]}, `{detail}`)"
                     if detail in UNPUBLISHED_DISTRIBUTIONS

@@ -39,4 +39,6 @@ def missing_plugin_name(name: str, distribution: str, module: str, unpublished: 
             f"{name} is not available in drivetrain yet: {unpublished} belongs to a {distribution} plugin that "
             "is not published (docs/migrating.md lists what is missing)"
         )
-    return _MissingPluginName(name, (), {"missing_message": message, "__module__": module})
+    return _MissingPluginName(
+        name, (), {"missing_message": message, "distribution": distribution, "__module__": module}
+    )
