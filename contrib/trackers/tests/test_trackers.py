@@ -163,15 +163,17 @@ def test_wandb_offline(tmp_path, monkeypatch):
     accelerator.end_training()
 
     (run_file,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
-    config, history = {}, []
+    config, history, kinds = {}, [], []
     for kind, record in wandb_records(run_file):
+        kinds.append(kind)
         if kind == "run":  # the config may travel with the run record or in config records
             config.update({_key(item): json.loads(item.value_json) for item in record.config.update})
         elif kind == "config":
             config.update({_key(item): json.loads(item.value_json) for item in record.update})
         elif kind == "history":
             history.append({_key(item): json.loads(item.value_json) for item in record.item})
-    assert {key: config[key] for key in CONFIG} == CONFIG
+    # Which records the run file held, in order, so that a failure here says what W&B wrote.
+    assert {key: config.get(key) for key in CONFIG} == CONFIG, f"config {config}; records {kinds}"
     assert [(row["_step"], row["loss"]) for row in history if "loss" in row] == [(1, 0.5), (2, 0.25)]
     media = [row for row in history if row.get("_step") == 3][0]
     assert media["samples/count"] == 1 and media["predictions/nrows"] == 2
