@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from drivetrain.config.enums import CustomDtype
+
 from drivetrain.big_modeling.sizes import (
     compute_module_sizes,
     get_balanced_memory,
@@ -137,7 +139,7 @@ def infer_auto_device_map(
     model: torch.nn.Module,
     max_memory: dict[Any, int | str] | None = None,
     no_split_module_classes: list[str] | None = None,
-    dtype: torch.dtype | str | None = None,
+    dtype: torch.dtype | CustomDtype | str | None = None,
     special_dtypes: dict[str, torch.dtype | str] | None = None,
     verbose: bool = False,
     clean_result: bool = True,
