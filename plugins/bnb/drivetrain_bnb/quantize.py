@@ -132,9 +132,10 @@ def _new_layer(bnb: Any, linear: torch.nn.Linear, config: BnbQuantizationConfig)
                 compress_statistics=config.bnb_4bit_use_double_quant,
                 quant_type=config.bnb_4bit_quant_type,
             )
-    layer.weight.data = linear.weight.data
+    weight = layer.weight  # a bitsandbytes parameter class, whose attributes say how to quantize it
+    layer.weight = type(weight)(linear.weight.data, requires_grad=False, **weight.__dict__)
     if linear.bias is not None:
-        layer.bias.data = linear.bias.data
+        layer.bias = torch.nn.Parameter(linear.bias.data, requires_grad=False)
     layer.requires_grad_(False)
     return layer
 

@@ -28,9 +28,9 @@ from drivetrain.utils.bnb import (  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore:.*quantize a loaded model.*")
 
 #: Relative L2 error of the logits against the float32 model: 8-bit (LLM.int8, fp16 elsewhere) and 4-bit
-#: (NF4/FP4 blocks of 64, computing in float32). Measured ~0.5% and ~6%; the bounds leave room for seeds.
-INT8_TOLERANCE = 0.02
-INT4_TOLERANCE = 0.15
+#: (NF4 blocks of 64, computing in float32). Measured 0.16% and 3.6% (seeds 0-2, bitsandbytes 0.50.2 on the CPU).
+INT8_TOLERANCE = 0.01
+INT4_TOLERANCE = 0.08
 
 
 def _into(layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -209,7 +209,7 @@ def test_skip_modules_and_keep_in_fp32_modules_are_respected(reference):
         assert type(_layer(quantized, name)) is nn.Linear and _layer(quantized, name).weight.dtype == torch.float16
     assert type(quantized.blocks[0].fc1) is nn.Linear  # kept in float32, with the norm
     assert quantized.blocks[0].fc1.weight.dtype == torch.float32 and quantized.norm.weight.dtype == torch.float32
-    assert quantized.lm_head.weight.dtype == torch.float16  # an explicit skip_modules replaces the default
+    assert isinstance(quantized.lm_head, bnb.nn.Linear8bitLt)  # an explicit skip_modules replaces the default
     with torch.no_grad():
         assert _relative_error(quantized(ids), expected) < INT8_TOLERANCE
 
