@@ -78,7 +78,9 @@ def test_quantization_names_without_the_bnb_plugin_name_it(monkeypatch):
     monkeypatch.setattr(
         importlib.metadata,
         "entry_points",
-        lambda **kwargs: [entry for entry in installed(**kwargs) if not entry.value.startswith("drivetrain_bnb")],
+        lambda **kwargs: [
+            entry for entry in installed(**kwargs) if not entry.value.startswith("drivetrain_bnb")
+        ],
     )
     version = importlib.metadata.version
 
@@ -97,7 +99,8 @@ def test_quantization_names_without_the_bnb_plugin_name_it(monkeypatch):
     ):
         placeholder = reexport(module, {})[0](name)
         with pytest.raises(
-            ImportError, match=rf"^{name} is provided by a plugin that is not installed: pip install drivetrain-bnb$"
+            ImportError,
+            match=rf"^{name} is provided by a plugin that is not installed: pip install drivetrain-bnb$",
         ):
             placeholder(load_in_8bit=True)
 

@@ -13,14 +13,13 @@ from typing import Any
 
 import torch
 
-from drivetrain.config.enums import CustomDtype
-
 from drivetrain.big_modeling.sizes import (
     compute_module_sizes,
     get_balanced_memory,
     get_max_memory,
     named_module_tensors,
 )
+from drivetrain.config.enums import CustomDtype
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,9 @@ import torch
 from drivetrain.config.enums import CustomDtype
 from drivetrain.units import parse_size
 
-#: Bytes per element of the weights that are no torch dtype (quantized weights, sized for device maps).
-CUSTOM_DTYPE_BYTES = {CustomDtype.FP8: 1.0, CustomDtype.INT4: 0.5, CustomDtype.INT2: 0.25}
+#: Bytes per element of the weights that are no torch dtype (quantized weights, sized for device maps); the
+#: members in order: the 8-bit float, int4, int2.
+CUSTOM_DTYPE_BYTES = dict(zip(CustomDtype, (1.0, 0.5, 0.25), strict=True))
 
 
 def to_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:

@@ -224,7 +224,9 @@ def _cast_unquantized(model: torch.nn.Module, config: BnbQuantizationConfig) -> 
     ``keep_in_fp32_modules``, kept in float32. A tensor tied to one of those stays in float32 under every name."""
     keep = config.keep_in_fp32_modules or []
     in_fp32 = {
-        id(param) for name, param in model.named_parameters(remove_duplicate=False) if names_module(name, keep)
+        id(param)
+        for name, param in model.named_parameters(remove_duplicate=False)
+        if names_module(name, keep)
     }
     for param in model.parameters():
         if id(param) in in_fp32:
@@ -242,7 +244,9 @@ def _quantize_loaded_model(
     target = current if current.type not in ("cpu", "meta") else _accelerator_device()
     if target is None:
         target = torch.device("cpu")
-        logger.info("no GPU or XPU: quantizing %s on the CPU (bitsandbytes' CPU backend)", type(model).__name__)
+        logger.info(
+            "no GPU or XPU: quantizing %s on the CPU (bitsandbytes' CPU backend)", type(model).__name__
+        )
     _quantize_layers(model, lambda _name: target)
     return model.to(target)
 
@@ -399,7 +403,9 @@ def get_quantized_model_device_map(
             "offloads are then kept unquantized in torch_dtype"
         )
     if quantized_offloaded:
-        logger.info("the modules %s are offloaded; their 8-bit layers are quantized there", quantized_offloaded)
+        logger.info(
+            "the modules %s are offloaded; their 8-bit layers are quantized there", quantized_offloaded
+        )
     return device_map
 
 
@@ -424,7 +430,9 @@ def quantize_and_offload_8bit(
         offload_weight(quantized, param_name, offload_folder, index=offload_index)
         statistics = getattr(quantized, "SCB", None)
         if statistics is not None:
-            offload_weight(statistics, param_name.replace("weight", "SCB"), offload_folder, index=offload_index)
+            offload_weight(
+                statistics, param_name.replace("weight", "SCB"), offload_folder, index=offload_index
+            )
     else:
         offload_weight(param, param_name, offload_folder, index=offload_index)
         offload_weight(

@@ -101,7 +101,11 @@ def _config(bits: int, **kwargs) -> BnbQuantizationConfig:
 
 def test_config_defaults_follow_the_chosen_bits():
     eight = BnbQuantizationConfig(load_in_8bit=True)
-    assert (eight.llm_int8_threshold, eight.torch_dtype, eight.target_dtype) == (6.0, torch.float16, torch.int8)
+    assert (eight.llm_int8_threshold, eight.torch_dtype, eight.target_dtype) == (
+        6.0,
+        torch.float16,
+        torch.int8,
+    )
     assert eight.skip_modules is None and eight.keep_in_fp32_modules is None
     four = BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_compute_dtype="bf16")
     assert four.bnb_4bit_compute_dtype == torch.bfloat16 and four.torch_dtype == torch.bfloat16
@@ -115,7 +119,10 @@ def test_config_defaults_follow_the_chosen_bits():
         ({"load_in_8bit": True, "load_in_4bit": True}, "load_in_8bit and load_in_4bit are both True"),
         ({}, "load_in_8bit and load_in_4bit are both False"),
         ({"load_in_8bit": 1}, r"load_in_8bit=1 is not valid; use True or False"),
-        ({"load_in_4bit": True, "bnb_4bit_quant_type": "int4"}, r"bnb_4bit_quant_type='int4'.*\['fp4', 'nf4'\]"),
+        (
+            {"load_in_4bit": True, "bnb_4bit_quant_type": "int4"},
+            r"bnb_4bit_quant_type='int4'.*\['fp4', 'nf4'\]",
+        ),
         ({"load_in_4bit": True, "bnb_4bit_compute_dtype": "fp64"}, r"bnb_4bit_compute_dtype='fp64'.*'bf16'"),
         ({"load_in_4bit": True, "bnb_4bit_compute_dtype": 16}, r"bnb_4bit_compute_dtype=16"),
         ({"load_in_8bit": True, "torch_dtype": "half"}, r"torch_dtype='half' is not valid"),
@@ -142,7 +149,12 @@ def test_names_resolve_from_accelerates_paths_to_the_plugin():
 
     assert drivetrain.utils.dataclasses.BnbQuantizationConfig is config.BnbQuantizationConfig
     assert drivetrain.utils.load_and_quantize_model is quantize.load_and_quantize_model
-    for name in ("load_and_quantize_model", "get_keys_to_not_convert", "get_parameter_device", "has_4bit_bnb_layers"):
+    for name in (
+        "load_and_quantize_model",
+        "get_keys_to_not_convert",
+        "get_parameter_device",
+        "has_4bit_bnb_layers",
+    ):
         assert getattr(drivetrain.utils.bnb, name) is getattr(quantize, name)
 
 
@@ -206,9 +218,14 @@ def test_skip_modules_and_keep_in_fp32_modules_are_respected(reference):
     quantized = load_and_quantize_model(copy.deepcopy(model), config)
     assert isinstance(quantized.blocks[1].fc1, bnb.nn.Linear8bitLt)
     for name in ("blocks.0.fc2", "blocks.1.fc2"):  # skipped: unquantized, in torch_dtype
-        assert type(_layer(quantized, name)) is nn.Linear and _layer(quantized, name).weight.dtype == torch.float16
+        assert (
+            type(_layer(quantized, name)) is nn.Linear
+            and _layer(quantized, name).weight.dtype == torch.float16
+        )
     assert type(quantized.blocks[0].fc1) is nn.Linear  # kept in float32, with the norm
-    assert quantized.blocks[0].fc1.weight.dtype == torch.float32 and quantized.norm.weight.dtype == torch.float32
+    assert (
+        quantized.blocks[0].fc1.weight.dtype == torch.float32 and quantized.norm.weight.dtype == torch.float32
+    )
     assert isinstance(quantized.lm_head, bnb.nn.Linear8bitLt)  # an explicit skip_modules replaces the default
     with torch.no_grad():
         assert _relative_error(quantized(ids), expected) < INT8_TOLERANCE
@@ -217,7 +234,9 @@ def test_skip_modules_and_keep_in_fp32_modules_are_respected(reference):
 def test_a_tied_weight_kept_in_fp32_is_fp32_under_both_names():
     model = TinyLM(tie=True)
     quantized = load_and_quantize_model(model, _config(8, keep_in_fp32_modules=["lm_head"]))
-    assert quantized.embed.weight is quantized.lm_head.weight and quantized.embed.weight.dtype == torch.float32
+    assert (
+        quantized.embed.weight is quantized.lm_head.weight and quantized.embed.weight.dtype == torch.float32
+    )
 
 
 # --- loading a checkpoint into a model built on the meta device ---------------------------------------------------
@@ -283,12 +302,20 @@ def test_8bit_layers_on_disk_are_refused(reference, tmp_path):
     path = _save(model, tmp_path)
     with init_empty_weights():
         empty = TinyLM()
-    with pytest.raises(NotImplementedError, match=r"quantized layers \['blocks.1.fc1', 'blocks.1.fc2'\] on 'disk'"):
+    with pytest.raises(
+        NotImplementedError, match=r"quantized layers \['blocks.1.fc1', 'blocks.1.fc2'\] on 'disk'"
+    ):
         load_and_quantize_model(
             empty,
             _config(8),
             weights_location=path,
-            device_map={"embed": "cpu", "blocks.0": "cpu", "blocks.1": "disk", "norm": "cpu", "lm_head": "cpu"},
+            device_map={
+                "embed": "cpu",
+                "blocks.0": "cpu",
+                "blocks.1": "disk",
+                "norm": "cpu",
+                "lm_head": "cpu",
+            },
             offload_folder=str(tmp_path / "offload"),
         )
 
@@ -318,7 +345,10 @@ def test_quantize_and_offload_8bit_writes_int8_weights_and_their_statistics(tmp_
     weight = torch.randn(32, 64)
     index: dict = {}
     quantize_and_offload_8bit(model, weight, "0.weight", torch.float16, str(tmp_path), index, None)
-    assert index == {"0.weight": {"dtype": "int8", "shape": [32, 64]}, "0.SCB": {"dtype": "float32", "shape": [32]}}
+    assert index == {
+        "0.weight": {"dtype": "int8", "shape": [32, 64]},
+        "0.SCB": {"dtype": "float32", "shape": [32]},
+    }
     written = numpy.memmap(tmp_path / "0.weight.dat", dtype="int8", mode="r", shape=(32, 64))
     statistics = numpy.memmap(tmp_path / "0.SCB.dat", dtype="float32", mode="r", shape=(32,))
     expected, expected_statistics, _ = bnb.functional.int8_vectorwise_quant(weight.half())
