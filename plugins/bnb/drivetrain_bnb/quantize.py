@@ -180,21 +180,60 @@ def _is_quantized(weight: torch.Tensor) -> bool:
 
 
 def _quantize_layers(model: torch.nn.Module, device_of: Any) -> None:
-    """Quantize the weight of every bitsandbytes layer of ``model`` that still holds a floating weight, onto the
-    device ``device_of(module name)`` gives (layers whose weight is on the meta device, i.e. offloaded to disk,
-    are left as they are)."""
+    """Put the weight of every bitsandbytes layer of ``model`` on the device ``device_of(module name)`` gives,
+    quantizing it there when it is still a floating weight (layers whose weight is on the meta device, i.e.
+    offloaded to disk, are left as they are)."""
     bnb = _bitsandbytes()
     for name, module in model.named_modules():
         if not isinstance(module, _bnb_layers(bnb)):
             continue
         weight = module.weight
-        if weight.device.type == "meta" or _is_quantized(weight):
+        if weight.device.type == "meta":
             continue
         target = torch.device(device_of(name))
         # bitsandbytes quantizes an 8-bit weight only as it moves from the CPU (4-bit ones from anywhere)
-        if weight.device.type != "cpu" and isinstance(module, bnb.nn.Linear8bitLt):
+        if (
+            not _is_quantized(weight)
+            and weight.device.type != "cpu"
+            and isinstance(module, bnb.nn.Linear8bitLt)
+        ):
             weight.data = weight.data.cpu()
         module.weight = weight.to(target)
+
+
+#: What bitsandbytes writes next to an 8-bit layer's int8 weight in a quantized model's state dict: the
+#: weight's row scales and a layout marker. An 8-bit layer takes them as buffers while a checkpoint loads.
+INT8_STATE = ("SCB", "weight_format")
+
+
+def _accept_int8_state(layers: list[torch.nn.Module]) -> None:
+    """Give each 8-bit layer empty non-persistent buffers for ``INT8_STATE``: the kernel's loader fills them from
+    a checkpoint saved from a quantized model and, being non-persistent, does not miss them in another one."""
+    for layer in layers:
+        layer.register_buffer(
+            "SCB", torch.empty(layer.out_features, dtype=torch.float32, device="meta"), persistent=False
+        )
+        layer.register_buffer(
+            "weight_format", torch.empty((), dtype=torch.uint8, device="meta"), persistent=False
+        )
+
+
+def _take_int8_state(named_layers: list[tuple[str, torch.nn.Module]], checkpoint: Any) -> None:
+    """Hand the scales a checkpoint gave an 8-bit layer to its int8 weight, and drop the buffers."""
+    for name, layer in named_layers:
+        scales = layer.SCB
+        for buffer in INT8_STATE:
+            delattr(layer, buffer)
+        weight = layer.weight
+        if weight.dtype != torch.int8:
+            continue  # a full-precision weight, quantized when it is placed
+        if scales.device.type == "meta":
+            raise ValueError(
+                f"checkpoint {os.fspath(checkpoint)} holds an int8 weight for {name} but not its scales "
+                f"({name}.SCB); save the quantized model's whole state_dict, or load a full-precision checkpoint"
+            )
+        weight.CB = weight.data
+        weight.SCB = scales
 
 
 def _accelerator_device() -> torch.device | None:
@@ -270,7 +309,8 @@ def load_and_quantize_model(
     ``device_map`` says: a dict, one of ``"auto"``, ``"balanced"``, ``"balanced_low_0"``, ``"sequential"``
     (sized with ``max_memory`` and ``no_split_module_classes``), or None for the whole model on the GPU (else the
     CPU). Weights mapped to ``"disk"`` go to ``offload_folder``; ``offload_state_dict`` is
-    ``load_checkpoint_in_model``'s.
+    ``load_checkpoint_in_model``'s. A checkpoint saved from an 8-bit model (int8 weights and their ``SCB``
+    scales) loads as saved.
 
     The modules ``skip_modules`` names stay unquantized in ``torch_dtype`` (default: the output head and tied
     weights, :func:`get_keys_to_not_convert`) and those ``keep_in_fp32_modules`` names in float32; the config's
@@ -337,6 +377,10 @@ def load_and_quantize_model(
     for name in layers:
         if normalize_device(device_for(name, device_map)) not in OFFLOAD_DEVICES:
             load_map[name] = "cpu"
+    int8_layers = [
+        (name, module) for name, module in model.named_modules() if isinstance(module, bnb.nn.Linear8bitLt)
+    ]
+    _accept_int8_state([module for _, module in int8_layers])
     load_checkpoint_in_model(
         model,
         weights_location,
@@ -344,8 +388,10 @@ def load_and_quantize_model(
         dtype=config.torch_dtype,
         offload_folder=offload_folder,
         offload_state_dict=bool(offload_state_dict),
-        keep_in_fp32_modules=config.keep_in_fp32_modules,
+        # the loader keeps tensors named by a module component in float32: the scales are float32
+        keep_in_fp32_modules=[*config.keep_in_fp32_modules, "SCB"],
     )
+    _take_int8_state(int8_layers, weights_location)
     _quantize_layers(model, lambda name: _as_torch_device(device_for(name, device_map)))
     return dispatch_model(model, device_map=device_map, offload_dir=offload_folder)
 

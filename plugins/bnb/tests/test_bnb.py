@@ -280,6 +280,41 @@ def test_checkpoint_gives_the_weights_of_quantizing_in_memory(reference, tmp_pat
         assert torch.equal(loaded(ids), in_memory(ids))
 
 
+def test_a_checkpoint_saved_from_an_8bit_model_loads_as_saved(reference, tmp_path):
+    """Accelerate's int8 serialization: the state dict of a quantized model (int8 weights, their SCB scales)
+    loads back into a model on the meta device without quantizing again."""
+    from safetensors.torch import save_file
+
+    model, ids, _ = reference
+    quantized = load_and_quantize_model(copy.deepcopy(model), _config(8))
+    with torch.no_grad():
+        expected = quantized(
+            ids
+        )  # a forward moves the scales into the layer's state: saving still finds them
+    state = quantized.state_dict()
+    assert state["blocks.0.fc1.weight"].dtype == torch.int8 and "blocks.0.fc1.SCB" in state
+    path = str(tmp_path / "int8.safetensors")
+    save_file({name: tensor.contiguous() for name, tensor in state.items()}, path)
+    with init_empty_weights():
+        empty = TinyLM()
+    loaded = load_and_quantize_model(empty, _config(8), weights_location=path)
+    for name in QUANTIZED:
+        assert torch.equal(_layer(loaded, name).weight.data, state[f"{name}.weight"]), name
+        assert torch.equal(_layer(loaded, name).weight.SCB, state[f"{name}.SCB"]), name
+        assert not hasattr(_layer(loaded, name), "weight_format")
+    with torch.no_grad():
+        assert torch.equal(loaded(ids), expected)
+
+    del state["blocks.1.fc2.SCB"]
+    save_file({name: tensor.contiguous() for name, tensor in state.items()}, path)
+    with init_empty_weights():
+        empty = TinyLM()
+    with pytest.raises(
+        ValueError, match=r"int8 weight for blocks.1.fc2 but not its scales \(blocks.1.fc2.SCB\)"
+    ):
+        load_and_quantize_model(empty, _config(8), weights_location=path)
+
+
 def test_4bit_layers_a_dict_map_offloads_stay_unquantized(reference, tmp_path):
     model, ids, expected = reference
     path = _save(model, tmp_path)
