@@ -33,6 +33,15 @@ INT8_TOLERANCE = 0.01
 INT4_TOLERANCE = 0.08
 
 
+@pytest.fixture(autouse=True)
+def cpu_only(monkeypatch):
+    """These tests are of bitsandbytes' CPU backend, also on a machine with a GPU (where the plugin would move
+    models to it): the CUDA path is checked by gpu/check_bnb_cuda.py."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if hasattr(torch, "xpu"):
+        monkeypatch.setattr(torch.xpu, "is_available", lambda: False)
+
+
 def _into(layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """``hidden`` in the dtype of ``layer``'s floating weight (as transformers models cast before modules kept
     in another dtype); bitsandbytes layers take any floating input."""
