@@ -88,6 +88,16 @@ SECTIONS = {
         "find_tied_parameters",
         "normalize_device",
     ],
+    "Big-model loading (quantization plugins)": [
+        "CustomDtype",
+        "init_empty_weights",
+        "infer_auto_device_map",
+        "get_balanced_memory",
+        "load_checkpoint_in_model",
+        "dispatch_model",
+        "set_module_tensor_to_device",
+        "offload_weight",
+    ],
     "Experiment trackers": ["GeneralTracker", "on_main_process"],
     "Tooling (conformance, listings)": [
         "get_plugin_manager",

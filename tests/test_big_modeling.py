@@ -99,6 +99,17 @@ def test_init_empty_weights_costs_nothing_and_keeps_ties() -> None:
     assert norm.running_mean.device.type == "meta"
 
 
+def test_sizes_count_quantized_weights_at_their_width() -> None:
+    """Accelerate's ``CustomDtype`` sizes (quantization plugins size 4-bit layers with ``CustomDtype.INT4``)."""
+    from drivetrain.utils.dataclasses import CustomDtype
+
+    with init_empty_weights():
+        layer = torch.nn.Linear(64, 32)
+    assert compute_module_sizes(layer, dtype=CustomDtype.INT4)[""] == (64 * 32 + 32) // 2
+    sizes = compute_module_sizes(layer, dtype=CustomDtype.INT2, special_dtypes={"bias": torch.float16})
+    assert (sizes["weight"], sizes["bias"]) == (64 * 32 // 4, 32 * 2)
+
+
 def test_auto_map_cpu_and_disk_same_logits(tmp_path) -> None:
     reference = _reference()
     expected = reference(IDS)

@@ -72,13 +72,45 @@ def test_a_plugin_name_without_its_plugin_is_importable_and_names_the_distributi
         placeholder(backend="te")
 
 
-def test_names_of_unpublished_plugins_say_so_instead_of_naming_a_package_to_install():
-    from drivetrain.compat.names import PLUGIN_NAMES_BY_PATH, UNPUBLISHED_DISTRIBUTIONS
+def test_quantization_names_without_the_bnb_plugin_name_it(monkeypatch):
+    """drivetrain-bnb is published: without it, Accelerate's bitsandbytes names say to install it."""
+    installed = importlib.metadata.entry_points
+    monkeypatch.setattr(
+        importlib.metadata,
+        "entry_points",
+        lambda **kwargs: [
+            entry for entry in installed(**kwargs) if not entry.value.startswith("drivetrain_bnb")
+        ],
+    )
+    version = importlib.metadata.version
+
+    def not_installed(distribution):
+        if distribution == "drivetrain-bnb":
+            raise importlib.metadata.PackageNotFoundError(distribution)
+        return version(distribution)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    from drivetrain.contract.reexport import reexport
 
     for module, name in (
         ("drivetrain.utils.dataclasses", "BnbQuantizationConfig"),
         ("drivetrain.utils", "load_and_quantize_model"),
+        ("drivetrain.utils.bnb", "replace_with_bnb_layers"),
+    ):
+        placeholder = reexport(module, {})[0](name)
+        with pytest.raises(
+            ImportError,
+            match=rf"^{name} is provided by a plugin that is not installed: pip install drivetrain-bnb$",
+        ):
+            placeholder(load_in_8bit=True)
+
+
+def test_names_of_unpublished_plugins_say_so_instead_of_naming_a_package_to_install():
+    from drivetrain.compat.names import PLUGIN_NAMES_BY_PATH, UNPUBLISHED_DISTRIBUTIONS
+
+    for module, name in (
         ("drivetrain.inference", "prepare_pippy"),
+        ("drivetrain.utils", "prepare_sagemager_args_inputs"),
     ):
         placeholder = getattr(importlib.import_module(module), name)
         with pytest.raises(

@@ -88,6 +88,15 @@ _LAZY = {
     "device_for": "drivetrain.big_modeling.device_map",
     "find_tied_parameters": "drivetrain.big_modeling.device_map",
     "normalize_device": "drivetrain.big_modeling.device_map",
+    # big-model loading (for quantization plugins: build on meta, size, map, load, place)
+    "CustomDtype": "drivetrain.config.enums",
+    "init_empty_weights": "drivetrain.big_modeling",
+    "infer_auto_device_map": "drivetrain.big_modeling",
+    "get_balanced_memory": "drivetrain.big_modeling",
+    "load_checkpoint_in_model": "drivetrain.big_modeling",
+    "dispatch_model": "drivetrain.big_modeling",
+    "set_module_tensor_to_device": "drivetrain.big_modeling.tensors",
+    "offload_weight": "drivetrain.big_modeling.memmap_offload",
     # experiment trackers
     "GeneralTracker": "drivetrain.tracking",
     "on_main_process": "drivetrain.tracking",

@@ -19,6 +19,7 @@ from drivetrain.big_modeling.sizes import (
     get_max_memory,
     named_module_tensors,
 )
+from drivetrain.config.enums import CustomDtype
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ def infer_auto_device_map(
     model: torch.nn.Module,
     max_memory: dict[Any, int | str] | None = None,
     no_split_module_classes: list[str] | None = None,
-    dtype: torch.dtype | str | None = None,
+    dtype: torch.dtype | CustomDtype | str | None = None,
     special_dtypes: dict[str, torch.dtype | str] | None = None,
     verbose: bool = False,
     clean_result: bool = True,

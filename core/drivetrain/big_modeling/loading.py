@@ -37,6 +37,7 @@ from drivetrain.big_modeling.reader import (
     read_header,
 )
 from drivetrain.big_modeling.sizes import to_dtype
+from drivetrain.compat.names import QUANTIZATION_DISTRIBUTION
 from drivetrain.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 from drivetrain.errors import CheckpointError, CheckpointMismatchError
 from drivetrain.progress import track
@@ -264,7 +265,8 @@ def load_checkpoint_in_model(
     the CPU on disk until the other shards are loaded (only matters for ``.bin`` shards, which are read
     whole; safetensors tensors are read straight into place). With ``strict`` a missing or unexpected
     tensor raises CheckpointError listing them. ``offload_8bit_bnb`` (bitsandbytes 8-bit weights) is not
-    supported and raises NotImplementedError.
+    supported and raises NotImplementedError (quantized models load through the bnb plugin's
+    ``load_and_quantize_model``).
 
     Every byte is read during the call. CPU tensors that keep the checkpoint's dtype are, by default
     (``map_weights=True``), views of a private copy-on-write mapping of the safetensors file: no copy, one
@@ -275,9 +277,8 @@ def load_checkpoint_in_model(
     if offload_8bit_bnb:
         raise NotImplementedError(
             "offload_8bit_bnb=True offloads bitsandbytes 8-bit weights (Linear8bitLt) together with their "
-            "SCB scale statistics; drivetrain does not load bitsandbytes-quantized models (and quantizing "
-            "them needs a CUDA GPU). Load the model unquantized and pass dtype= to halve its size, or "
-            "leave offload_8bit_bnb=False"
+            "SCB scale statistics, which this loader does not do; quantized models load through "
+            f"load_and_quantize_model (pip install {QUANTIZATION_DISTRIBUTION}), or leave offload_8bit_bnb=False"
         )
     dtype = to_dtype(dtype)
     keep_fp32 = list(keep_in_fp32_modules or [])

@@ -11,7 +11,12 @@ from typing import Any
 
 import torch
 
+from drivetrain.config.enums import CustomDtype
 from drivetrain.units import parse_size
+
+#: Bytes per element of the weights that are no torch dtype (quantized weights, sized for device maps); the
+#: members in order: the 8-bit float, int4, int2.
+CUSTOM_DTYPE_BYTES = dict(zip(CustomDtype, (1.0, 0.5, 0.25), strict=True))
 
 
 def to_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
@@ -25,14 +30,22 @@ def to_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     return value
 
 
-def dtype_byte_size(dtype: torch.dtype) -> float:
+def _size_dtype(dtype: torch.dtype | CustomDtype | str | None) -> torch.dtype | CustomDtype | None:
+    """A dtype to size weights with: a torch dtype (see :func:`to_dtype`) or a ``CustomDtype`` (``INT4`` for
+    4-bit quantized weights)."""
+    return dtype if isinstance(dtype, CustomDtype) else to_dtype(dtype)
+
+
+def dtype_byte_size(dtype: torch.dtype | CustomDtype) -> float:
     """Bytes per element (``torch.bool`` counts 1/8: checkpoints store it packed in our size estimates)."""
+    if isinstance(dtype, CustomDtype):
+        return CUSTOM_DTYPE_BYTES[dtype]
     if dtype == torch.bool:
         return 1 / 8
     return torch.empty((), dtype=dtype).element_size()
 
 
-def tensor_size(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> int:
+def tensor_size(tensor: torch.Tensor, dtype: torch.dtype | CustomDtype | None = None) -> int:
     """Bytes ``tensor`` takes once cast to ``dtype``; only floating tensors are cast, and never up."""
     size = dtype_byte_size(tensor.dtype)
     if dtype is not None and tensor.is_floating_point():
@@ -52,7 +65,7 @@ def named_module_tensors(
 
 def compute_module_sizes(
     model: torch.nn.Module,
-    dtype: torch.dtype | str | None = None,
+    dtype: torch.dtype | CustomDtype | str | None = None,
     special_dtypes: dict[str, torch.dtype | str] | None = None,
     buffers_only: bool = False,
 ) -> dict[str, int]:
@@ -61,8 +74,8 @@ def compute_module_sizes(
     A tied tensor is counted once, under its first name. ``dtype`` is the dtype floating weights will be
     loaded in; ``special_dtypes`` overrides it for some tensors (by full name).
     """
-    dtype = to_dtype(dtype)
-    special = {name: to_dtype(value) for name, value in (special_dtypes or {}).items()}
+    dtype = _size_dtype(dtype)
+    special = {name: _size_dtype(value) for name, value in (special_dtypes or {}).items()}
     sizes: dict[str, int] = defaultdict(int)
     tensors = list(model.named_buffers()) if buffers_only else named_module_tensors(model, recurse=True)
     for name, tensor in tensors:
@@ -165,7 +178,7 @@ def get_balanced_memory(
     model: torch.nn.Module,
     max_memory: dict[Any, int | str] | None = None,
     no_split_module_classes: list[str] | None = None,
-    dtype: torch.dtype | str | None = None,
+    dtype: torch.dtype | CustomDtype | str | None = None,
     special_dtypes: dict[str, torch.dtype | str] | None = None,
     low_zero: bool = False,
 ) -> dict[int | str, int]:

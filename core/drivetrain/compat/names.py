@@ -337,7 +337,6 @@ SAGEMAKER_DISTRIBUTION = "drivetrain-sagemaker"
 #: Distributions named above that no one publishes yet, with what they would provide: a placeholder for one of
 #: their names says that, rather than asking for a ``pip install`` of a package that does not exist.
 UNPUBLISHED_DISTRIBUTIONS = {
-    QUANTIZATION_DISTRIBUTION: "bitsandbytes quantization",
     PIPELINE_DISTRIBUTION: "PiPPy pipeline-parallel inference",
     SAGEMAKER_DISTRIBUTION: "SageMaker launching",
 }
