@@ -3,18 +3,20 @@ optimizer (so no DeepSpeed op is compiled) trains on the GPU and matches the han
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 
 import torch
 from common import (
     Skip,
-    dataset,
     dataset_loss,
     device_or_exit,
     make_model,
     max_difference,
+    prepared_task,
     run_checks,
+    train_on,
     train_plain,
 )
 
@@ -36,15 +38,9 @@ def main() -> int:
         accelerator = Accelerator(
             deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage, gradient_accumulation_steps=1)
         )
-        model = make_model()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-        loader = torch.utils.data.DataLoader(dataset(), batch_size=16)
-        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        model, optimizer, loader = prepared_task(accelerator)
         before = dataset_loss(make_model().state_dict())
-        for _, (x, y) in zip(range(STEPS), loader):
-            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
-            optimizer.step()
-            optimizer.zero_grad()
+        train_on(accelerator, model, optimizer, itertools.islice(loader, STEPS))
         state = accelerator.get_state_dict(model)
         ours = {k: v.detach().float().cpu() for k, v in state.items()}
         diff = max_difference(ours, train_plain(device, STEPS))
