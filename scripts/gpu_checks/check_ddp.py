@@ -8,16 +8,7 @@ import itertools
 import sys
 
 import torch
-from common import (
-    dataset_loss,
-    device_or_exit,
-    make_model,
-    max_difference,
-    prepared_task,
-    run_checks,
-    train_on,
-    train_plain,
-)
+from common import against_hand_loop, device_or_exit, prepared_task, run_checks, train_on
 
 from drivetrain import Accelerator
 
@@ -35,8 +26,7 @@ def main() -> int:
         wrapped = type(model).__name__
         train_on(accelerator, model, optimizer, itertools.islice(loader, STEPS))
         ours = {k: v.detach().float().cpu() for k, v in accelerator.unwrap_model(model).state_dict().items()}
-        diff = max_difference(ours, train_plain(device, STEPS))
-        before, after = dataset_loss(make_model().state_dict()), dataset_loss(ours)
+        diff, before, after = against_hand_loop(ours, device, STEPS)
         ok = diff < 1e-5 and after < before and device.type == accelerator.device.type
         # with one process the backend may leave the model unwrapped; the line says what it did
         return (

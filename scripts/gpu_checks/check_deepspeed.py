@@ -8,17 +8,7 @@ import os
 import sys
 
 import torch
-from common import (
-    Skip,
-    dataset_loss,
-    device_or_exit,
-    make_model,
-    max_difference,
-    prepared_task,
-    run_checks,
-    train_on,
-    train_plain,
-)
+from common import Skip, against_hand_loop, device_or_exit, prepared_task, run_checks, train_on
 
 STEPS = 12
 
@@ -39,12 +29,10 @@ def main() -> int:
             deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage, gradient_accumulation_steps=1)
         )
         model, optimizer, loader = prepared_task(accelerator)
-        before = dataset_loss(make_model().state_dict())
         train_on(accelerator, model, optimizer, itertools.islice(loader, STEPS))
         state = accelerator.get_state_dict(model)
         ours = {k: v.detach().float().cpu() for k, v in state.items()}
-        diff = max_difference(ours, train_plain(device, STEPS))
-        after = dataset_loss(ours)
+        diff, before, after = against_hand_loop(ours, device, STEPS)
         group = torch.distributed.get_backend() if torch.distributed.is_initialized() else "none"
         accelerator.end_training()
         return (

@@ -128,6 +128,13 @@ def train_autocast(accelerator, model, optimizer, loader, epochs: int) -> list[f
     return losses
 
 
+def against_hand_loop(ours: dict, device: torch.device, steps: int) -> tuple[float, float, float]:
+    """For the weights ``ours`` trained ``steps`` steps from make_model(): the largest difference from
+    train_plain's, and the dataset loss at the start and with ``ours``."""
+    diff = max_difference(ours, train_plain(device, steps))
+    return diff, dataset_loss(make_model().state_dict()), dataset_loss(ours)
+
+
 def dataset_loss(state: dict) -> float:
     """Mean squared error of make_model() carrying ``state`` over the whole dataset (on CPU, in fp32)."""
     model = make_model()
