@@ -4,10 +4,11 @@ the dataset's rows (no duplicates from padding)."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import torch
-from common import dataset, dataset_loss, device_or_exit, make_model, max_difference, run_checks, train_plain
+from common import against_hand_loop, device_or_exit, prepared_task, run_checks, train_on
 
 from drivetrain import Accelerator
 
@@ -21,18 +22,11 @@ def main() -> int:
     backend_name = accelerator.state.backend  # the torch.distributed backend drivetrain chose (nccl on CUDA)
 
     def trains():
-        model = make_model()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-        loader = torch.utils.data.DataLoader(dataset(), batch_size=16)
-        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        model, optimizer, loader = prepared_task(accelerator)
         wrapped = type(model).__name__
-        for _, (x, y) in zip(range(STEPS), loader):
-            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
-            optimizer.step()
-            optimizer.zero_grad()
+        train_on(accelerator, model, optimizer, itertools.islice(loader, STEPS))
         ours = {k: v.detach().float().cpu() for k, v in accelerator.unwrap_model(model).state_dict().items()}
-        diff = max_difference(ours, train_plain(device, STEPS))
-        before, after = dataset_loss(make_model().state_dict()), dataset_loss(ours)
+        diff, before, after = against_hand_loop(ours, device, STEPS)
         ok = diff < 1e-5 and after < before and device.type == accelerator.device.type
         # with one process the backend may leave the model unwrapped; the line says what it did
         return (

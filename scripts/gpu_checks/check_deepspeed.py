@@ -3,20 +3,12 @@ optimizer (so no DeepSpeed op is compiled) trains on the GPU and matches the han
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 
 import torch
-from common import (
-    Skip,
-    dataset,
-    dataset_loss,
-    device_or_exit,
-    make_model,
-    max_difference,
-    run_checks,
-    train_plain,
-)
+from common import Skip, against_hand_loop, device_or_exit, prepared_task, run_checks, train_on
 
 STEPS = 12
 
@@ -36,19 +28,11 @@ def main() -> int:
         accelerator = Accelerator(
             deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage, gradient_accumulation_steps=1)
         )
-        model = make_model()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-        loader = torch.utils.data.DataLoader(dataset(), batch_size=16)
-        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-        before = dataset_loss(make_model().state_dict())
-        for _, (x, y) in zip(range(STEPS), loader):
-            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
-            optimizer.step()
-            optimizer.zero_grad()
+        model, optimizer, loader = prepared_task(accelerator)
+        train_on(accelerator, model, optimizer, itertools.islice(loader, STEPS))
         state = accelerator.get_state_dict(model)
         ours = {k: v.detach().float().cpu() for k, v in state.items()}
-        diff = max_difference(ours, train_plain(device, STEPS))
-        after = dataset_loss(ours)
+        diff, before, after = against_hand_loop(ours, device, STEPS)
         group = torch.distributed.get_backend() if torch.distributed.is_initialized() else "none"
         accelerator.end_training()
         return (

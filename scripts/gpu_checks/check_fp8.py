@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 import torch
-from common import Skip, dataset, device_or_exit, make_model, run_checks
+from common import Skip, device_or_exit, prepared_task, run_checks, train_autocast
 
 from drivetrain import Accelerator
 from drivetrain.state import reset_state
@@ -20,20 +20,11 @@ def train(precision: str):
     reset_state()
     handlers = [AORecipeKwargs()] if precision == "fp8" else []
     accelerator = Accelerator(mixed_precision=precision, kwargs_handlers=handlers)
-    model = make_model(hidden=128)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    loader = torch.utils.data.DataLoader(dataset(1024), batch_size=32)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    model, optimizer, loader = prepared_task(
+        accelerator, torch.optim.AdamW, lr=3e-3, hidden=128, rows=1024, batch=32
+    )
     float8 = [name for name, module in model.named_modules() if type(module).__name__ == "Float8Linear"]
-    losses = []
-    for _ in range(EPOCHS):
-        for x, y in loader:
-            with accelerator.autocast():
-                loss = torch.nn.functional.mse_loss(model(x).float(), y)
-            accelerator.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-            losses.append(loss.item())
+    losses = train_autocast(accelerator, model, optimizer, loader, EPOCHS)
     accelerator.end_training()
     return losses, float8
 

@@ -3,11 +3,12 @@ loop within 1e-5, and save_state/load_state resumes exactly."""
 
 from __future__ import annotations
 
+import functools
 import sys
 import tempfile
 
 import torch
-from common import dataset, device_or_exit, make_model, max_difference, run_checks, train_plain
+from common import device_or_exit, max_difference, prepared_task, run_checks, train_on, train_plain
 
 from drivetrain import Accelerator
 from drivetrain.utils import FullyShardedDataParallelPlugin
@@ -18,17 +19,9 @@ STEPS = 12
 def main() -> int:
     device = device_or_exit("fsdp")
     accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
-    model = make_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    loader = torch.utils.data.DataLoader(dataset(), batch_size=16)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    model, optimizer, loader = prepared_task(accelerator)
     batches = list(loader)
-
-    def run(part):
-        for x, y in part:
-            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
-            optimizer.step()
-            optimizer.zero_grad()
+    run = functools.partial(train_on, accelerator, model, optimizer)
 
     def full_weights():
         state = accelerator.get_state_dict(model)

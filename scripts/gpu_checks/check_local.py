@@ -3,35 +3,23 @@ save_state/load_state resumes bit-exactly (N steps after a save == N steps after
 
 from __future__ import annotations
 
+import functools
 import sys
 import tempfile
 
 import torch
-from common import dataset, device_or_exit, make_model, run_checks
+from common import device_or_exit, prepared_task, run_checks, train_autocast, train_on
 
 from drivetrain import Accelerator
 from drivetrain.state import reset_state
-
-STEPS = 40
 
 
 def train(precision: str) -> tuple[float, float]:
     reset_state()
     accelerator = Accelerator(mixed_precision=precision)
-    model = make_model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    loader = torch.utils.data.DataLoader(dataset(), batch_size=16, shuffle=False)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    model, optimizer, loader = prepared_task(accelerator, torch.optim.AdamW, lr=3e-3)
     assert next(model.parameters()).device.type == accelerator.device.type
-    losses = []
-    for _ in range(3):
-        for x, y in loader:
-            with accelerator.autocast():
-                loss = torch.nn.functional.mse_loss(model(x).float(), y)
-            accelerator.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-            losses.append(loss.item())
+    losses = train_autocast(accelerator, model, optimizer, loader, epochs=3)
     accelerator.end_training()
     return sum(losses[:4]) / 4, sum(losses[-4:]) / 4
 
@@ -39,18 +27,10 @@ def train(precision: str) -> tuple[float, float]:
 def resume_exact() -> tuple[bool, float]:
     reset_state()
     accelerator = Accelerator()
-    model = make_model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    loader = torch.utils.data.DataLoader(dataset(), batch_size=16)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    model, optimizer, loader = prepared_task(accelerator, torch.optim.AdamW, lr=3e-3)
     batches = list(loader)
 
-    def run(part):
-        for x, y in part:
-            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
-            optimizer.step()
-            optimizer.zero_grad()
-
+    run = functools.partial(train_on, accelerator, model, optimizer)
     run(batches[:5])
     with tempfile.TemporaryDirectory() as directory:
         accelerator.save_state(directory)

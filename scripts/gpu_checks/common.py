@@ -89,6 +89,52 @@ def train_plain(device: torch.device, steps: int, lr: float = 0.05, batch: int =
     return {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
 
 
+def prepared_task(
+    accelerator,
+    optimizer_class: type = torch.optim.SGD,
+    lr: float = 0.05,
+    hidden: int = 64,
+    rows: int = 256,
+    batch: int = 16,
+) -> tuple:
+    """make_model(hidden=hidden), its optimizer and a loader over dataset(rows), through accelerator.prepare.
+    The defaults are train_plain's, so that a check can compare with that hand loop."""
+    model = make_model(hidden=hidden)
+    optimizer = optimizer_class(model.parameters(), lr=lr)
+    loader = torch.utils.data.DataLoader(dataset(rows), batch_size=batch)
+    return accelerator.prepare(model, optimizer, loader)
+
+
+def train_on(accelerator, model, optimizer, batches) -> None:
+    """One optimizer step per (x, y) batch on the mean squared error, backward through the accelerator."""
+    for x, y in batches:
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def train_autocast(accelerator, model, optimizer, loader, epochs: int) -> list[float]:
+    """``epochs`` passes over loader with the forward under accelerator.autocast() and the loss in fp32; the
+    loss of every step."""
+    losses = []
+    for _ in range(epochs):
+        for x, y in loader:
+            with accelerator.autocast():
+                loss = torch.nn.functional.mse_loss(model(x).float(), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+    return losses
+
+
+def against_hand_loop(ours: dict, device: torch.device, steps: int) -> tuple[float, float, float]:
+    """For the weights ``ours`` trained ``steps`` steps from make_model(): the largest difference from
+    train_plain's, and the dataset loss at the start and with ``ours``."""
+    diff = max_difference(ours, train_plain(device, steps))
+    return diff, dataset_loss(make_model().state_dict()), dataset_loss(ours)
+
+
 def dataset_loss(state: dict) -> float:
     """Mean squared error of make_model() carrying ``state`` over the whole dataset (on CPU, in fp32)."""
     model = make_model()

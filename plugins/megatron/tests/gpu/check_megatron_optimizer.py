@@ -23,8 +23,13 @@ import subprocess
 import sys
 import tempfile
 import traceback
+from pathlib import Path
 
 import torch
+
+# the CPU tests' Column/RowParallelLinear block (tests/scripts/parallel_mlp.py); imported where megatron-core is
+# needed, so that the parent process, which only checks for CUDA and launches the cases, never imports it
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 CASES = {"plain": False, "distributed": True}
 HIDDEN, FFN, SEQ = 16, 32, 4
@@ -56,33 +61,20 @@ class Stage(torch.nn.Module):
 
     def __init__(self, config) -> None:
         super().__init__()
-        from megatron.core import tensor_parallel
         from megatron.core.enums import ModelType
+        from parallel_mlp import column_row_pair
 
         self.model_type = ModelType.encoder_or_decoder
-
-        init = torch.nn.init.xavier_normal_
         self.config = config
-        self.up = tensor_parallel.ColumnParallelLinear(
-            HIDDEN, FFN, config=config, init_method=init, bias=True, gather_output=False
-        )
-        self.down = tensor_parallel.RowParallelLinear(
-            FFN,
-            HIDDEN,
-            config=config,
-            init_method=init,
-            bias=True,
-            input_is_parallel=True,
-            skip_bias_add=False,
-        )
+        self.up, self.down = column_row_pair(config, HIDDEN, FFN)
 
     def set_input_tensor(self, tensors) -> None:
         """Nothing to receive: the only stage reads the batch."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden, _ = self.up(x.transpose(0, 1).contiguous())
-        output, _ = self.down(torch.nn.functional.gelu(hidden))
-        return output
+        from parallel_mlp import column_row_forward
+
+        return column_row_forward(self, x.transpose(0, 1).contiguous())
 
 
 def forward_step(data_iterator, model):

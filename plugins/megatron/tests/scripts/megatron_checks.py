@@ -17,7 +17,7 @@ import sys
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
-from megatron.core import tensor_parallel
+from parallel_mlp import column_row_forward, column_row_pair, full_column_row_weights
 
 from drivetrain import Accelerator
 from drivetrain.errors import CheckpointError
@@ -39,42 +39,10 @@ def check(name: str, condition: bool, detail: str = "") -> None:
 class TensorParallelMLP(torch.nn.Module):
     def __init__(self, config) -> None:
         super().__init__()
-        init = torch.nn.init.xavier_normal_
-        self.up = tensor_parallel.ColumnParallelLinear(
-            HIDDEN, FFN, config=config, init_method=init, bias=True, gather_output=False
-        )
-        self.down = tensor_parallel.RowParallelLinear(
-            FFN,
-            HIDDEN,
-            config=config,
-            init_method=init,
-            bias=True,
-            input_is_parallel=True,
-            skip_bias_add=False,
-        )
+        self.up, self.down = column_row_pair(config, HIDDEN, FFN)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden, _ = self.up(x)
-        out, _ = self.down(torch.nn.functional.gelu(hidden))
-        return out
-
-
-def full_weights(model: TensorParallelMLP) -> dict[str, torch.Tensor]:
-    """The dense weights: column-parallel weights split by output rows, row-parallel by input columns."""
-    group = ps.get_tensor_model_parallel_group()
-    size = ps.get_tensor_model_parallel_world_size()
-
-    def gathered(tensor: torch.Tensor, dim: int) -> torch.Tensor:
-        parts = [torch.empty_like(tensor) for _ in range(size)]
-        dist.all_gather(parts, tensor.detach().contiguous(), group=group)
-        return torch.cat(parts, dim=dim)
-
-    return {
-        "up.weight": gathered(model.up.weight, 0),
-        "up.bias": gathered(model.up.bias, 0),
-        "down.weight": gathered(model.down.weight, 1),
-        "down.bias": model.down.bias.detach().clone(),
-    }
+        return column_row_forward(self, x)
 
 
 def dataset() -> torch.utils.data.TensorDataset:
@@ -103,7 +71,7 @@ def main() -> None:
     )
     set_seed(0)
     model = TensorParallelMLP(plugin.model_parallel_config())
-    initial = full_weights(model)
+    initial = full_column_row_weights(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     loader = torch.utils.data.DataLoader(dataset(), batch_size=BATCH)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
@@ -155,7 +123,7 @@ def main() -> None:
         str(schedule.scheduler.last_epoch),
     )
 
-    final = full_weights(model.module if hasattr(model, "module") else model)
+    final = full_column_row_weights(model.module if hasattr(model, "module") else model)
     if accelerator.is_main_process:
         torch.save(
             {"initial": initial, "final": final, "losses": losses}, os.path.join(out, f"train_{world}.pt")

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 from megatron.core import tensor_parallel
+from parallel_mlp import column_row_forward, column_row_pair, full_column_row_weights
 
 from drivetrain import Accelerator
 from drivetrain.utils import (
@@ -343,27 +344,14 @@ class SequenceParallelMLP(torch.nn.Module):
 
     def __init__(self, config) -> None:
         super().__init__()
-        init = torch.nn.init.xavier_normal_
         self.norm = torch.nn.LayerNorm(HIDDEN)
         for parameter in self.norm.parameters():
             parameter.sequence_parallel = True  # megatron-core's mark: sees one sequence shard per rank
-        self.up = tensor_parallel.ColumnParallelLinear(
-            HIDDEN, FFN, config=config, init_method=init, bias=True, gather_output=False
-        )
-        self.down = tensor_parallel.RowParallelLinear(
-            FFN,
-            HIDDEN,
-            config=config,
-            init_method=init,
-            bias=True,
-            input_is_parallel=True,
-            skip_bias_add=False,
-        )
+        self.up, self.down = column_row_pair(config, HIDDEN, FFN)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shard = tensor_parallel.scatter_to_sequence_parallel_region(x.transpose(0, 1).contiguous())
-        hidden, _ = self.up(self.norm(shard))
-        out, _ = self.down(torch.nn.functional.gelu(hidden))
+        out = column_row_forward(self, self.norm(shard))
         # every rank computes the loss on the whole sequence: the gather's backward keeps this rank's part
         full = tensor_parallel.gather_from_sequence_parallel_region(out, tensor_parallel_output_grad=False)
         return full.transpose(0, 1)
@@ -378,18 +366,10 @@ def run_sequence_parallel(out: str) -> None:
     group = ps.get_tensor_model_parallel_group()
 
     def full_weights(module: SequenceParallelMLP) -> dict[str, torch.Tensor]:
-        def gathered(tensor: torch.Tensor, dim: int) -> torch.Tensor:
-            parts = [torch.empty_like(tensor) for _ in range(2)]
-            dist.all_gather(parts, tensor.detach().contiguous(), group=group)
-            return torch.cat(parts, dim=dim)
-
         return {
             "norm.weight": module.norm.weight.detach().clone(),
             "norm.bias": module.norm.bias.detach().clone(),
-            "up.weight": gathered(module.up.weight, 0),
-            "up.bias": gathered(module.up.bias, 0),
-            "down.weight": gathered(module.down.weight, 1),
-            "down.bias": module.down.bias.detach().clone(),
+            **full_column_row_weights(module),
         }
 
     initial = full_weights(model)
