@@ -220,6 +220,7 @@ def test_kwargs_handlers_pass_only_changed_fields():
 
 def test_config_objects_reject_bad_values_naming_the_field():
     from drivetrain import DataLoaderConfiguration, ProjectConfiguration, TorchDynamoPlugin
+    from drivetrain.config.enums import DynamoBackend
 
     with pytest.raises(ConfigurationError, match="ProjectConfiguration.total_limit"):
         ProjectConfiguration(total_limit=0)
@@ -227,6 +228,40 @@ def test_config_objects_reject_bad_values_naming_the_field():
         DataLoaderConfiguration(even_batches="yes")
     with pytest.raises(ConfigurationError, match="TorchDynamoPlugin.backend='turbo'"):
         TorchDynamoPlugin(backend="turbo")
+    with pytest.raises(ConfigurationError, match="TorchDynamoPlugin.mode='fastest'"):
+        TorchDynamoPlugin(mode="fastest")
+    # an assignment is checked and converted as the constructor's argument is
+    project = ProjectConfiguration(project_dir=Path("/runs/a"), total_limit=2)
+    assert project.project_dir == project.logging_dir == str(Path("/runs/a"))
+    with pytest.raises(
+        ConfigurationError, match="ProjectConfiguration.total_limit must be an integer >= 1, got 0"
+    ):
+        project.total_limit = 0
+    assert project.total_limit == 2
+    project.project_dir = Path("/runs/b")
+    assert project.project_dir == str(Path("/runs/b"))
+    dynamo = TorchDynamoPlugin()
+    dynamo.backend = "inductor"
+    assert dynamo.backend == DynamoBackend.INDUCTOR
+
+
+def test_config_objects_are_dataclasses_as_in_accelerate():
+    # scripts written for Accelerate use the dataclass functions on them
+    import dataclasses
+
+    from drivetrain import GradScalerKwargs, ProjectConfiguration
+
+    project = dataclasses.replace(
+        ProjectConfiguration(project_dir="/runs/a"), automatic_checkpoint_naming=True
+    )
+    assert (project.project_dir, project.automatic_checkpoint_naming) == ("/runs/a", True)
+    assert dataclasses.asdict(GradScalerKwargs(init_scale=1024.0))["init_scale"] == 1024.0
+    assert [field.name for field in dataclasses.fields(GradScalerKwargs)][:2] == [
+        "init_scale",
+        "growth_factor",
+    ]
+    with pytest.raises(ConfigurationError, match="GradScalerKwargs.growth_interval must be > 0"):
+        dataclasses.replace(GradScalerKwargs(), growth_interval=0)
 
 
 def test_clip_grad_value_and_unscale_under_fp16():

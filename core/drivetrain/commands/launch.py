@@ -9,6 +9,7 @@ script's own ``Accelerator(...)`` argument that contradicts one is an error nami
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -16,8 +17,6 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from typing import Any
-
-import attrs
 
 from drivetrain.commands.parsing import (
     ArgumentParser,
@@ -395,7 +394,7 @@ def _compile_and_placement_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 # -- resolving the settings --------------------------------------------------------------------------------------
-@attrs.define
+@dataclasses.dataclass
 class LaunchPlan:
     """Everything needed to start the processes, after flags, SLURM, the config file and defaults."""
 
@@ -419,8 +418,8 @@ class LaunchPlan:
     log_dir: str | None = None
     backend_label: str = "local"
     device: str = "cpu"
-    env: dict[str, str] = attrs.Factory(dict)
-    plugin_options: dict[str, dict[str, Any]] = attrs.Factory(dict)
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    plugin_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     config_path: str | None = None
     quiet: bool = False
 

@@ -1,49 +1,47 @@
-"""Configuration objects users pass to the Accelerator. Bad values fail when the object is built, naming the
-field and what is allowed."""
+"""Configuration objects users pass to the Accelerator. Bad values fail when the object is built or the field
+assigned, naming the field and what is allowed."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
-import attrs
-
 from drivetrain.config.enums import DynamoBackend
+from drivetrain.config.fields import Checked, checked
 from drivetrain.errors import ConfigurationError
 
 
-def _non_negative_int_or_none(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+def _non_negative_int_or_none(instance: Any, name: str, value: Any) -> Any:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
         raise ConfigurationError(
-            f"{type(instance).__name__}.{attribute.name} must be a non-negative integer or None, got {value!r}"
+            f"{type(instance).__name__}.{name} must be a non-negative integer or None, got {value!r}"
         )
+    return value
 
 
-def _positive_int_or_none(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+def _positive_int_or_none(instance: Any, name: str, value: Any) -> Any:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ConfigurationError(
-            f"{type(instance).__name__}.{attribute.name} must be an integer >= 1, got {value!r}"
-        )
+        raise ConfigurationError(f"{type(instance).__name__}.{name} must be an integer >= 1, got {value!r}")
+    return value
 
 
-def _bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+def _bool(instance: Any, name: str, value: Any) -> Any:
     if not isinstance(value, bool):
-        raise ConfigurationError(
-            f"{type(instance).__name__}.{attribute.name} must be True or False, got {value!r}"
-        )
+        raise ConfigurationError(f"{type(instance).__name__}.{name} must be True or False, got {value!r}")
+    return value
 
 
-def _optional_bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None:
-        _bool(instance, attribute, value)
+def _optional_bool(instance: Any, name: str, value: Any) -> Any:
+    return value if value is None else _bool(instance, name, value)
 
 
-def _optional_path(value: Any) -> str | None:
+def _optional_path(instance: Any, name: str, value: Any) -> str | None:
     return None if value is None else os.fspath(value)
 
 
-@attrs.define
-class ProjectConfiguration:
+@dataclasses.dataclass
+class ProjectConfiguration(Checked):
     """Where a run writes its checkpoints and logs, and how checkpoints are named and pruned.
 
     :param project_dir: root folder of the run; checkpoints go to ``project_dir/checkpoints``.
@@ -57,27 +55,27 @@ class ProjectConfiguration:
         Accelerate, ``save_state`` returns when the checkpoint is complete under its final name.
     """
 
-    project_dir: str | None = attrs.field(default=None, converter=_optional_path)
-    logging_dir: str | None = attrs.field(default=None, converter=_optional_path)
-    automatic_checkpoint_naming: bool = attrs.field(default=False, validator=_bool)
-    total_limit: int | None = attrs.field(default=None, validator=_positive_int_or_none)
-    iteration: int = attrs.field(default=0, validator=_non_negative_int_or_none)
-    save_on_each_node: bool = attrs.field(default=False, validator=_bool)
-    async_save: bool = attrs.field(default=False, validator=_bool)
+    project_dir: str | None = checked(None, _optional_path)
+    logging_dir: str | None = checked(None, _optional_path)
+    automatic_checkpoint_naming: bool = checked(False, _bool)
+    total_limit: int | None = checked(None, _positive_int_or_none)
+    iteration: int = checked(0, _non_negative_int_or_none)
+    save_on_each_node: bool = checked(False, _bool)
+    async_save: bool = checked(False, _bool)
 
-    def __attrs_post_init__(self) -> None:
+    def __post_init__(self) -> None:
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
 
     def set_directories(self, project_dir: str | None = None) -> None:
         """Point ``project_dir`` (and ``logging_dir`` when unset) at ``project_dir``."""
-        self.project_dir = _optional_path(project_dir)
+        self.project_dir = project_dir
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
 
 
-@attrs.define
-class DataLoaderConfiguration:
+@dataclasses.dataclass
+class DataLoaderConfiguration(Checked):
     """How prepared data loaders split and deliver batches (see docs/data-loading.md).
 
     :param split_batches: the loader's batch size is the global batch; each process gets a slice of it.
@@ -90,17 +88,17 @@ class DataLoaderConfiguration:
     :param use_stateful_dataloader: build loaders on torchdata's StatefulDataLoader (resume mid-epoch).
     """
 
-    split_batches: bool = attrs.field(default=False, validator=_bool)
-    dispatch_batches: bool | None = attrs.field(default=None, validator=_optional_bool)
-    even_batches: bool = attrs.field(default=True, validator=_bool)
-    use_seedable_sampler: bool = attrs.field(default=False, validator=_bool)
-    data_seed: int | None = attrs.field(default=None, validator=_non_negative_int_or_none)
-    non_blocking: bool = attrs.field(default=False, validator=_bool)
-    use_stateful_dataloader: bool = attrs.field(default=False, validator=_bool)
+    split_batches: bool = checked(False, _bool)
+    dispatch_batches: bool | None = checked(None, _optional_bool)
+    even_batches: bool = checked(True, _bool)
+    use_seedable_sampler: bool = checked(False, _bool)
+    data_seed: int | None = checked(None, _non_negative_int_or_none)
+    non_blocking: bool = checked(False, _bool)
+    use_stateful_dataloader: bool = checked(False, _bool)
 
 
-@attrs.define
-class GradientAccumulationPlugin:
+@dataclasses.dataclass
+class GradientAccumulationPlugin(Checked):
     """How gradient accumulation behaves.
 
     :param num_steps: batches per optimizer step.
@@ -109,13 +107,13 @@ class GradientAccumulationPlugin:
     :param sync_each_batch: synchronise gradients on every batch (less memory, more communication).
     """
 
-    num_steps: int | None = attrs.field(default=None, validator=_positive_int_or_none)
-    adjust_scheduler: bool = attrs.field(default=True, validator=_bool)
-    sync_with_dataloader: bool = attrs.field(default=True, validator=_bool)
-    sync_each_batch: bool = attrs.field(default=False, validator=_bool)
+    num_steps: int | None = checked(None, _positive_int_or_none)
+    adjust_scheduler: bool = checked(True, _bool)
+    sync_with_dataloader: bool = checked(True, _bool)
+    sync_each_batch: bool = checked(False, _bool)
 
 
-def _dynamo_backend(value: Any) -> DynamoBackend:
+def _dynamo_backend(instance: Any, name: str, value: Any) -> DynamoBackend:
     if isinstance(value, DynamoBackend):
         return value
     text = str(value).upper()
@@ -130,8 +128,16 @@ def _dynamo_backend(value: Any) -> DynamoBackend:
 _COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-@attrs.define
-class TorchDynamoPlugin:
+def _compile_mode(instance: Any, name: str, value: Any) -> str | None:
+    if value not in _COMPILE_MODES:
+        raise ConfigurationError(
+            f"TorchDynamoPlugin.mode={value!r} is not valid; choose one of: {', '.join(map(str, _COMPILE_MODES))}"
+        )
+    return value
+
+
+@dataclasses.dataclass
+class TorchDynamoPlugin(Checked):
     """Compile prepared models with ``torch.compile``.
 
     :param backend: a :class:`~drivetrain.config.enums.DynamoBackend` (``"inductor"``, ``"eager"``, ...); ``"no"``
@@ -143,21 +149,21 @@ class TorchDynamoPlugin:
     :param disable: turn compilation off while keeping the settings.
     """
 
-    backend: DynamoBackend = attrs.field(default=DynamoBackend.NO, converter=_dynamo_backend)
-    mode: str | None = attrs.field(default=None, validator=attrs.validators.in_(_COMPILE_MODES))
-    fullgraph: bool = attrs.field(default=False, validator=_bool)
-    dynamic: bool | None = attrs.field(default=None, validator=_optional_bool)
+    backend: DynamoBackend = checked(DynamoBackend.NO, _dynamo_backend)
+    mode: str | None = checked(None, _compile_mode)
+    fullgraph: bool = checked(False, _bool)
+    dynamic: bool | None = checked(None, _optional_bool)
     options: dict[str, Any] | None = None
-    disable: bool = attrs.field(default=False, validator=_bool)
+    disable: bool = checked(False, _bool)
 
-    def __attrs_post_init__(self) -> None:
+    def __post_init__(self) -> None:
         # Accelerate's ACCELERATE_DYNAMO_* variables (``accelerate launch --dynamo_*`` sets them) fill the
         # settings left at their defaults
         import os
 
         backend = os.environ.get("ACCELERATE_DYNAMO_BACKEND")
         if self.backend == DynamoBackend.NO and backend:
-            self.backend = _dynamo_backend(backend)
+            self.backend = _dynamo_backend(self, "backend", backend)
         mode = os.environ.get("ACCELERATE_DYNAMO_MODE")
         if self.mode is None and mode:
             self.mode = mode if mode in _COMPILE_MODES else self.mode
@@ -173,7 +179,7 @@ class TorchDynamoPlugin:
 
     def to_dict(self) -> dict[str, Any]:
         """The settings, the backend as its lower-case name (``"inductor"``), as Accelerate writes them."""
-        values = attrs.asdict(self, recurse=False)
+        values = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         values["backend"] = self.backend.value.lower()
         return values
 

@@ -9,13 +9,12 @@ The file is YAML, one mapping. See docs/config-file.md for every key.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import attrs
 
 from drivetrain.compat.names import ACCELERATE_PLUGIN_KEYS, ACCELERATE_SECTIONS
 from drivetrain.config.enums import DistributedType, PrecisionType
@@ -189,25 +188,25 @@ ACCELERATE_IGNORED_KEYS = (
 _ACCELERATE_NO_CHOICE = {"mixed_precision": "no", "use_cpu": False, "debug": False}
 
 
-@attrs.define
+@dataclasses.dataclass
 class PluginDeclarations:
     """What the installed plugins declare about the config file (built by
     ``drivetrain.contract.manager.PluginManager.config_declarations``)."""
 
     #: Accelerate's ``distributed_type`` -> (backend plugin, the section holding its settings or None)
-    distributed_types: dict[str, tuple[str, str | None]] = attrs.Factory(dict)
+    distributed_types: dict[str, tuple[str, str | None]] = dataclasses.field(default_factory=dict)
     #: top-level keys plugins own -> (plugin, check(value) -> normalised value)
-    keys: dict[str, tuple[str, Callable[[Any], Any]]] = attrs.Factory(dict)
+    keys: dict[str, tuple[str, Callable[[Any], Any]]] = dataclasses.field(default_factory=dict)
     #: for the error when no installed plugin answers: Accelerate's ``distributed_type`` -> distribution
-    install_hints: dict[str, str] = attrs.Factory(dict)
+    install_hints: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-@attrs.define
+@dataclasses.dataclass
 class ConfigFile:
     """A config file's settings, normalised to drivetrain's keys."""
 
     path: Path | None
-    values: dict[str, Any] = attrs.Factory(dict)
+    values: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: "drivetrain" or "accelerate"
     format: str = "drivetrain"
 

@@ -1,4 +1,4 @@
-"""Kwargs handlers: small attrs classes that customise one torch object the Accelerator builds.
+"""Kwargs handlers: small dataclasses that customise one torch object the Accelerator builds.
 
 Only the fields a user changed reach torch (``to_kwargs()``), so torch's own defaults stay in charge of
 everything else. Backend-specific handlers (``DistributedDataParallelKwargs``, ``FP8RecipeKwargs``) live in
@@ -14,14 +14,14 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 import torch
 
+from drivetrain.config.fields import Checked, checked
 from drivetrain.errors import ConfigurationError
 
 
-@attrs.define
-class KwargsHandler:
+@dataclasses.dataclass
+class KwargsHandler(Checked):
     """Base class: ``to_kwargs()`` returns the fields whose value differs from the default."""
 
     def to_kwargs(self) -> dict[str, Any]:
@@ -34,9 +34,9 @@ class KwargsHandler:
 
 
 def _field_defaults(cls: type) -> list[tuple[str, Any]]:
-    """(name, default) of each field: ours are attrs classes, while users subclass KwargsHandler with
-    ``@dataclass`` as Accelerate's docs show; the nearest class in the MRO that declares fields decides. A
-    field without a default has none to differ from (MISSING)."""
+    """(name, default) of each field: ours and users' (as Accelerate's docs show) are ``@dataclass``es, a
+    plugin's may be an attrs class; the nearest class in the MRO that declares fields decides. A field without a
+    default has none to differ from (MISSING)."""
     declaring = next(
         (
             klass
@@ -46,6 +46,8 @@ def _field_defaults(cls: type) -> list[tuple[str, Any]]:
         object,
     )
     if "__attrs_attrs__" in vars(declaring):
+        import attrs  # only a plugin's attrs class gets here, and its plugin depends on attrs
+
         fields = []
         for field in attrs.fields(cls):
             default = field.default
@@ -66,12 +68,13 @@ def _field_defaults(cls: type) -> list[tuple[str, Any]]:
     return []
 
 
-def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+def _positive(instance: Any, name: str, value: Any) -> Any:
     if value is not None and value <= 0:
-        raise ConfigurationError(f"{type(instance).__name__}.{attribute.name} must be > 0, got {value!r}")
+        raise ConfigurationError(f"{type(instance).__name__}.{name} must be > 0, got {value!r}")
+    return value
 
 
-@attrs.define
+@dataclasses.dataclass
 class AutocastKwargs(KwargsHandler):
     """Options for ``torch.autocast`` in ``Accelerator.autocast`` and around prepared models."""
 
@@ -79,18 +82,18 @@ class AutocastKwargs(KwargsHandler):
     cache_enabled: bool | None = None
 
 
-@attrs.define
+@dataclasses.dataclass
 class GradScalerKwargs(KwargsHandler):
     """Options for the ``torch.amp.GradScaler`` built for fp16 training."""
 
-    init_scale: float = attrs.field(default=65536.0, validator=_positive)
-    growth_factor: float = attrs.field(default=2.0, validator=_positive)
-    backoff_factor: float = attrs.field(default=0.5, validator=_positive)
-    growth_interval: int = attrs.field(default=2000, validator=_positive)
+    init_scale: float = checked(65536.0, _positive)
+    growth_factor: float = checked(2.0, _positive)
+    backoff_factor: float = checked(0.5, _positive)
+    growth_interval: int = checked(2000, _positive)
     enabled: bool = True
 
 
-def _to_timedelta(value: Any) -> datetime.timedelta | None:
+def _to_timedelta(instance: Any, name: str, value: Any) -> datetime.timedelta | None:
     if value is None or isinstance(value, datetime.timedelta):
         return value
     if isinstance(value, (int, float)):
@@ -98,13 +101,13 @@ def _to_timedelta(value: Any) -> datetime.timedelta | None:
     raise ConfigurationError(f"InitProcessGroupKwargs.timeout must be a timedelta or seconds, got {value!r}")
 
 
-@attrs.define
+@dataclasses.dataclass
 class InitProcessGroupKwargs(KwargsHandler):
     """Options for ``torch.distributed.init_process_group`` (used by the distribution backend)."""
 
     backend: str | None = None
     init_method: str | None = None
-    timeout: datetime.timedelta | None = attrs.field(default=None, converter=_to_timedelta)
+    timeout: datetime.timedelta | None = checked(None, _to_timedelta)
 
 
 # -- the profiler -------------------------------------------------------------------------------------------
@@ -113,9 +116,9 @@ def _activity_names() -> dict[str, Any]:
     return {name.lower(): member for name, member in torch.profiler.ProfilerActivity.__members__.items()}
 
 
-def _check_activities(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+def _check_activities(instance: Any, name: str, value: Any) -> Any:
     if value is None:
-        return
+        return None
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise ConfigurationError(
             f"ProfileKwargs.activities must be a list such as ['cpu', 'cuda'], got {value!r}"
@@ -126,6 +129,7 @@ def _check_activities(instance: Any, attribute: attrs.Attribute, value: Any) -> 
             raise ConfigurationError(
                 f"ProfileKwargs.activities: unknown activity {activity!r}; this torch knows {', '.join(known)}"
             )
+    return value
 
 
 def _schedule_keys() -> tuple[set[str], set[str]]:
@@ -135,9 +139,9 @@ def _schedule_keys() -> tuple[set[str], set[str]]:
     return set(parameters), required
 
 
-def _check_schedule(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+def _check_schedule(instance: Any, field: str, value: Any) -> Any:
     if value is None:
-        return
+        return None
     if not isinstance(value, dict):
         raise ConfigurationError(f"ProfileKwargs.schedule_option must be a dict, got {type(value).__name__}")
     allowed, required = _schedule_keys()
@@ -155,14 +159,20 @@ def _check_schedule(instance: Any, attribute: attrs.Attribute, value: Any) -> No
             raise ConfigurationError(
                 f"ProfileKwargs.schedule_option[{key!r}] must be an int >= 0, got {number!r}"
             )
+    return value
 
 
-def _check_callable(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+def _check_callable(instance: Any, name: str, value: Any) -> Any:
     if value is not None and not callable(value):
-        raise ConfigurationError(f"ProfileKwargs.{attribute.name} must be callable, got {value!r}")
+        raise ConfigurationError(f"ProfileKwargs.{name} must be callable, got {value!r}")
+    return value
 
 
-@attrs.define
+def _optional_path(instance: Any, name: str, value: Any) -> str | None:
+    return None if value is None else os.fspath(value)
+
+
+@dataclasses.dataclass
 class ProfileKwargs(KwargsHandler):
     """Options for ``torch.profiler.profile`` used by ``Accelerator.profile()``.
 
@@ -180,17 +190,15 @@ class ProfileKwargs(KwargsHandler):
         when the block ends.
     """
 
-    activities: list[str] | None = attrs.field(default=None, validator=_check_activities)
-    schedule_option: dict[str, int] | None = attrs.field(default=None, validator=_check_schedule)
-    on_trace_ready: Callable | None = attrs.field(default=None, validator=_check_callable)
+    activities: list[str] | None = checked(None, _check_activities)
+    schedule_option: dict[str, int] | None = checked(None, _check_schedule)
+    on_trace_ready: Callable | None = checked(None, _check_callable)
     record_shapes: bool = False
     profile_memory: bool = False
     with_stack: bool = False
     with_flops: bool = False
     with_modules: bool = False
-    output_trace_dir: str | None = attrs.field(
-        default=None, converter=lambda v: None if v is None else os.fspath(v)
-    )
+    output_trace_dir: str | None = checked(None, _optional_path)
 
     def build(self) -> torch.profiler.profile:
         """The ``torch.profiler.profile`` these options describe (not yet started)."""

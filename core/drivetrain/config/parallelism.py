@@ -20,12 +20,11 @@ that set different values are an error naming both. Names and behaviour are Acce
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import warnings
 from typing import Any
-
-import attrs
 
 from drivetrain.compat.names import SEQUENCE_PARALLEL_BACKENDS
 from drivetrain.config import sources
@@ -162,7 +161,7 @@ def section_product(section: dict[str, Any]) -> int:
 
 
 # -- the handlers of the tensor- and context-parallel dimensions ----------------------------------------------
-@attrs.define
+@dataclasses.dataclass
 class TorchTensorParallelConfig:
     """Options of the tensor-parallel dimension (``ParallelismConfig(tp_handler=...)``).
 
@@ -177,7 +176,7 @@ class TorchTensorParallelConfig:
     enable_async_tp: bool = False
     tp_plan: dict[str, Any] | None = None
 
-    def __attrs_post_init__(self) -> None:
+    def __post_init__(self) -> None:
         if self.enable_async_tp:
             warnings.warn(
                 "TorchTensorParallelConfig.enable_async_tp is not supported; it is ignored",
@@ -191,7 +190,7 @@ class TorchTensorParallelConfig:
             )
 
 
-@attrs.define
+@dataclasses.dataclass
 class TorchContextParallelConfig:
     """Options of the context-parallel dimension (``ParallelismConfig(cp_handler=...)``): how ranks exchange
     keys and values in ring attention. ``None`` reads ``PARALLELISM_CONFIG_CP_COMM_STRATEGY``, else
@@ -199,14 +198,14 @@ class TorchContextParallelConfig:
 
     cp_comm_strategy: str | None = None
 
-    def __attrs_post_init__(self) -> None:
+    def __post_init__(self) -> None:
         if self.cp_comm_strategy is None:
             setting = environment_settings().get("cp_comm_strategy")
             self.cp_comm_strategy = setting.value if setting else "allgather"
         self.cp_comm_strategy = _choice_value("cp_comm_strategy", self.cp_comm_strategy, CP_COMM_STRATEGIES)
 
 
-@attrs.define
+@dataclasses.dataclass
 class TorchTensorParallelPlugin:
     """Accelerate's deprecated ``Accelerator(torch_tp_plugin=...)``: becomes ``ParallelismConfig(tp_size=...)``."""
 
@@ -215,7 +214,7 @@ class TorchTensorParallelPlugin:
 
 
 # -- the configuration -----------------------------------------------------------------------------------------
-@attrs.define(repr=False)
+@dataclasses.dataclass(repr=False)
 class ParallelismConfig:
     """Sizes of the parallel dimensions of a run (see the module docstring). ``None`` reads the environment
     and the config file, else 1; after construction every size is a whole number. Their product must equal
@@ -234,9 +233,9 @@ class ParallelismConfig:
     cp_handler: Any = None
     sp_handler: Any = None
     #: the mesh, once the backend built it (``get_device_mesh``)
-    device_mesh: Any = attrs.field(default=None, init=False)
+    device_mesh: Any = dataclasses.field(default=None, init=False)
 
-    def __attrs_post_init__(self) -> None:
+    def __post_init__(self) -> None:
         found = environment_settings()
         for name in SETTINGS:
             given = getattr(self, name)
@@ -428,21 +427,21 @@ class ParallelismConfig:
         """The settings as JSON (the handlers by their fields; the mesh left out)."""
 
         def plain(value: Any) -> Any:
-            if attrs.has(type(value)):
-                return {key: plain(item) for key, item in attrs.asdict(value, recurse=False).items()}
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                return {field.name: plain(getattr(value, field.name)) for field in dataclasses.fields(value)}
             if isinstance(value, dict):
                 return {str(key): plain(item) for key, item in value.items()}
             if isinstance(value, (str, int, float, bool)) or value is None:
                 return value
             return repr(value)
 
-        fields = [field.name for field in attrs.fields(type(self)) if field.name != "device_mesh"]
+        fields = [field.name for field in dataclasses.fields(self) if field.name != "device_mesh"]
         return json.dumps({name: plain(getattr(self, name)) for name in fields}, sort_keys=True)
 
     def __repr__(self) -> str:
         fields = ", ".join(
             f"{field.name}={getattr(self, field.name)!r}"
-            for field in attrs.fields(type(self))
+            for field in dataclasses.fields(self)
             if field.name != "device_mesh"
         )
         return f"ParallelismConfig({fields}, total_size={self.total_size})"

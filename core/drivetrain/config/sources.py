@@ -15,20 +15,19 @@ A source only counts when it sets the value. When two sources set different valu
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
 from collections.abc import Callable
 from typing import Any
 
-import attrs
-
 from drivetrain.errors import ConfigurationError
 
 CONFIG_FILE_ENV = "DRIVETRAIN_CONFIG_FILE"
 
 
-@attrs.define(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Setting:
     """A resolved value and a human description of where it came from."""
 

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
 
-import attrs
 import torch
 
 
-@attrs.define(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ShardingOptions:
     """How ``shard_dataloader`` should shard a data loader: this process's share of the data and the user's
     ``DataLoaderConfiguration``. ``prepare_data_loader(dataloader, **options.to_kwargs())`` is the reference
-    behaviour; ``attrs.evolve(options, num_processes=..., process_index=...)`` shards over a group."""
+    behaviour; ``dataclasses.replace(options, num_processes=..., process_index=...)`` shards over a group."""
 
     device: torch.device
     #: number of shares of the data (the data-parallel size) and this process's share
@@ -30,29 +30,29 @@ class ShardingOptions:
 
     def to_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``prepare_data_loader``."""
-        kwargs = attrs.asdict(self, recurse=False)
+        kwargs = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         kwargs["rng_types"] = list(self.rng_types)
         return kwargs
 
 
-@attrs.define
+@dataclasses.dataclass
 class PreparedObjects:
     """What ``Accelerator.prepare`` has seen, in order: ``accelerator.prepared``. Plugins read it (FSDP numbers
     every model of a checkpoint, DeepSpeed reads the batch size of the prepared loaders); only the kernel
     changes it."""
 
-    models: list[torch.nn.Module] = attrs.Factory(list)
+    models: list[torch.nn.Module] = dataclasses.field(default_factory=list)
     #: ``AcceleratedOptimizer`` objects
-    optimizers: list[Any] = attrs.Factory(list)
+    optimizers: list[Any] = dataclasses.field(default_factory=list)
     #: ``AcceleratedScheduler`` objects
-    schedulers: list[Any] = attrs.Factory(list)
-    dataloaders: list[Any] = attrs.Factory(list)
+    schedulers: list[Any] = dataclasses.field(default_factory=list)
+    dataloaders: list[Any] = dataclasses.field(default_factory=list)
     #: objects given to ``register_for_checkpointing``
-    custom_objects: list[Any] = attrs.Factory(list)
+    custom_objects: list[Any] = dataclasses.field(default_factory=list)
     #: the optimizers and data loaders of the ``prepare()`` call in progress: models are wrapped first, and a
     #: backend may need them then (DeepSpeed builds its engine with the optimizer and reads the batch size)
-    pending_optimizers: list[Any] = attrs.Factory(list)
-    pending_dataloaders: list[Any] = attrs.Factory(list)
+    pending_optimizers: list[Any] = dataclasses.field(default_factory=list)
+    pending_dataloaders: list[Any] = dataclasses.field(default_factory=list)
 
     def clear(self) -> None:
         """Forget everything (``Accelerator.free_memory``)."""

@@ -8,11 +8,11 @@ communication (XLA) subclasses :class:`Collectives`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 import torch
 
 from drivetrain.config.enums import DistributedType
@@ -52,7 +52,7 @@ class Collectives:
         return tensor
 
 
-@attrs.define
+@dataclasses.dataclass
 class DistributedEnvironment:
     """Where this process stands among the others, as the backend's ``setup_process_group`` reports it."""
 
@@ -64,7 +64,7 @@ class DistributedEnvironment:
     distributed_type: DistributedType = DistributedType.NO
     #: torch.distributed backend string ("gloo", "nccl", ...), None for one process
     torch_backend: str | None = None
-    collectives: Collectives = attrs.Factory(Collectives)
+    collectives: Collectives = dataclasses.field(default_factory=Collectives)
     #: a callable that tears the process group down at exit (None: nothing to do)
     shutdown: Callable[[], None] | None = None
     #: the run's ``torch.distributed.device_mesh.DeviceMesh`` with named dimensions, when the backend built one

@@ -196,7 +196,7 @@ def shard_dataloader(
     ``split_batches``, ``even_batches``, ``dispatch_batches``, iterable datasets, seedable samplers and
     stateful loaders: ``prepare_data_loader(dataloader, **options.to_kwargs())``. XLA returns its parallel
     loader; a backend that shards data over a data-parallel group only (tensor parallelism) passes
-    ``attrs.evolve(options, num_processes=dp_size, process_index=dp_rank)``.
+    ``dataclasses.replace(options, num_processes=dp_size, process_index=dp_rank)``.
 
     :param dataloader: the user's data loader.
     :param accelerator: the :class:`~drivetrain.Accelerator`.

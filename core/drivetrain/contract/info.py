@@ -7,10 +7,9 @@ config keys in the registry.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
-
-import attrs
 
 from drivetrain.contract.version import CONTRACT_VERSION
 from drivetrain.errors import PluginError
@@ -32,7 +31,7 @@ REMOVED_FIELDS = {
 }
 
 
-@attrs.define(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Capabilities:
     """What a backend promises; the conformance suite reports properties outside these as not applicable."""
 
@@ -60,14 +59,14 @@ class Capabilities:
     portable_checkpoints: bool = False
 
 
-@attrs.define(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class PluginInfo:
     """What a plugin module declares about itself as ``PLUGIN_INFO = PluginInfo(...)``.
 
     Reading it imports the plugin module but never the plugin's third-party library.
     """
 
-    kind: str = attrs.field(default="extension", validator=attrs.validators.in_(PLUGIN_KINDS))
+    kind: str = "extension"
     #: Contract version the plugin was written for (see ``hookspecs.CONTRACT_VERSION``).
     contract: str = CONTRACT_VERSION
     #: Importable names of third-party libraries the plugin needs (``("deepspeed",)``). ``drivetrain
@@ -75,7 +74,7 @@ class PluginInfo:
     requires: tuple[str, ...] = ()
     #: Libraries that enable parts of the plugin, importable name -> what it enables
     #: (``{"torchao": "the torchao fp8 backend"}``); listed with whether each is installed.
-    optional_requires: dict[str, str] = attrs.field(factory=dict)
+    optional_requires: dict[str, str] = dataclasses.field(default_factory=dict)
     description: str = ""
     capabilities: Capabilities = Capabilities()
     #: For backends: Accelerate's ``DistributedType`` name this backend answers (``"FSDP"``). A config file
@@ -98,8 +97,14 @@ class PluginInfo:
     #: For backends whose engine handles mixed precision and loss scaling itself (DeepSpeed): no GradScaler.
     manages_precision: bool = False
 
+    def __post_init__(self) -> None:
+        if self.kind not in PLUGIN_KINDS:
+            raise ValueError(
+                f"PluginInfo.kind={self.kind!r} is not valid; choose one of: {', '.join(PLUGIN_KINDS)}"
+            )
 
-@attrs.define
+
+@dataclasses.dataclass
 class DiscoveredPlugin:
     """An entry point seen in the metadata, possibly not yet imported."""
 
@@ -107,8 +112,8 @@ class DiscoveredPlugin:
     value: str
     distribution: str
     version: str
-    entry_point: Any = attrs.field(default=None, repr=False)
-    module: Any = attrs.field(default=None, repr=False)
+    entry_point: Any = dataclasses.field(default=None, repr=False)
+    module: Any = dataclasses.field(default=None, repr=False)
     #: Why the plugin could not be loaded (it is skipped and listed as broken), or None.
     error: str | None = None
 
@@ -121,18 +126,18 @@ class DiscoveredPlugin:
         return getattr(self.module, "PLUGIN_INFO", None) or PluginInfo()
 
 
-@attrs.define
+@dataclasses.dataclass
 class ExtensionRegistry:
     """What plugins register through the ``register_extensions`` hook. Keys record the plugin's name."""
 
-    trackers: dict[str, tuple[str, type]] = attrs.Factory(dict)
-    commands: dict[str, tuple[str, Callable, Callable, str]] = attrs.Factory(dict)
-    launch_options: list[tuple[str, Callable]] = attrs.Factory(list)
-    launchers: dict[str, tuple[str, Callable]] = attrs.Factory(dict)
+    trackers: dict[str, tuple[str, type]] = dataclasses.field(default_factory=dict)
+    commands: dict[str, tuple[str, Callable, Callable, str]] = dataclasses.field(default_factory=dict)
+    launch_options: list[tuple[str, Callable]] = dataclasses.field(default_factory=list)
+    launchers: dict[str, tuple[str, Callable]] = dataclasses.field(default_factory=dict)
     #: name -> (plugin, getter(state), also on the Accelerator)
-    state_attributes: dict[str, tuple[str, Callable, bool]] = attrs.Factory(dict)
+    state_attributes: dict[str, tuple[str, Callable, bool]] = dataclasses.field(default_factory=dict)
     #: config-file key -> (plugin, check(value) -> normalised value)
-    config_keys: dict[str, tuple[str, Callable[[Any], Any]]] = attrs.Factory(dict)
+    config_keys: dict[str, tuple[str, Callable[[Any], Any]]] = dataclasses.field(default_factory=dict)
     current_plugin: str = ""
 
     def add_tracker(self, name: str, tracker_class: type) -> None:

@@ -165,7 +165,7 @@ def join_process_group(
     """``setup_process_group`` for a backend on ``torch.distributed``: join the group that the launcher
     (``drivetrain launch``, torchrun) describes in ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/
     ``MASTER_PORT``, and describe it. Returns a ``DistributedEnvironment`` with ``TorchCollectives`` and
-    :func:`shutdown_process_group` as ``shutdown``; ``attrs.evolve`` it to report another distributed type or
+    :func:`shutdown_process_group` as ``shutdown``; ``dataclasses.replace`` it to report another distributed type or
     to add a mesh.
 
     ``init_kwargs`` are the hook's (the script's ``InitProcessGroupKwargs``): ``backend`` (default: nccl on

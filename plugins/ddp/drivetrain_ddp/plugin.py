@@ -7,9 +7,9 @@ model by duck typing: :class:`~drivetrain_ddp.wrapper.DrivetrainDDP` provides ``
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-import attrs
 import torch
 
 from drivetrain import hookimpl
@@ -42,7 +42,7 @@ def setup_process_group(device: torch.device, init_kwargs: dict[str, Any], paral
     ):
         return environment  # the kernel reports a size mismatch, naming both values
     # dp_replicate over every process: the same shares as without a config, and the mesh scripts may ask for.
-    return attrs.evolve(environment, device_mesh=parallelism.build_device_mesh(device.type))
+    return dataclasses.replace(environment, device_mesh=parallelism.build_device_mesh(device.type))
 
 
 def ddp_kwargs_handler(accelerator: Any) -> Any:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-import attrs
 import torch
 
 from drivetrain.plugin_api import (
@@ -33,7 +33,7 @@ def join(
     checkpoint saved by one process reshards onto many, and back), reported as ``DistributedType.FSDP``; with
     a ``ParallelismConfig``, also the run's N-D mesh, this process's data-parallel coordinates and (with a
     ``cp`` dimension) the context-parallel context."""
-    environment = attrs.evolve(
+    environment = dataclasses.replace(
         join_process_group(device, init_kwargs, alone=True),
         distributed_type=DistributedType.FSDP,
         shutdown=shutdown,
@@ -48,7 +48,7 @@ def join(
         from drivetrain_fsdp.context_parallel import context_parallel_factory
 
         context = context_parallel_factory(mesh, parallelism.cp_handler)
-    return attrs.evolve(
+    return dataclasses.replace(
         environment,
         device_mesh=mesh,
         data_parallel_size=parallelism.data_parallel_size,

@@ -13,9 +13,8 @@ The launcher hands flags and config keys to the processes; ``plugin_api.plugin_o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
-
-import attrs
 
 from drivetrain.plugin_api import plugin_options
 
@@ -27,7 +26,7 @@ SECTION_KEYS = ("ipex", "use_xpu")
 USE_XPU = "use_xpu (drivetrain launch --use_xpu or the config file)"
 
 
-@attrs.define(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Request:
     """What the run asked of this plugin, and where that came from (for messages)."""
 
@@ -99,5 +98,5 @@ def request(accelerator: Any) -> Request:
     """What this Accelerator's run asked of this plugin: the script's ``plugins=[...]`` first, then launch."""
     launched = process_request()
     if PLUGIN_NAME in accelerator.requested_plugins:
-        return attrs.evolve(launched, optimize=True, source=f"Accelerator(plugins=[{PLUGIN_NAME!r}])")
+        return dataclasses.replace(launched, optimize=True, source=f"Accelerator(plugins=[{PLUGIN_NAME!r}])")
     return launched

@@ -3,9 +3,9 @@ groups (``parallel_state.initialize_model_parallel``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-import attrs
 import torch
 
 from drivetrain.plugin_api import (
@@ -71,7 +71,7 @@ def join(
         pipeline_model_parallel_size=config.pp_degree,
         virtual_pipeline_model_parallel_size=_virtual_stages(config),
     )
-    return attrs.evolve(
+    return dataclasses.replace(
         environment,
         distributed_type=DistributedType.MEGATRON_LM,
         shutdown=shutdown,

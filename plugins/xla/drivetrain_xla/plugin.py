@@ -269,9 +269,11 @@ def wrap_optimizer(optimizer: Any, accelerator: Any) -> None:
 
 @hookimpl
 def shard_dataloader(dataloader: Any, accelerator: Any, device_placement: bool, options: Any) -> Any:
-    import attrs
+    import dataclasses
 
-    prepared = prepare_data_loader(dataloader, **attrs.evolve(options, put_on_device=False).to_kwargs())
+    prepared = prepare_data_loader(
+        dataloader, **dataclasses.replace(options, put_on_device=False).to_kwargs()
+    )
     if not device_placement:
         return prepared
     sharding = None

@@ -51,7 +51,7 @@ def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> An
     distributed type, collectives, shutdown). ``init_kwargs`` holds the script's
     ``InitProcessGroupKwargs`` (``backend``, ``init_method``, ``timeout``) that are not None.
     ``join_process_group`` joins the group the launcher describes (gloo on CPU, nccl on CUDA) and shuts it
-    down at ``accelerator.end_training()``; ``attrs.evolve`` its result to change what it reports."""
+    down at ``accelerator.end_training()``; ``dataclasses.replace`` its result to change what it reports."""
     return join_process_group(device, init_kwargs)
 
 
