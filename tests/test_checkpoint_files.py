@@ -460,6 +460,20 @@ def test_version_2_manifests_still_verify_and_catch_tampering(tmp_path, monkeypa
         manifests.verify(final, checksum="sha256")
 
 
+def test_a_manifest_of_a_newer_version_is_refused_with_upgrade_advice(tmp_path):
+    final = _make_checkpoint(str(tmp_path), "checkpoint_0")
+    path = os.path.join(final, manifests.MANIFEST_NAME)
+    with open(path) as handle:
+        manifest = json.load(handle)
+    manifest["version"] = manifests.MANIFEST_VERSION + 1
+    with open(path, "w") as handle:
+        json.dump(manifest, handle)
+    with pytest.raises(
+        CheckpointError, match=rf"manifest version {manifests.MANIFEST_VERSION + 1}.*upgrade drivetrain"
+    ):
+        manifests.verify(final)
+
+
 def _rewrite_as_version_1(folder):
     """What drivetrain wrote before manifest version 2: one whole-file sha256 per file, no chunk_size."""
     path = os.path.join(folder, manifests.MANIFEST_NAME)
