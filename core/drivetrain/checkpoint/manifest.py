@@ -98,7 +98,7 @@ def write_manifest(
         )
     listed: dict[str, Any] = {}
     relatives = [relative for relative in _relative_files(directory) if relative != MANIFEST_NAME]
-    pieces = []
+    pieces: list[tuple[str, str, int, int]] = []
     for relative in relatives:
         path = os.path.join(directory, relative)
         size = os.path.getsize(path)
