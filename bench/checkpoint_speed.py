@@ -12,6 +12,8 @@ state (two more copies), saved and loaded back from a scratch folder. Systems:
   the save: the training loop would run meanwhile);
 - ``drivetrain-blocking``: the same with ``save_state(blocking=True)``, the default: returns once complete on
   disk;
+- ``drivetrain-blocking-sha256`` (only when named in ``--systems``): the same with
+  ``ProjectConfiguration(checkpoint_sha256=True)``, the opt-in that also records sha256 checksums;
 - ``raw``: safetensors.torch.save_file(weights) + torch.save(optimizer state), load_file + torch.load (no
   fsync, no checksum);
 - ``raw+fsync``: the same plus an fsync of each file (what durability costs anyway);
@@ -115,10 +117,12 @@ def _child(system: str, size_mb: int, directory: str, repeats: int) -> dict:
     finish = None
     if system.startswith("drivetrain"):
         from drivetrain import Accelerator
+        from drivetrain.utils import ProjectConfiguration
 
-        accelerator = Accelerator(cpu=True)
+        project = ProjectConfiguration(checkpoint_sha256=system.endswith("-sha256"))
+        accelerator = Accelerator(cpu=True, project_config=project)
         model, optimizer = accelerator.prepare(model, optimizer)
-        blocking = system == "drivetrain-blocking"
+        blocking = system.startswith("drivetrain-blocking")
         save = lambda: accelerator.save_state(directory, blocking=blocking)  # noqa: E731
         finish = accelerator.wait_for_checkpoint
         load = lambda: accelerator.load_state(directory)  # noqa: E731

@@ -59,7 +59,7 @@ def _hold_at(monkeypatch, stage):
 def test_training_goes_on_while_the_save_finishes_and_the_checkpoint_holds_the_saved_state(
     tmp_path, monkeypatch
 ):
-    accelerator, model, optimizer = _setup(tmp_path)
+    accelerator, model, optimizer = _setup(tmp_path, checkpoint_sha256=True)
     _step(accelerator, model, optimizer)
     saved = _weights(model)
     reached, release = _hold_at(monkeypatch, "files_synced")
@@ -175,7 +175,7 @@ def test_a_script_that_exits_right_after_an_asynchronous_save_state_leaves_a_com
         [sys.executable, "-c", script, folder, "ok"], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    manifest = manifests.verify(folder, checksum="sha256")
+    manifest = manifests.verify(folder)
     assert "model.safetensors" in manifest["files"]
     from safetensors.torch import load_file
 
@@ -194,7 +194,13 @@ def test_a_script_that_exits_right_after_an_asynchronous_save_state_leaves_a_com
 
 def test_load_state_checks_sha256_on_request_and_rejects_unknown_verification(tmp_path):
     accelerator, model, optimizer = _setup(tmp_path)
+    # By default a save records xxh3-128 only: asking for sha256 says how to get them, naming the file.
     location = accelerator.save_state(blocking=True)
+    with pytest.raises(CheckpointError, match=r"records no sha256 for '.*'.*checkpoint_sha256=True"):
+        accelerator.load_state(location, verify_manifest="sha256")
+    accelerator.project_configuration.checkpoint_sha256 = True
+    location = accelerator.save_state(blocking=True)
+    accelerator.load_state(location, verify_manifest="sha256")
     path = os.path.join(location, "optimizer.bin")
     with open(path, "r+b") as handle:
         handle.seek(-2, os.SEEK_END)
@@ -215,5 +221,5 @@ def test_save_state_is_complete_when_it_returns_by_default_like_accelerate(tmp_p
     # The folder is there under its final name, sealed, and nothing else new beside it.
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_0"]
     assert set(os.listdir(tmp_path)) - before == {"checkpoints"}
-    manifests.verify(location, checksum="sha256")
+    manifests.verify(location)
     assert model.weight is not None

@@ -201,13 +201,13 @@ def test_save_model_files_bin_names(tmp_path):
 
 
 # -- manifests --------------------------------------------------------------------------------------------------
-def _make_checkpoint(root, name, payload=b"weights"):
+def _make_checkpoint(root, name, payload=b"weights", checksums=files.DEFAULT_CHECKSUMS):
     final = os.path.join(root, name)
     temporary = manifests.start_incomplete(final)
     torch_save_into_checkpoint({"w": torch.arange(100)}, os.path.join(temporary, "optimizer.bin"))
     with open(os.path.join(temporary, "extra.txt"), "wb") as handle:  # a file another library wrote
         handle.write(payload)
-    manifests.write_manifest(temporary, {"step": 1})
+    manifests.write_manifest(temporary, {"step": 1}, checksums)
     manifests.seal(temporary, final)
     return final
 
@@ -230,15 +230,20 @@ def test_truncated_file_is_named(tmp_path):
     assert not manifests.is_complete(final)
 
 
-def test_tampered_file_of_same_size_is_named(tmp_path):
-    final = _make_checkpoint(str(tmp_path), "checkpoint_0")
+@pytest.mark.parametrize("checksums", [files.DEFAULT_CHECKSUMS, files.SHA256_CHECKSUMS])
+def test_tampered_file_of_same_size_is_named(tmp_path, checksums):
+    final = _make_checkpoint(str(tmp_path), "checkpoint_0", checksums=checksums)
     with open(os.path.join(final, "extra.txt"), "wb") as handle:
         handle.write(b"WEIGHTS")
     assert manifests.is_complete(final)  # sizes match: only the checksums can tell
     with pytest.raises(CheckpointError, match=r"extra\.txt does not match its xxh3_128 checksum"):
         manifests.verify(final)
-    with pytest.raises(CheckpointError, match=r"extra\.txt does not match its sha256 checksum"):
-        manifests.verify(final, checksum="sha256")
+    if "sha256" in checksums:
+        with pytest.raises(CheckpointError, match=r"extra\.txt does not match its sha256 checksum"):
+            manifests.verify(final, checksum="sha256")
+    else:  # saved without sha256 (the default): asking for it names the file and the opt-in
+        with pytest.raises(CheckpointError, match=r"records no sha256 for '.*'.*checkpoint_sha256=True"):
+            manifests.verify(final, checksum="sha256")
 
 
 def test_folder_without_manifest_is_not_a_checkpoint(tmp_path):
@@ -357,8 +362,11 @@ def test_rng_states_load_safely():
     assert set(state) >= {"python", "numpy", "torch"}
 
 
-# -- checksums in pieces, version 1 ---------------------------------------------------------------------------
-def test_the_manifest_records_sha256_and_xxh3_of_every_piece_of_every_file(tmp_path, monkeypatch):
+# -- checksums in pieces, versions 1 and 2 ---------------------------------------------------------------------
+@pytest.mark.parametrize("checksums", [files.DEFAULT_CHECKSUMS, files.SHA256_CHECKSUMS])
+def test_the_manifest_records_the_checksums_asked_for_of_every_piece_of_every_file(
+    tmp_path, monkeypatch, checksums
+):
     monkeypatch.setattr(files, "HASH_CHUNK_SIZE", 1000)
     monkeypatch.setattr(files, "_WRITEBACK_EVERY", 700)  # writes split across pieces and writeback calls
     folder = manifests.start_incomplete(str(tmp_path / "checkpoint_0"))
@@ -367,30 +375,35 @@ def test_the_manifest_records_sha256_and_xxh3_of_every_piece_of_every_file(tmp_p
     torch_save_into_checkpoint({"big": torch.randn(2000), "small": 3}, os.path.join(folder, "o.bin"))
     with open(os.path.join(folder, "empty.bin"), "wb"):
         pass
-    manifests.write_manifest(folder, {})
-    recorded = manifests.read_manifest(folder)["files"]
+    manifests.write_manifest(folder, {}, checksums)
+    manifest = manifests.read_manifest(folder)
+    assert manifest["version"] == 3
+    recorded = manifest["files"]
     assert set(recorded) == {"w.safetensors", "o.bin", "empty.bin"}
     for name, record in recorded.items():
         with open(os.path.join(folder, name), "rb") as handle:
             data = handle.read()
         pieces = [data[start : start + 1000] for start in range(0, len(data), 1000)] or [b""]
-        assert record == {
+        expected = {
             "size": len(data),
-            "sha256_chunks": [hashlib.sha256(piece).hexdigest() for piece in pieces],
             "xxh3_128_chunks": [xxhash.xxh3_128(piece).hexdigest() for piece in pieces],
         }
-    assert len(recorded["o.bin"]["sha256_chunks"]) > 3
-    assert files.sha256_chunks_of_file(os.path.join(folder, "o.bin"), 1000) == (
-        recorded["o.bin"]["size"],
-        recorded["o.bin"]["sha256_chunks"],
-    )
+        if "sha256" in checksums:
+            expected["sha256_chunks"] = [hashlib.sha256(piece).hexdigest() for piece in pieces]
+        assert record == expected
+    assert len(recorded["o.bin"]["xxh3_128_chunks"]) > 3
+    if "sha256" in checksums:
+        assert files.sha256_chunks_of_file(os.path.join(folder, "o.bin"), 1000) == (
+            recorded["o.bin"]["size"],
+            recorded["o.bin"]["sha256_chunks"],
+        )
 
 
 def test_a_changed_byte_in_any_piece_is_found_and_named(tmp_path, monkeypatch):
     monkeypatch.setattr(files, "HASH_CHUNK_SIZE", 256)
-    final = _make_checkpoint(str(tmp_path), "checkpoint_0")
+    final = _make_checkpoint(str(tmp_path), "checkpoint_0", checksums=files.SHA256_CHECKSUMS)
     manifest = manifests.verify(final)
-    assert manifest["version"] == 2 and manifest["chunk_size"] == 256
+    assert manifest["version"] == 3 and manifest["chunk_size"] == 256
     assert len(manifest["files"]["optimizer.bin"]["sha256_chunks"]) > 2
     path = os.path.join(final, "optimizer.bin")
     with open(path, "r+b") as handle:
@@ -413,6 +426,51 @@ def test_version_1_manifests_still_verify_and_catch_tampering(tmp_path):
     with open(os.path.join(final, "extra.txt"), "wb") as handle:
         handle.write(b"WEIGHTS")
     with pytest.raises(CheckpointError, match=r"extra\.txt does not match its sha256 checksum"):
+        manifests.verify(final)
+
+
+@pytest.mark.parametrize("recorded", [("sha256",), ("sha256", "xxh3_128")])
+def test_version_2_manifests_still_verify_and_catch_tampering(tmp_path, monkeypatch, recorded):
+    """What drivetrain wrote before manifest version 3: sha256 of every piece always, xxh3-128 in its later
+    releases."""
+    monkeypatch.setattr(files, "HASH_CHUNK_SIZE", 256)
+    final = _make_checkpoint(str(tmp_path), "checkpoint_0", checksums=files.SHA256_CHECKSUMS)
+    path = os.path.join(final, manifests.MANIFEST_NAME)
+    with open(path) as handle:
+        manifest = json.load(handle)
+    manifest["version"] = 2
+    for entry in manifest["files"].values():
+        for algorithm in files.CHECKSUMS:
+            if algorithm not in recorded:
+                del entry[f"{algorithm}_chunks"]
+    with open(path, "w") as handle:
+        json.dump(manifest, handle)
+    assert manifests.verify(final)["version"] == 2
+    assert manifests.verify(final, checksum="sha256")["version"] == 2
+    assert manifests.complete_checkpoints(str(tmp_path)) == [final]
+    with open(os.path.join(final, "optimizer.bin"), "r+b") as handle:
+        handle.seek(300)
+        byte = handle.read(1)
+        handle.seek(300)
+        handle.write(bytes([byte[0] ^ 1]))
+    checked = "xxh3_128" if "xxh3_128" in recorded else "sha256"
+    with pytest.raises(CheckpointError, match=rf"optimizer\.bin does not match its {checked} checksum"):
+        manifests.verify(final)
+    with pytest.raises(CheckpointError, match=r"optimizer\.bin does not match its sha256 checksum"):
+        manifests.verify(final, checksum="sha256")
+
+
+def test_a_manifest_of_a_newer_version_is_refused_with_upgrade_advice(tmp_path):
+    final = _make_checkpoint(str(tmp_path), "checkpoint_0")
+    path = os.path.join(final, manifests.MANIFEST_NAME)
+    with open(path) as handle:
+        manifest = json.load(handle)
+    manifest["version"] = manifests.MANIFEST_VERSION + 1
+    with open(path, "w") as handle:
+        json.dump(manifest, handle)
+    with pytest.raises(
+        CheckpointError, match=rf"manifest version {manifests.MANIFEST_VERSION + 1}.*upgrade drivetrain"
+    ):
         manifests.verify(final)
 
 
@@ -446,16 +504,17 @@ def test_checkpoint_pickles_skip_the_zip_crc_and_still_load(tmp_path):
     assert {info.CRC for info in zipfile.ZipFile(path).infolist()} == {0}
 
 
-def _save_both_ways(tmp_path, monkeypatch):
+def _save_both_ways(tmp_path, monkeypatch, sha256):
     """The same state saved by a blocking save (checksummed while written) and by an asynchronous one
     (checksummed by reading the files back), with pieces small enough that every file has several."""
     from drivetrain import Accelerator
+    from drivetrain.utils import ProjectConfiguration
 
     monkeypatch.setattr(files, "HASH_CHUNK_SIZE", 1 << 20)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(700, 700), torch.nn.Linear(700, 3))
     optimizer = torch.optim.AdamW(model.parameters())
-    accelerator = Accelerator(cpu=True)
+    accelerator = Accelerator(cpu=True, project_config=ProjectConfiguration(checkpoint_sha256=sha256))
     model, optimizer = accelerator.prepare(model, optimizer)
     model(torch.randn(2, 700)).sum().backward()
     optimizer.step()
@@ -475,23 +534,33 @@ def _save_both_ways(tmp_path, monkeypatch):
     return accelerator, listed, blocking_read_back, read_back[len(blocking_read_back) :]
 
 
-def test_a_blocking_save_checksums_while_writing_and_records_what_reading_back_would(tmp_path, monkeypatch):
+@pytest.mark.parametrize("sha256", [False, True])
+def test_a_blocking_save_checksums_while_writing_and_records_what_reading_back_would(
+    tmp_path, monkeypatch, sha256
+):
     accelerator, (blocking, asynchronous), blocking_read_back, async_read_back = _save_both_ways(
-        tmp_path, monkeypatch
+        tmp_path, monkeypatch, sha256
     )
     # the blocking save read nothing back for the files it wrote itself; the asynchronous one read them all
     assert not any(path.endswith(("model.safetensors", "optimizer.bin")) for path in blocking_read_back)
     assert any(path.endswith("optimizer.bin") for path in async_read_back)
-    assert len(blocking["optimizer.bin"]["sha256_chunks"]) > 1
+    assert len(blocking["optimizer.bin"]["xxh3_128_chunks"]) > 1
     for name in ("model.safetensors", "optimizer.bin"):
-        assert blocking[name] == asynchronous[name]  # sizes, sha256 and xxh3-128 of every piece
-    # and the checksums are those of the bytes on disk: a standard sha256 of each piece agrees
+        assert blocking[name] == asynchronous[name]  # sizes and checksums of every piece
+        assert ("sha256_chunks" in blocking[name]) == sha256  # sha256 only when asked for
+    # and the checksums are those of the bytes on disk: a standard hash of each piece agrees
     data = (tmp_path / "blocking" / "optimizer.bin").read_bytes()
     pieces = [data[offset : offset + (1 << 20)] for offset in range(0, len(data), 1 << 20)]
-    assert blocking["optimizer.bin"]["sha256_chunks"] == [
-        hashlib.sha256(piece).hexdigest() for piece in pieces
+    assert blocking["optimizer.bin"]["xxh3_128_chunks"] == [
+        xxhash.xxh3_128(piece).hexdigest() for piece in pieces
     ]
+    if sha256:
+        assert blocking["optimizer.bin"]["sha256_chunks"] == [
+            hashlib.sha256(piece).hexdigest() for piece in pieces
+        ]
     accelerator.load_state(str(tmp_path / "blocking"))  # verified against the manifest
+    if sha256:
+        accelerator.load_state(str(tmp_path / "blocking"), verify_manifest="sha256")
 
 
 def test_checksums_of_a_failed_save_are_not_taken_for_the_next_files(tmp_path, monkeypatch):
@@ -505,4 +574,4 @@ def test_checksums_of_a_failed_save_are_not_taken_for_the_next_files(tmp_path, m
         handle.write(b"b" * 100)
     manifests.write_manifest(temporary, {})
     listed = json.loads((tmp_path / f"{os.path.basename(temporary)}" / manifests.MANIFEST_NAME).read_text())
-    assert listed["files"]["weights.bin"]["sha256_chunks"] == [hashlib.sha256(b"b" * 100).hexdigest()]
+    assert listed["files"]["weights.bin"]["xxh3_128_chunks"] == [xxhash.xxh3_128(b"b" * 100).hexdigest()]

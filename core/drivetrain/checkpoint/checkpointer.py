@@ -211,8 +211,9 @@ class Checkpointer:
 
         config = self.project_configuration
         wait = (not config.async_save) if blocking is None else blocking
+        checksums = files.SHA256_CHECKSUMS if config.checkpoint_sha256 else files.DEFAULT_CHECKSUMS
         try:
-            with files.blocking_save(wait):
+            with files.blocking_save(wait, checksums):
                 self._write_checkpoint_files(temporary, safe_serialization, save_model_func_kwargs)
         except (KeyboardInterrupt, SystemExit):
             if writer:
@@ -237,7 +238,7 @@ class Checkpointer:
                 "safe_serialization": safe_serialization,
             }
             limit = config.total_limit if config.automatic_checkpoint_naming else None
-            finish = functools.partial(_finish_save, temporary, location, metadata, limit)
+            finish = functools.partial(_finish_save, temporary, location, metadata, limit, checksums)
         number = config.iteration if config.automatic_checkpoint_naming else None
         self._finishing_save = FinishingSave(location, finish, number)
         config.iteration += 1
@@ -509,7 +510,11 @@ def onloaded_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _finish_save(
-    temporary: str, location: str, metadata: dict[str, Any], total_limit: int | None
+    temporary: str,
+    location: str,
+    metadata: dict[str, Any],
+    total_limit: int | None,
+    checksums: tuple[str, ...] = files.DEFAULT_CHECKSUMS,
 ) -> list[str]:
     """The writing process's part of a save after every process wrote its files: make them durable and
     checksum them, write the manifest, rename the folder into place, then prune old automatic checkpoints.
@@ -518,7 +523,7 @@ def _finish_save(
     Pruning is not part of the save: once the rename is done the checkpoint is complete whatever happens
     to older ones, so a failed prune comes back as a warning (returned), never as a failed save."""
     try:
-        manifests.write_manifest(temporary, metadata)
+        manifests.write_manifest(temporary, metadata, checksums)
         manifests.seal(temporary, location)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)

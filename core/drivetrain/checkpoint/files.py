@@ -8,9 +8,11 @@ file's dirty pages to the disk every :data:`_WRITEBACK_EVERY` bytes (``sync_file
 starts writeback without waiting), so the fsyncs at the end have little left to do.
 
 Checksums cover consecutive :data:`HASH_CHUNK_SIZE` pieces of a file (the last one shorter; an empty file
-has one, of no bytes), so the pieces of one file can be checked on several cores at once. Each piece gets a
-sha256 (the manifest's durable record, checkable with standard tools) and an xxh3-128 (about ten times
-faster, what a load checks by default).
+has one, of no bytes), so the pieces of one file can be checked on several cores at once. Each piece gets
+an xxh3-128 (what a load checks by default, at about 14 GB/s a core) and, only when asked for
+(:data:`SHA256_CHECKSUMS`, ``ProjectConfiguration(checkpoint_sha256=True)``), a sha256, checkable with
+standard tools but about ten times slower: on a machine with few cores, computing it for every byte bounded
+how fast a blocking save could be (1.5 GB of sha256 is a second of a core's time).
 """
 
 from __future__ import annotations
@@ -28,11 +30,15 @@ from typing import Any, BinaryIO
 
 import xxhash
 
-#: Size of the pieces a file is checksummed in (manifest version 2).
+#: Size of the pieces a file is checksummed in (manifest versions 2 and 3).
 HASH_CHUNK_SIZE = 64 * 1024 * 1024
 
-#: The checksums a manifest records for each piece, by the name used in the manifest (``<name>_chunks``).
+#: The checksums a manifest may record for each piece, by the name used in the manifest (``<name>_chunks``).
 CHECKSUMS: dict[str, Callable[[], Any]] = {"sha256": hashlib.sha256, "xxh3_128": xxhash.xxh3_128}
+#: What a save records by default (manifest version 3): the fast checksum a load checks.
+DEFAULT_CHECKSUMS = ("xxh3_128",)
+#: What a save records with ``ProjectConfiguration(checkpoint_sha256=True)``.
+SHA256_CHECKSUMS = ("sha256", "xxh3_128")
 
 _POOL: ThreadPoolExecutor | None = None
 
@@ -110,11 +116,12 @@ _start_writeback = _find_sync_file_range()
 _EARLY_WRITEBACK: ContextVar[bool] = ContextVar("drivetrain_early_writeback", default=True)
 
 
-#: Whether files opened by :func:`checkpoint_writer` are checksummed as they are written. Worth it when the
-#: caller waits for the save anyway (a blocking save): the hashing overlaps the disk-bound write, and the
-#: finishing step need not read the files back. A save that returns before it is durable leaves the
-#: checksums to the background instead, so that ``save_state`` returns at page-cache speed.
-_INLINE_CHECKSUMS: ContextVar[bool] = ContextVar("drivetrain_inline_checksums", default=False)
+#: The checksums (names in :data:`CHECKSUMS`) files opened by :func:`checkpoint_writer` get as they are
+#: written; none by default. Worth it when the caller waits for the save anyway (a blocking save): the
+#: hashing overlaps the disk-bound write, and the finishing step need not read the files back. A save that
+#: returns before it is durable leaves the checksums to the background instead, so that ``save_state``
+#: returns at page-cache speed.
+_INLINE_CHECKSUMS: ContextVar[tuple[str, ...]] = ContextVar("drivetrain_inline_checksums", default=())
 
 #: Checksums of files written with inline checksums, by absolute path: (size, {"<algorithm>_chunks": [...]}).
 #: :func:`drivetrain.checkpoint.manifest.write_manifest` takes them instead of reading the files back.
@@ -123,10 +130,11 @@ _written_checksums_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def blocking_save(enabled: bool) -> Iterator[None]:
-    """Files opened by :func:`checkpoint_writer` inside the block start writeback early and are checksummed as
-    they are written only if ``enabled`` (the save waits until its checkpoint is durable)."""
-    writeback, inline = _EARLY_WRITEBACK.set(enabled), _INLINE_CHECKSUMS.set(enabled)
+def blocking_save(enabled: bool, checksums: Sequence[str] = DEFAULT_CHECKSUMS) -> Iterator[None]:
+    """Files opened by :func:`checkpoint_writer` inside the block start writeback early and get
+    ``checksums`` as they are written only if ``enabled`` (the save waits until its checkpoint is durable)."""
+    writeback = _EARLY_WRITEBACK.set(enabled)
+    inline = _INLINE_CHECKSUMS.set(tuple(checksums) if enabled else ())
     try:
         yield
     finally:
@@ -150,12 +158,13 @@ def take_written_checksums(path: str) -> tuple[int, dict[str, list[str]]] | None
 
 
 class _ChunkHasher:
-    """The manifest's checksums (:data:`CHECKSUMS`) of each :data:`HASH_CHUNK_SIZE` piece of a file, fed its
-    bytes in order."""
+    """The checksums named ``algorithms`` (see :data:`CHECKSUMS`) of each :data:`HASH_CHUNK_SIZE` piece of a
+    file, fed its bytes in order."""
 
-    def __init__(self) -> None:
-        self.digests: dict[str, list[str]] = {f"{name}_chunks": [] for name in CHECKSUMS}
-        self._hashers = [factory() for factory in CHECKSUMS.values()]
+    def __init__(self, algorithms: Sequence[str]) -> None:
+        self._factories = [CHECKSUMS[name] for name in algorithms]
+        self.digests: dict[str, list[str]] = {f"{name}_chunks": [] for name in algorithms}
+        self._hashers = [factory() for factory in self._factories]
         self._in_chunk = 0
 
     def update(self, view: memoryview) -> None:
@@ -176,7 +185,7 @@ class _ChunkHasher:
     def _close_chunk(self) -> None:
         for digests, hasher in zip(self.digests.values(), self._hashers):
             digests.append(hasher.hexdigest())
-        self._hashers = [factory() for factory in CHECKSUMS.values()]
+        self._hashers = [factory() for factory in self._factories]
         self._in_chunk = 0
 
 
@@ -189,7 +198,8 @@ class CheckpointFile:
         self._start_writeback = _start_writeback if _EARLY_WRITEBACK.get() else None
         self._written = 0
         self._handed_to_disk = 0
-        self.hasher = _ChunkHasher() if _INLINE_CHECKSUMS.get() else None
+        inline = _INLINE_CHECKSUMS.get()
+        self.hasher = _ChunkHasher(inline) if inline else None
 
     def write(self, data: Any) -> int:
         view = memoryview(data)

@@ -4,10 +4,13 @@ A save writes into ``.<name>.incomplete`` beside the final folder, fsyncs every 
 ``drivetrain_manifest.json`` (each file's size and checksums) last, fsyncs it, and renames the folder to
 ``<name>``. A folder without a readable manifest whose files all match it is never taken for a checkpoint.
 
-Manifest version 2 records each file's checksums in pieces of ``chunk_size`` bytes, so the pieces verify on
-several cores at once: ``sha256_chunks`` always, and ``xxh3_128_chunks`` (what a load checks by default,
-about ten times faster) in newer manifests; readers ignore fields they do not know,
-so adding one needs no new version. Version 1 (one whole-file ``sha256``) is still read.
+Manifests record each file's checksums in pieces of ``chunk_size`` bytes, so the pieces verify on several
+cores at once. Version 3 records ``xxh3_128_chunks`` (what a load checks by default) always and
+``sha256_chunks`` only when the save asked for them; version 2 recorded ``sha256_chunks`` always and
+``xxh3_128_chunks`` in its later releases. Readers ignore fields they do not know, so adding one needs no
+new version; a version is added when a field that older readers rely on may be missing (as sha256 in
+version 3), so that they refuse the manifest with "upgrade drivetrain" rather than misread it. Every
+earlier version is still read: 2, and 1 (one whole-file ``sha256``).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from drivetrain.errors import CheckpointError
 
 MANIFEST_NAME = "drivetrain_manifest.json"
 MANIFEST_FORMAT = "drivetrain-checkpoint"
-MANIFEST_VERSION = 2
+MANIFEST_VERSION = 3
 _INCOMPLETE_SUFFIX = ".incomplete"
 _REPLACED_SUFFIX = ".replaced"
 _CHECKPOINT_FOLDER = re.compile(r"^checkpoint_(\d+)$")
@@ -80,10 +83,13 @@ def _finishing_workers() -> int:
     return max(1, min(8, (os.cpu_count() or 2) - 1))
 
 
-def write_manifest(directory: str, metadata: dict[str, Any]) -> None:
-    """Make every file of ``directory`` durable, checksum it, and write the manifest (fsynced) as the
-    folder's last file. The fsyncs run on this thread while other threads read the files back from the
-    page cache to checksum them."""
+def write_manifest(
+    directory: str, metadata: dict[str, Any], checksums: tuple[str, ...] = files.DEFAULT_CHECKSUMS
+) -> None:
+    """Make every file of ``directory`` durable, checksum it (``checksums``: names in
+    :data:`files.CHECKSUMS`), and write the manifest (fsynced) as the folder's last file. The fsyncs run on
+    this thread while other threads read back from the page cache the files not checksummed as they were
+    written, to checksum them."""
     links = _links_inside(directory)
     if links:
         raise CheckpointError(
@@ -92,17 +98,18 @@ def write_manifest(directory: str, metadata: dict[str, Any]) -> None:
         )
     listed: dict[str, Any] = {}
     relatives = [relative for relative in _relative_files(directory) if relative != MANIFEST_NAME]
-    pieces = []
+    pieces: list[tuple[str, str, int, int]] = []
     for relative in relatives:
         path = os.path.join(directory, relative)
         size = os.path.getsize(path)
         listed[relative] = {"size": size}
         written = files.take_written_checksums(path)
-        if written is not None and written[0] == size:  # checksummed as it was written (a blocking save)
-            listed[relative].update(written[1])
+        wanted = [f"{algorithm}_chunks" for algorithm in checksums]
+        if written is not None and written[0] == size and all(key in written[1] for key in wanted):
+            listed[relative].update({key: written[1][key] for key in wanted})  # checksummed as it was written
             continue
         pieces.extend((relative, path, offset, length) for offset, length in chunk_ranges(size))
-    algorithms = tuple(files.CHECKSUMS)
+    algorithms = tuple(checksums)
     tasks = [
         functools.partial(checksum_range, path, offset, length, algorithms)
         for _, path, offset, length in pieces
@@ -285,6 +292,12 @@ def _expected_pieces(
         return algorithm, digests, chunk_ranges(size, chunk_size)
     if isinstance(expected.get("sha256"), str):  # version 1: one digest of the whole file
         return "sha256", [expected["sha256"]], [(0, size)]
+    if checksum == "sha256" and isinstance(expected.get("xxh3_128_chunks"), list):
+        raise CheckpointError(
+            f"{directory}/{MANIFEST_NAME} records no sha256 for {relative!r}: the checkpoint was saved without "
+            "sha256 checksums (ProjectConfiguration(checkpoint_sha256=True) records them); check its "
+            "xxh3-128 checksums instead (verify_manifest=True, checksum='fast')"
+        )
     raise CheckpointError(f"{directory}/{MANIFEST_NAME} records no sha256 for {relative!r}")
 
 
