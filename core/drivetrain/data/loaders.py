@@ -312,6 +312,16 @@ class _PreparedDataLoader(DataLoader):
     def remainder(self, value: int) -> None:
         self._progress.latest_pass.remainder = value
 
+    def begin(self) -> None:
+        """Register with the shared :class:`GradientState` (iterating does it; Accelerate's
+        ``DataLoaderStateMixin`` method)."""
+        GradientState()._add_dataloader(self)
+
+    def end(self) -> None:
+        """Unregister from the shared :class:`GradientState`: what a loop broken early calls so that the
+        loader stops being the active one (iterating to the end does it)."""
+        GradientState()._remove_dataloader(self)
+
     def __iter__(self) -> Iterator[Any]:
         if self.rng_types:
             from drivetrain.operations.random import synchronize_rng_states
