@@ -340,3 +340,42 @@ def test_loaded_optimizer_state_is_the_optimizers_own_memory_not_the_files(tmp_p
     os.remove(path)
     state = optimizer.state_dict()["state"]
     assert all(torch.equal(state[p][n], saved[p][n]) for p in saved for n in saved[p])
+
+
+def test_stateful_loader_checkpoint_keeps_the_resume_record_and_takes_accelerates(tmp_path):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from drivetrain.checkpoint.training_objects import safe_load, torch_save_into_checkpoint
+    from drivetrain.state import reset_state
+    from drivetrain.utils import DataLoaderConfiguration
+
+    def prepared():
+        reset_state()
+        accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+        data = DataLoader(TensorDataset(torch.arange(40)), batch_size=4, shuffle=True)
+        return accelerator, accelerator.prepare(data)
+
+    set_seed(1)
+    accelerator, loader = prepared()
+    reference = []
+    for step, (batch,) in enumerate(loader):
+        reference.append(batch.tolist())
+        if step == 3:
+            accelerator.save_state(str(tmp_path / "ckpt"))
+            torchdata_state = loader.state_dict()  # what Accelerate's save_state writes
+    record = safe_load(str(tmp_path / "ckpt" / "dl_state_dict.bin"), map_location="cpu")
+    assert record["epoch"] == 0 and record["batches_yielded"] == 4 and record["loader"]
+    assert "epoch" not in torchdata_state and torchdata_state["_num_yielded"] == 4
+
+    set_seed(2)  # a new run: another seed, the saved record decides the order
+    accelerator, loader = prepared()
+    accelerator.load_state(str(tmp_path / "ckpt"))
+    assert [batch.tolist() for (batch,) in loader] == reference[4:]
+
+    folder = tmp_path / "from-accelerate"
+    folder.mkdir()
+    torch_save_into_checkpoint(torchdata_state, str(folder / "dl_state_dict.bin"))
+    set_seed(1)  # torchdata's dict holds the position only: the shuffle comes from the seed, as in Accelerate
+    accelerator, loader = prepared()
+    loader.load_state_dict(safe_load(str(folder / "dl_state_dict.bin"), map_location="cpu"))
+    assert [batch.tolist() for (batch,) in loader] == reference[4:]

@@ -291,7 +291,7 @@ def test_state_dict_resumes_mid_epoch_at_the_exact_sample_in_a_fresh_loader(kind
     for step, batch in enumerate(loader):  # epoch 1: save after three batches
         reference.append(ids(batch))
         if step == 2:
-            saved = loader.state_dict()
+            saved = loader.resume_state()
     assert saved["epoch"] == 1 and saved["batches_yielded"] == 3
     torch.manual_seed(99)  # a new process: another global RNG, another loader object
     resumed = _fresh(kind)
@@ -303,8 +303,69 @@ def test_state_dict_resumes_mid_epoch_at_the_exact_sample_in_a_fresh_loader(kind
         assert reference != first_epoch
     # A state taken between epochs starts the next epoch from its first batch.
     after = _fresh(kind)
-    after.load_state_dict(loader.state_dict())
+    after.load_state_dict(loader.resume_state())
     assert [ids(batch) for batch in after] == [ids(batch) for batch in loader]
+    if kind != "stateful":
+        assert loader.state_dict().keys() == loader.resume_state().keys()
+
+
+@pytest.mark.parametrize("cls", [DataLoaderShard, DataLoaderDispatcher], ids=["shard", "dispatcher"])
+def test_stateful_state_dict_is_torchdata_state_and_resumes_like_it(cls):
+    """What Accelerate's loaders promise with use_stateful_dataloader: state_dict() equals a plain
+    StatefulDataLoader's after the same batches (also after a loop broken early), and its dict resumes them."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    data = list(range(40))
+
+    def first_four(loader):
+        seen = []
+        for step, batch in enumerate(loader):
+            seen.append(batch.tolist())
+            if step == 3:
+                break
+        return seen
+
+    plain = StatefulDataLoader(data, batch_size=4)
+    ours = cls(data, batch_size=4, use_stateful_dataloader=True)
+    assert first_four(ours) == first_four(plain)
+    saved = plain.state_dict()
+    assert ours.state_dict() == saved
+    loaded = StatefulDataLoader(data, batch_size=4)
+    loaded.load_state_dict(saved)
+    rest = [batch.tolist() for batch in loaded]
+    assert rest == [data[start : start + 4] for start in range(16, 40, 4)]
+    resumed = cls(data, batch_size=4, use_stateful_dataloader=True)
+    resumed.load_state_dict(saved)
+    assert [batch.tolist() for batch in resumed] == rest
+    # The resume record (what save_state writes) still carries the epoch and the position.
+    assert resumed.resume_state()["epoch"] == 1 and ours.resume_state()["batches_yielded"] == 4
+
+    # Shuffled: the dict a loader gives resumes a new one at the next batch.
+    def shuffled():
+        generator = torch.Generator().manual_seed(7)
+        return cls(data, batch_size=4, shuffle=True, generator=generator, use_stateful_dataloader=True)
+
+    epoch = [batch.tolist() for batch in shuffled()]
+    ours = shuffled()
+    assert first_four(ours) == epoch[:4]
+    resumed = shuffled()
+    resumed.load_state_dict(ours.state_dict())
+    assert [batch.tolist() for batch in resumed] == epoch[4:]
+
+
+def test_prepared_stateful_loader_resumes_from_its_state_dict():
+    loader = _fresh("stateful")
+    reference, saved = [], None
+    for step, batch in enumerate(loader):
+        reference.append(ids(batch))
+        if step == 4:
+            saved = loader.state_dict()
+    assert "epoch" not in saved and saved["_num_yielded"] == 5
+    resumed = _fresh("stateful")
+    resumed.load_state_dict(saved)
+    assert [ids(batch) for batch in resumed] == reference[5:]
+    with pytest.raises(CheckpointError, match="missing batches_yielded, epoch"):
+        resumed.load_state_dict({"something": 1})
 
 
 def test_stateful_loaders_are_torchdata_stateful_dataloaders():

@@ -355,10 +355,10 @@ def write_kernel_objects(output_dir: str, accelerator: Any, prepared: PreparedOb
     if accelerator.scaler is not None:
         torch_save_into_checkpoint(accelerator.scaler.state_dict(), os.path.join(output_dir, SCALER_NAME))
     for index, loader in enumerate(prepared.dataloaders):
-        if callable(getattr(loader, "state_dict", None)):
-            torch_save_into_checkpoint(
-                loader.state_dict(), os.path.join(output_dir, dataloader_file_name(index))
-            )
+        # A prepared loader's resume record (its state_dict() is torchdata's alone when it is stateful).
+        state = getattr(loader, "resume_state", None) or getattr(loader, "state_dict", None)
+        if callable(state):
+            torch_save_into_checkpoint(state(), os.path.join(output_dir, dataloader_file_name(index)))
     for index, obj in enumerate(prepared.custom_objects):
         torch_save_into_checkpoint(obj.state_dict(), os.path.join(output_dir, custom_object_file_name(index)))
 
@@ -386,8 +386,9 @@ def read_kernel_objects(
         later(accelerator.scaler.load_state_dict, safe_load(path, map_location=map_location, **load_kwargs))
     for index, loader in enumerate(prepared.dataloaders):
         path = os.path.join(input_dir, dataloader_file_name(index))
-        if os.path.isfile(path) and callable(getattr(loader, "load_state_dict", None)):
-            later(loader.load_state_dict, safe_load(path, map_location="cpu", **load_kwargs))
+        load = getattr(loader, "load_resume_state", None) or getattr(loader, "load_state_dict", None)
+        if os.path.isfile(path) and callable(load):
+            later(load, safe_load(path, map_location="cpu", **load_kwargs))
     for index, obj in enumerate(prepared.custom_objects):
         path = _require(os.path.join(input_dir, custom_object_file_name(index)), f"registered object {index}")
         later(obj.load_state_dict, safe_load(path, map_location=map_location, **load_kwargs))

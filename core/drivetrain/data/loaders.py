@@ -9,8 +9,10 @@ Both are ``torch.utils.data.DataLoader`` subclasses (``StatefulDataLoader`` ones
 - registration with ``GradientState`` while iterating;
 - random state synchronised across processes at the start of every epoch (``rng_types``);
 - batches moved to the device (``non_blocking`` on request; batches already there are not touched);
-- ``state_dict`` / ``load_state_dict`` giving the position (epoch, batches used, the shuffle's generator
-  state at the start of the epoch), so a new process resumes at the exact sample.
+- ``resume_state`` / ``load_state_dict`` giving the position (epoch, batches used, the shuffle's generator
+  state at the start of the epoch), so a new process resumes at the exact sample; ``state_dict`` is that
+  record too, except on a stateful loader, where it is torchdata's ``StatefulDataLoader`` state, as in
+  Accelerate.
 """
 
 from __future__ import annotations
@@ -114,14 +116,58 @@ class _EpochIndices:
         return self._batches()
 
     def _batches(self) -> Iterator[Any]:
+        if self.stateful_iterators:
+            return _StatefulIndexBatches(self)
+        return self._lazy_batches()
+
+    def _take_skip(self) -> int:
         # The resume skip is taken when the first batch is drawn, not in iter(): torch's multi-worker
         # iterator calls iter() on the index sampler twice as it starts (in its base class and in its reset)
         # and discards the first iterator unread. (Unread, it drew nothing from the generator either, so the
         # state recorded by the second call is the one recorded by the first.)
         skip = self.skip + self.pending_skip
         self.pending_skip = 0
+        return skip
+
+    def _lazy_batches(self) -> Iterator[Any]:
+        skip = self._take_skip()
         batches = iter(self.batch_sampler)
         yield from (itertools.islice(batches, skip, None) if skip else batches)
+
+    @property
+    def stateful_iterators(self) -> bool:
+        """Whether the batch sampler hands out stateful iterators (torchdata's does: a StatefulDataLoader
+        records and restores their state, so it must see it through this wrapper)."""
+        return type(self.batch_sampler).__module__.startswith("torchdata.")
+
+
+class _StatefulIndexBatches:
+    """One epoch of a stateful batch sampler, started lazily as :meth:`_EpochIndices._lazy_batches` is, whose
+    state is the sampler iterator's own (a position in the whole epoch: loading one replaces any skip)."""
+
+    def __init__(self, indices: _EpochIndices) -> None:
+        self.indices = indices
+        self.batches: Any = None
+
+    def _start(self, skip: bool) -> Any:
+        if self.batches is None:
+            count = self.indices._take_skip()
+            self.batches = iter(self.indices.batch_sampler)
+            for _ in range(count if skip else 0):
+                next(self.batches, None)
+        return self.batches
+
+    def __iter__(self) -> _StatefulIndexBatches:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._start(skip=True))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._start(skip=True).state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._start(skip=False).load_state_dict(state_dict)
 
 
 class _instance_property(property):
@@ -266,6 +312,16 @@ class _PreparedDataLoader(DataLoader):
     def remainder(self, value: int) -> None:
         self._progress.latest_pass.remainder = value
 
+    def begin(self) -> None:
+        """Register with the shared :class:`GradientState` (iterating does it; Accelerate's
+        ``DataLoaderStateMixin`` method)."""
+        GradientState()._add_dataloader(self)
+
+    def end(self) -> None:
+        """Unregister from the shared :class:`GradientState`: what a loop broken early calls so that the
+        loader stops being the active one (iterating to the end does it)."""
+        GradientState()._remove_dataloader(self)
+
     def __iter__(self) -> Iterator[Any]:
         if self.rng_types:
             from drivetrain.operations.random import synchronize_rng_states
@@ -289,7 +345,7 @@ class _PreparedDataLoader(DataLoader):
             # Hoisted out of the loop: per batch, only a counter and a check that the batch is on the device.
             place = _placer(self.device, self.non_blocking)
             progress = self._progress
-            if not self._stateful_snapshots:
+            if not self._takes_snapshots:
                 for upcoming in batches:
                     progress.batches_yielded += 1
                     progress.latest_pass = this_pass
@@ -350,14 +406,41 @@ class _PreparedDataLoader(DataLoader):
     # -- resuming --------------------------------------------------------------------------------------------
     @property
     def _stateful_snapshots(self) -> bool:
+        """Whether the resume record carries torchdata's state (and a resume restores through it)."""
+        return self._stateful
+
+    @property
+    def _takes_snapshots(self) -> bool:
+        """Whether iterating keeps torchdata's state as of the batch in use (this process reads)."""
         return self._stateful
 
     def _stateful_snapshot(self) -> dict:
         return super().state_dict()
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader stands: ``epoch``, ``batches_yielded`` in it, and the state the epoch's shuffle
-        started from (``generator_state``), enough for a new process to resume at the next sample."""
+        """Where this loader stands. A stateful loader (``use_stateful_dataloader``) returns what torchdata's
+        ``StatefulDataLoader.state_dict()`` returns after the same batches, as Accelerate's loaders do; any
+        other returns :meth:`resume_state`."""
+        return self._torchdata_state() if self._stateful else self.resume_state()
+
+    def _torchdata_state(self) -> dict[str, Any]:
+        if self._in_epoch and self._progress.loader_state is not None:
+            state = dict(self._progress.loader_state)
+            # As Accelerate does: a state taken while the last batch is in use starts the next epoch.
+            state["_iterator_finished"] = self.end_of_dataloader
+            return state
+        if self._resume_loader_state is not None:
+            return dict(self._resume_loader_state)
+        if not self._in_epoch and getattr(self, "_iterator", None) is not None:
+            return super().state_dict()
+        # Nothing read yet (or this process does not read): torchdata's "start from the beginning".
+        return {}
+
+    def resume_state(self) -> dict[str, Any]:
+        """drivetrain's resume record (what ``save_state`` writes): ``epoch``, ``batches_yielded`` in it, the
+        state the epoch's shuffle started from (``generator_state``), the batch geometry (checked on load) and,
+        for a stateful loader, torchdata's state under ``loader``: enough for a new process to resume at the
+        next sample."""
         generator = self._indices.generator if self._indices is not None else None
         generator_state = None
         if generator is not None:
@@ -375,12 +458,18 @@ class _PreparedDataLoader(DataLoader):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next iteration starts at the sample after the last one used."""
+        """Resume from :meth:`resume_state` or :meth:`state_dict` (a stateful loader also takes torchdata's
+        ``StatefulDataLoader`` state): the next iteration starts at the sample after the last one used."""
+        if self._stateful and not {"epoch", "batches_yielded"} & set(state_dict):
+            if not state_dict or "_iterator_finished" in state_dict:
+                self._load_torchdata_state(state_dict)
+                return
         missing = {"epoch", "batches_yielded"} - set(state_dict)
         if missing:
             raise CheckpointError(
-                f"data loader state is missing {', '.join(sorted(missing))}; "
-                "it must come from a prepared loader's state_dict()"
+                f"data loader state is missing {', '.join(sorted(missing))}; it must come from a prepared "
+                "loader's resume_state() or state_dict()"
+                + (" (or a torchdata StatefulDataLoader's state_dict())" if self._stateful else "")
             )
         for key in ("total_batch_size", "num_processes"):
             saved, here = (
@@ -400,6 +489,26 @@ class _PreparedDataLoader(DataLoader):
         if self._stateful_snapshots and state_dict.get("loader"):
             self._resume_loader_state = state_dict["loader"]
         self._in_epoch = False
+
+    def load_resume_state(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`resume_state` (``load_state_dict`` takes it too)."""
+        self.load_state_dict(state)
+
+    def _load_torchdata_state(self, state: dict[str, Any]) -> None:
+        """Resume from torchdata's state: it restores its own position when the next epoch starts."""
+        self._resume_loader_state = dict(state) if state else None
+        self._resume_position = 0 if not state else self._torchdata_batches(state)
+        self._in_epoch = False
+
+    def _torchdata_batches(self, state: dict[str, Any]) -> int:
+        """The batches of the epoch this loader had yielded when torchdata's ``state`` was taken."""
+        if state.get("_iterator_finished"):
+            return 0
+        read = state.get("_num_yielded")
+        if read is None:  # worker processes: the last snapshot, and the batches yielded since
+            snapshot = state.get("_snapshot") or {}
+            read = snapshot.get("_snapshot_step", 0) + state.get("_steps_since_snapshot", 0)
+        return math.ceil(int(read) / self._index_batches_per_step)
 
     # -- skip_first_batches ----------------------------------------------------------------------------------
     def skipping(self, num_batches: int) -> _PreparedDataLoader:
@@ -527,6 +636,11 @@ class DataLoaderDispatcher(_PreparedDataLoader):
     def _stateful_snapshots(self) -> bool:
         # Only process 0 holds a reading iterator; the position mechanism of the base class serves all.
         return False
+
+    @property
+    def _takes_snapshots(self) -> bool:
+        # The process that reads keeps torchdata's state for state_dict(), as Accelerate's dispatcher does.
+        return self._stateful and (self.process_index == 0 or PartialState().collectives.world_size <= 1)
 
     @property
     def total_batch_size(self) -> int | None:
