@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import sys
+import types
 import warnings
 
 import pytest
@@ -296,6 +298,17 @@ def test_notebook_launcher_failure_is_torchs_child_failed_error_too():
     assert str(caught.value).startswith("process of rank 0 failed")
 
 
+def test_notebook_launcher_refuses_to_fork_after_bitsandbytes_was_imported(monkeypatch):
+    """As Accelerate: bitsandbytes may set up the device on import, so forking after it is refused."""
+    from drivetrain import notebook_launcher
+
+    monkeypatch.setitem(sys.modules, "bitsandbytes", types.ModuleType("bitsandbytes"))
+    started = []
+    with pytest.raises(RuntimeError, match=r"\(bitsandbytes\)\. Please keep these imports inside"):
+        notebook_launcher(started.append, (1,), num_processes=2, use_port=_free_port())
+    assert started == []
+
+
 class _ThreeLayers(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -358,14 +371,25 @@ def test_device_map_fallback_allocation_and_offloaded_buffer_warning(caplog):
         infer_auto_device_map(buffered, max_memory={0: 300, "cpu": "1GB"}, offload_buffers=True)
 
 
+@pytest.mark.parametrize("multi_backend", [False, True])
 @pytest.mark.parametrize("where", ["disk", "cpu"])
-def test_a_quantized_model_offloaded_is_refused_unless_bitsandbytes_computes_on_the_cpu(where):
-    from drivetrain.utils import is_bitsandbytes_multi_backend_available
+def test_a_quantized_model_offloaded_is_refused_unless_bitsandbytes_computes_on_the_cpu(
+    monkeypatch, where, multi_backend
+):
+    import drivetrain.accelerator
 
+    # Patched where Accelerate's tests patch it (and so bitsandbytes is not imported into this process: the
+    # notebook launcher refuses to fork after it).
+    monkeypatch.setattr(
+        drivetrain.accelerator,
+        "is_bitsandbytes_multi_backend_available",
+        lambda: multi_backend,
+        raising=False,
+    )
     model = torch.nn.Linear(2, 2)
     model.is_loaded_in_8bit = True
     model.hf_device_map = {"": where}
-    if where == "cpu" and is_bitsandbytes_multi_backend_available():
+    if where == "cpu" and multi_backend:
         # As in Accelerate: a bitsandbytes built for several backends computes on the CPU, so CPU modules train.
         assert Accelerator(cpu=True).prepare_model(model) is not None
         return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import socket
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -86,9 +87,20 @@ def _process_failed_class() -> type:
     return ProcessFailedError
 
 
+#: Libraries known to initialise the device when imported (Accelerate refuses to fork after they are imported).
+DEVICE_INITIALISING_LIBRARIES = ("bitsandbytes",)
+
+
 def _check_cuda_not_initialised() -> None:
     import torch
 
+    imported = [name for name in DEVICE_INITIALISING_LIBRARIES if name in sys.modules]
+    if imported:
+        # RuntimeError, as Accelerate raises: a forked child would inherit the device state they set up.
+        raise RuntimeError(
+            "Could not start distributed processes: libraries that initialise the device when imported were "
+            f"imported already ({', '.join(imported)}). Please keep these imports inside your training function"
+        )
     if torch.cuda.is_initialized():
         raise DrivetrainError(
             "CUDA was initialised in this process before notebook_launcher could fork it, and CUDA cannot be "
