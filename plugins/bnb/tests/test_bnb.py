@@ -8,13 +8,23 @@ the dtypes of the others, the outputs against the float32 model, and that both w
 from __future__ import annotations
 
 import copy
+import importlib
+import importlib.util
 import os
 
 import pytest
 import torch
 from torch import nn
 
-bnb = pytest.importorskip("bitsandbytes")
+if importlib.util.find_spec("bitsandbytes") is None:
+    pytest.skip("bitsandbytes is not installed (pip install drivetrain-bnb)", allow_module_level=True)
+
+
+def bnb():
+    """bitsandbytes, imported when a test runs rather than when pytest collects this file: once it is imported,
+    notebook_launcher refuses to fork (as Accelerate's does), and every test file is collected in one process."""
+    return importlib.import_module("bitsandbytes")
+
 
 from drivetrain import init_empty_weights  # noqa: E402
 from drivetrain.utils import BnbQuantizationConfig, has_4bit_bnb_layers, load_and_quantize_model  # noqa: E402
@@ -184,7 +194,7 @@ def test_replace_keeps_the_weights_and_skips_named_modules():
     model = TinyLM()
     fc1_weight = model.blocks[0].fc1.weight.detach().clone()
     replace_with_bnb_layers(model, _config(8), modules_to_not_convert=["lm_head", "blocks.1"])
-    assert isinstance(model.blocks[0].fc1, bnb.nn.Linear8bitLt)
+    assert isinstance(model.blocks[0].fc1, bnb().nn.Linear8bitLt)
     assert torch.equal(model.blocks[0].fc1.weight.data, fc1_weight)  # not quantized before it is placed
     assert not model.blocks[0].fc1.weight.requires_grad
     assert type(model.blocks[1].fc1) is nn.Linear and type(model.lm_head) is nn.Linear
@@ -203,7 +213,7 @@ def test_loaded_model_is_quantized_on_the_cpu_and_stays_close(reference, bits):
     model, ids, expected = reference
     config = _config(bits)
     quantized = load_and_quantize_model(copy.deepcopy(model), config)
-    layer_class = bnb.nn.Linear8bitLt if bits == 8 else bnb.nn.Linear4bit
+    layer_class = bnb().nn.Linear8bitLt if bits == 8 else bnb().nn.Linear4bit
     for name in QUANTIZED:
         layer = _layer(quantized, name)
         assert isinstance(layer, layer_class), name
@@ -225,7 +235,7 @@ def test_skip_modules_and_keep_in_fp32_modules_are_respected(reference):
     model, ids, expected = reference
     config = _config(8, skip_modules=["fc2"], keep_in_fp32_modules=["blocks.0.fc1", "norm"])
     quantized = load_and_quantize_model(copy.deepcopy(model), config)
-    assert isinstance(quantized.blocks[1].fc1, bnb.nn.Linear8bitLt)
+    assert isinstance(quantized.blocks[1].fc1, bnb().nn.Linear8bitLt)
     for name in ("blocks.0.fc2", "blocks.1.fc2"):  # skipped: unquantized, in torch_dtype
         assert (
             type(_layer(quantized, name)) is nn.Linear
@@ -235,7 +245,9 @@ def test_skip_modules_and_keep_in_fp32_modules_are_respected(reference):
     assert (
         quantized.blocks[0].fc1.weight.dtype == torch.float32 and quantized.norm.weight.dtype == torch.float32
     )
-    assert isinstance(quantized.lm_head, bnb.nn.Linear8bitLt)  # an explicit skip_modules replaces the default
+    assert isinstance(
+        quantized.lm_head, bnb().nn.Linear8bitLt
+    )  # an explicit skip_modules replaces the default
     with torch.no_grad():
         assert _relative_error(quantized(ids), expected) < INT8_TOLERANCE
 
@@ -265,7 +277,7 @@ def _quantized_state(model: nn.Module) -> dict[str, torch.Tensor]:
     for name in QUANTIZED:
         layer = _layer(model, name)
         state[f"{name}.weight"] = layer.weight.data
-        if isinstance(layer, bnb.nn.Linear8bitLt):
+        if isinstance(layer, bnb().nn.Linear8bitLt):
             state[f"{name}.SCB"] = layer.state.SCB if layer.weight.SCB is None else layer.weight.SCB
         else:
             state[f"{name}.absmax"] = layer.weight.quant_state.absmax
@@ -315,7 +327,7 @@ def test_a_transformers_model_from_its_checkpoint(tmp_path):
         empty = transformers.LlamaForCausalLM(config)
     quantized = load_and_quantize_model(empty, _config(8), weights_location=path)
     projections = [
-        name for name, module in quantized.named_modules() if isinstance(module, bnb.nn.Linear8bitLt)
+        name for name, module in quantized.named_modules() if isinstance(module, bnb().nn.Linear8bitLt)
     ]
     assert len(projections) == 2 * 7  # q, k, v, o, gate, up, down in each layer
     assert type(quantized.lm_head) is nn.Linear
@@ -371,7 +383,7 @@ def test_4bit_layers_a_dict_map_offloads_stay_unquantized(reference, tmp_path):
         empty, config, weights_location=path, device_map=device_map, offload_folder=str(tmp_path / "offload")
     )
     assert "blocks.1" in config.skip_modules
-    assert isinstance(loaded.blocks[0].fc1, bnb.nn.Linear4bit)
+    assert isinstance(loaded.blocks[0].fc1, bnb().nn.Linear4bit)
     assert type(loaded.blocks[1].fc1) is nn.Linear  # offloaded to disk, unquantized
     with torch.no_grad():
         assert _relative_error(loaded(ids), expected) < INT4_TOLERANCE
@@ -431,7 +443,7 @@ def test_quantize_and_offload_8bit_writes_int8_weights_and_their_statistics(tmp_
     }
     written = numpy.memmap(tmp_path / "0.weight.dat", dtype="int8", mode="r", shape=(32, 64))
     statistics = numpy.memmap(tmp_path / "0.SCB.dat", dtype="float32", mode="r", shape=(32,))
-    expected, expected_statistics, _ = bnb.functional.int8_vectorwise_quant(weight.half())
+    expected, expected_statistics, _ = bnb().functional.int8_vectorwise_quant(weight.half())
     assert torch.equal(torch.from_numpy(written.copy()), expected)
     assert torch.equal(torch.from_numpy(statistics.copy()), expected_statistics)
     assert model[0].weight.device.type == "meta"
