@@ -44,6 +44,25 @@ def test_every_reference_name_is_importable_or_a_listed_gap(coverage):
     )
 
 
+def _hide_plugin(monkeypatch, distribution: str, provides) -> None:
+    """Make ``distribution`` look uninstalled: its entry points (those ``provides`` picks) are gone and its
+    version lookup fails, as in an environment without it."""
+    installed = importlib.metadata.entry_points
+    monkeypatch.setattr(
+        importlib.metadata,
+        "entry_points",
+        lambda **kwargs: [entry for entry in installed(**kwargs) if not provides(entry)],
+    )
+    version = importlib.metadata.version
+
+    def not_installed(name):
+        if name == distribution:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return version(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+
+
 @pytest.fixture
 def resolved_names_forgotten():
     """The tests below resolve names while a plugin is hidden, and a resolved name is kept on its module: the
@@ -67,20 +86,7 @@ def _placeholders():
 
 @pytest.mark.usefixtures("resolved_names_forgotten")
 def test_a_plugin_name_without_its_plugin_is_importable_and_names_the_distribution(monkeypatch):
-    installed = importlib.metadata.entry_points
-    monkeypatch.setattr(
-        importlib.metadata,
-        "entry_points",
-        lambda **kwargs: [entry for entry in installed(**kwargs) if entry.name != "FP8RecipeKwargs"],
-    )
-    version = importlib.metadata.version
-
-    def not_installed(distribution):
-        if distribution == "drivetrain-fp8":
-            raise importlib.metadata.PackageNotFoundError(distribution)
-        return version(distribution)
-
-    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    _hide_plugin(monkeypatch, "drivetrain-fp8", lambda entry: entry.name == "FP8RecipeKwargs")
     from drivetrain.contract.reexport import reexport
 
     importlib.import_module("drivetrain.utils.dataclasses")
@@ -98,22 +104,7 @@ def test_a_plugin_name_without_its_plugin_is_importable_and_names_the_distributi
 @pytest.mark.usefixtures("resolved_names_forgotten")
 def test_quantization_names_without_the_bnb_plugin_name_it(monkeypatch):
     """drivetrain-bnb is published: without it, Accelerate's bitsandbytes names say to install it."""
-    installed = importlib.metadata.entry_points
-    monkeypatch.setattr(
-        importlib.metadata,
-        "entry_points",
-        lambda **kwargs: [
-            entry for entry in installed(**kwargs) if not entry.value.startswith("drivetrain_bnb")
-        ],
-    )
-    version = importlib.metadata.version
-
-    def not_installed(distribution):
-        if distribution == "drivetrain-bnb":
-            raise importlib.metadata.PackageNotFoundError(distribution)
-        return version(distribution)
-
-    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    _hide_plugin(monkeypatch, "drivetrain-bnb", lambda entry: entry.value.startswith("drivetrain_bnb"))
     from drivetrain.contract.reexport import reexport
 
     for module, name in (
