@@ -92,7 +92,7 @@ SECTIONS = {
         "CustomDtype",
         "init_empty_weights",
         "infer_auto_device_map",
-        "get_balanced_memory",
+        "resolve_device_map",
         "load_checkpoint_in_model",
         "dispatch_model",
         "set_module_tensor_to_device",

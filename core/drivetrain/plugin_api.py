@@ -92,7 +92,7 @@ _LAZY = {
     "CustomDtype": "drivetrain.config.enums",
     "init_empty_weights": "drivetrain.big_modeling",
     "infer_auto_device_map": "drivetrain.big_modeling",
-    "get_balanced_memory": "drivetrain.big_modeling",
+    "resolve_device_map": "drivetrain.big_modeling.device_map",
     "load_checkpoint_in_model": "drivetrain.big_modeling",
     "dispatch_model": "drivetrain.big_modeling",
     "set_module_tensor_to_device": "drivetrain.big_modeling.tensors",

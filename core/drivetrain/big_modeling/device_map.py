@@ -383,15 +383,16 @@ def resolve_device_map(
     device_map: str | dict[str, Any] | None,
     max_memory: dict[Any, int | str] | None = None,
     no_split_module_classes: list[str] | None = None,
-    dtype: torch.dtype | str | None = None,
+    dtype: torch.dtype | CustomDtype | str | None = None,
     special_dtypes: dict[str, torch.dtype | str] | None = None,
 ) -> dict[str, Any] | None:
-    """Turn ``"auto"``/``"balanced"``/``"balanced_low_0"``/``"sequential"`` into a device map."""
+    """Turn ``"auto"``/``"balanced"``/``"balanced_low_0"``/``"sequential"`` into a device map (a dict or None
+    is returned as it is)."""
     if device_map is None or isinstance(device_map, dict):
         return device_map
     if device_map not in DEVICE_MAP_STRATEGIES:
         raise ValueError(
-            f"device_map={device_map!r} is not a strategy; use one of {', '.join(DEVICE_MAP_STRATEGIES)} "
+            f"device_map={device_map!r} is not valid; use one of {list(DEVICE_MAP_STRATEGIES)} "
             "or a dict {module name: device}"
         )
     if device_map != "sequential":

@@ -23,20 +23,17 @@ from drivetrain.plugin_api import (
     device_for,
     dispatch_model,
     find_tied_parameters,
-    get_balanced_memory,
-    infer_auto_device_map,
     init_empty_weights,
     load_checkpoint_in_model,
     normalize_device,
     offload_weight,
+    resolve_device_map,
     set_module_tensor_to_device,
 )
 from drivetrain_bnb.config import BnbQuantizationConfig
 
 logger = logging.getLogger(__name__)
 
-#: The device-map strategies a string ``device_map`` may name.
-DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 #: Where weights are kept away from the device that computes.
 OFFLOAD_DEVICES = ("cpu", "disk")
 
@@ -416,26 +413,20 @@ def get_quantized_model_device_map(
         device_map = {"": normalize_device(accelerator) if accelerator is not None else "cpu"}
         logger.info("load_and_quantize_model: no device_map given, using %s", device_map)
     if isinstance(device_map, str):
-        if device_map not in DEVICE_MAP_STRATEGIES:
-            raise ValueError(
-                f"device_map={device_map!r} is not valid; pass a dict or one of {list(DEVICE_MAP_STRATEGIES)}"
-            )
         special_dtypes: dict[str, Any] = {
             name: config.torch_dtype for name, _ in model.named_parameters() if names_module(name, skip)
         }
         special_dtypes.update(
             {name: torch.float32 for name, _ in model.named_parameters() if names_module(name, keep_fp32)}
         )
-        sizing: dict[str, Any] = {
-            "special_dtypes": special_dtypes,
-            "no_split_module_classes": no_split_module_classes,
-            "dtype": config.target_dtype,
-        }
-        if device_map != "sequential":
-            max_memory = get_balanced_memory(
-                model, max_memory=max_memory, low_zero=device_map == "balanced_low_0", **sizing
-            )
-        device_map = infer_auto_device_map(model, max_memory=max_memory, **sizing)
+        device_map = resolve_device_map(
+            model,
+            device_map,
+            max_memory=max_memory,
+            no_split_module_classes=no_split_module_classes,
+            dtype=config.target_dtype,
+            special_dtypes=special_dtypes,
+        )
     offloaded = _offload_devices(device_map)
     quantized_offloaded = [
         key
