@@ -91,7 +91,7 @@ def _process_failed_class() -> type:
 DEVICE_INITIALISING_LIBRARIES = ("bitsandbytes",)
 
 
-def _check_cuda_not_initialised() -> None:
+def _check_device_not_initialised() -> None:
     import torch
 
     imported = [name for name in DEVICE_INITIALISING_LIBRARIES if name in sys.modules]
@@ -149,7 +149,7 @@ def notebook_launcher(
         print(f"Launching training on one process ({'GPU' if torch.cuda.is_available() else 'CPU'}).")
         with patch_environment(**env):
             return function(*args)
-    _check_cuda_not_initialised()
+    _check_device_not_initialised()
     if rdzv_endpoint:
         master_addr, _, port_text = rdzv_endpoint.rpartition(":")
         use_port = port_text
