@@ -690,7 +690,7 @@ class Accelerator(TrackingMixin, ProfilingMixin):
             return
         from torch.distributed.algorithms.join import Join
 
-        if str(self.distributed_type) not in JOINABLE_DISTRIBUTED_TYPES:
+        if self.distributed_type.value not in JOINABLE_DISTRIBUTED_TYPES:
             warnings.warn(
                 f"join_uneven_inputs is only supported for multi-GPU or multi-CPU data parallelism, not "
                 f"{self.distributed_type}; the block runs without it",

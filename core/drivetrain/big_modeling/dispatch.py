@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from drivetrain.big_modeling.device_map import (
-    check_device_map,
     is_offload,
     main_device_of,
     normalize_device,
@@ -70,7 +69,12 @@ def dispatch_model(
     reads with compute, measured in bench/big_model_load.py), not for CPU-offloaded weights run on the
     CPU, which are used in place. ``offload_dir`` holds the ``index.json`` written by :func:`load_checkpoint_in_model` for ``"disk"`` weights.
     """
-    check_device_map(model, device_map)
+    # Looked up on drivetrain.big_modeling at call time, as Accelerate's dispatch_model reads its module global:
+    # transformers swaps ``accelerate.big_modeling.check_device_map`` for a no-op around dispatches whose map
+    # leaves some parameters out on purpose (its skip_device_map_check).
+    from drivetrain import big_modeling
+
+    big_modeling.check_device_map(model, device_map)
     if main_device is None:
         main_device = main_device_of(device_map)
     main_device = normalize_device(main_device)

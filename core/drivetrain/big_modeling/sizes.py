@@ -138,7 +138,8 @@ def get_max_memory(max_memory: dict[Any, int | str] | None = None) -> dict[int |
     """Bytes usable per device, fastest device first.
 
     Without ``max_memory``: the free memory of every visible CUDA device and the available RAM. With it:
-    the same keys, sizes parsed (``"10GiB"``), ``"0"`` read as GPU 0.
+    the same keys, sizes parsed (``"10GiB"``), ``"0"`` read as GPU 0. As in Accelerate, the sizes given as
+    text are also converted in the caller's dict (its keys stay): transformers reads them back as numbers.
     """
     if max_memory is None:
         found: dict[int | str, int] = {}
@@ -154,6 +155,9 @@ def get_max_memory(max_memory: dict[Any, int | str] | None = None) -> dict[int |
         found["cpu"] = _available_cpu_memory()
         return found
     parsed = {_device_key(key): parse_size(value) for key, value in max_memory.items()}
+    for key, value in max_memory.items():
+        if isinstance(value, str):
+            max_memory[key] = parse_size(value)
     return dict(sorted(parsed.items(), key=lambda item: _device_order(item[0])))
 
 

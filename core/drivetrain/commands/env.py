@@ -28,6 +28,51 @@ def _memory_gib() -> float | None:
         return None
 
 
+def accelerate_provider() -> dict[str, Any]:
+    """Which package answers ``import accelerate`` in this environment, found without importing it:
+    ``drivetrain`` (through drivetrain-accelerate, docs/hf-stack.md), ``HuggingFace Accelerate`` or none;
+    and whether the real Accelerate's files are installed beside drivetrain-accelerate without being used."""
+    import importlib.metadata
+    import importlib.util
+
+    import drivetrain
+
+    real = [
+        dist.version
+        for dist in importlib.metadata.MetadataPathFinder.find_distributions(
+            importlib.metadata.DistributionFinder.Context(name="accelerate")
+        )
+        if dist.read_text("RECORD") is not None  # a wheel's dist-info; drivetrain-accelerate's is an egg-info
+    ]
+    found: dict[str, Any] = {"served_by": None, "version": None, "origin": None, "unused_accelerate": None}
+    try:
+        spec = importlib.util.find_spec("accelerate")
+    except (ImportError, ValueError):
+        spec = None
+    state = getattr(spec, "loader_state", None)
+    if sys.modules.get("accelerate") is drivetrain or (isinstance(state, dict) and "served_by" in state):
+        try:
+            version = importlib.metadata.version("drivetrain-accelerate")
+        except importlib.metadata.PackageNotFoundError:
+            version = None
+        found.update(served_by="drivetrain", version=version, origin="drivetrain-accelerate")
+        found["unused_accelerate"] = real[0] if real else None
+    elif spec is not None:
+        found.update(served_by="HuggingFace Accelerate", version=real[0] if real else None, origin=spec.origin)
+    return found
+
+
+def _accelerate_line(found: dict[str, Any]) -> str:
+    if found["served_by"] is None:
+        return "not installed"
+    if found["served_by"] == "drivetrain":
+        line = f"served by drivetrain (drivetrain-accelerate {found['version']})"
+        if found["unused_accelerate"]:
+            line += f"; HuggingFace Accelerate {found['unused_accelerate']} is installed too and never runs"
+        return line
+    return f"HuggingFace Accelerate {found['version']} ({found['origin']}), not drivetrain"
+
+
 def collect(config_file: str | None) -> dict[str, Any]:
     import numpy
     import torch
@@ -52,6 +97,7 @@ def collect(config_file: str | None) -> dict[str, Any]:
         "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         if cuda
         else [],
+        "accelerate": accelerate_provider(),
         "config_file": str(config.path) if config.path else None,
         "config_file_searched": str(config_file or default_config_path()),
         "config_format": config.format if config.path else None,
@@ -96,6 +142,7 @@ def show(report: dict[str, Any], as_json: bool) -> None:
         f"- PyTorch version (CUDA?): {report['torch']} ({report['cuda_available']})",
         f"- CPU count: {report['cpu_count']}",
         f"- System RAM: {report['memory_gib']} GiB",
+        f"- `import accelerate`: {_accelerate_line(report['accelerate'])}",
     ]
     for index, name in enumerate(report["cuda_devices"]):
         lines.append(f"- CUDA device {index}: {name}")

@@ -32,6 +32,11 @@ def _bool(instance: Any, name: str, value: Any) -> Any:
     return value
 
 
+def _bool_or_none_is_false(instance: Any, name: str, value: Any) -> Any:
+    # None is Accelerate's "not given" (transformers passes it); its __post_init__ then reads the variable.
+    return False if value is None else _bool(instance, name, value)
+
+
 def _optional_bool(instance: Any, name: str, value: Any) -> Any:
     return value if value is None else _bool(instance, name, value)
 
@@ -120,6 +125,8 @@ class GradientAccumulationPlugin(Checked):
 def _dynamo_backend(instance: Any, name: str, value: Any) -> DynamoBackend:
     if isinstance(value, DynamoBackend):
         return value
+    if value is None:  # Accelerate's reading of None (transformers passes it): the launcher's variable, or off
+        value = os.environ.get("ACCELERATE_DYNAMO_BACKEND") or DynamoBackend.NO.value
     text = str(value).upper()
     try:
         return DynamoBackend(text)
@@ -145,9 +152,9 @@ class TorchDynamoPlugin(Checked):
     """Compile prepared models with ``torch.compile``.
 
     :param backend: a :class:`~drivetrain.config.enums.DynamoBackend` (``"inductor"``, ``"eager"``, ...); ``"no"``
-        disables compilation.
+        disables compilation; ``None`` (as Accelerate reads it) is ``ACCELERATE_DYNAMO_BACKEND``, else ``"no"``.
     :param mode: torch.compile mode.
-    :param fullgraph: fail instead of falling back on graph breaks.
+    :param fullgraph: fail instead of falling back on graph breaks (``None``: ``ACCELERATE_DYNAMO_USE_FULLGRAPH``).
     :param dynamic: use dynamic shapes.
     :param options: backend options.
     :param disable: turn compilation off while keeping the settings.
@@ -155,7 +162,7 @@ class TorchDynamoPlugin(Checked):
 
     backend: DynamoBackend = checked(DynamoBackend.NO, _dynamo_backend)
     mode: str | None = checked(None, _compile_mode)
-    fullgraph: bool = checked(False, _bool)
+    fullgraph: bool = checked(False, _bool_or_none_is_false)
     dynamic: bool | None = checked(None, _optional_bool)
     options: dict[str, Any] | None = None
     disable: bool = checked(False, _bool)

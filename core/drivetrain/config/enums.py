@@ -46,7 +46,13 @@ class _StrEnum(str, enum.Enum, metaclass=EnumWithContains):
         return [member.value for member in cls]
 
 
-class DistributedType(_StrEnum):
+class _NamedStrEnum(str, enum.Enum, metaclass=EnumWithContains):
+    """A str-valued enum that prints as ``Class.MEMBER``: Accelerate declares ``DistributedType``,
+    ``SageMakerDistributedType`` and ``ComputeEnvironment`` as plain ``(str, Enum)``, so
+    ``str(DistributedType.MULTI_CPU)`` is ``'DistributedType.MULTI_CPU'`` there; members still equal their value."""
+
+
+class DistributedType(_NamedStrEnum):
     """The kind of distributed environment in use; backends report theirs through ``PluginInfo``."""
 
     NO = "NO"
@@ -120,12 +126,12 @@ class DynamoBackend(_StrEnum):
     HPU_BACKEND = "HPU_BACKEND"
 
 
-class SageMakerDistributedType(_StrEnum):
+class SageMakerDistributedType(_NamedStrEnum):
     NO = "NO"
     DATA_PARALLEL = "DATA_PARALLEL"
     MODEL_PARALLEL = "MODEL_PARALLEL"
 
 
-class ComputeEnvironment(_StrEnum):
+class ComputeEnvironment(_NamedStrEnum):
     LOCAL_MACHINE = "LOCAL_MACHINE"
     AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"

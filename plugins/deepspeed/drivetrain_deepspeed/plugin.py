@@ -40,7 +40,7 @@ PLUGIN_INFO = PluginInfo(
 
 @hookimpl
 def register_extensions(registry: Any) -> None:
-    from drivetrain_deepspeed import selection
+    from drivetrain_deepspeed import selection, sequence_parallel
     from drivetrain_deepspeed.launcher import add_launch_options, launch_with_deepspeed
 
     registry.add_launch_options(add_launch_options)
@@ -50,6 +50,9 @@ def register_extensions(registry: Any) -> None:
     registry.add_state_attribute("deepspeed_plugins", selection.state_deepspeed_plugins)
     registry.add_state_attribute("select_deepspeed_plugin", selection.state_select_deepspeed_plugin)
     registry.add_state_attribute("get_deepspeed_plugin", selection.state_get_deepspeed_plugin)
+    registry.add_state_attribute(
+        "deepspeed_ulysses_dl_adapter", sequence_parallel.state_ulysses_dl_adapter, on_accelerator=True
+    )
 
 
 @hookimpl

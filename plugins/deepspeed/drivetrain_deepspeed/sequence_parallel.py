@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
+from typing import Any
 
 #: attention implementations Ulysses wraps; a Hub kernel (``owner/name``) is accepted as well
 BUILTIN_ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa")
@@ -42,3 +44,27 @@ class DeepSpeedSequenceParallelConfig:
                 f"Invalid sp_attn_implementation {attention!r}: use one of {', '.join(BUILTIN_ATTENTION)} "
                 "or a Hub kernel 'owner/name'"
             )
+
+
+def state_ulysses_dl_adapter(state: Any) -> Callable[[Any, Any], Any]:
+    """``accelerator.deepspeed_ulysses_dl_adapter(dl, model)`` (Accelerate's; the Trainer calls it for a data
+    loader prepared apart from the model): with sequence parallelism (``parallelism_config.sp_size`` > 1) the
+    loader becomes DeepSpeed's ``UlyssesSPDataLoaderAdapter`` over the sequence-parallel group DeepSpeed set up,
+    which splits each batch along the sequence among the group's ranks; otherwise the loader itself."""
+
+    def adapter(dl: Any, model: Any) -> Any:
+        config = getattr(state, "parallelism_config", None)
+        if (getattr(config, "sp_size", None) or 1) == 1:
+            return dl
+        from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+        from deepspeed.utils import groups
+
+        return UlyssesSPDataLoaderAdapter(
+            dl,
+            sp_rank=groups._get_sequence_parallel_rank(),
+            sp_group=groups._get_sequence_parallel_group(),
+            sp_world_size=groups._get_sequence_parallel_world_size(),
+            device=model.device,
+        )
+
+    return adapter

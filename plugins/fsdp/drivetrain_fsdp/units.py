@@ -22,6 +22,22 @@ def ignored_modules(model: torch.nn.Module, config: Any) -> list[torch.nn.Module
     return [module for module in config.ignored_modules if id(module) in owned]
 
 
+def get_parameters_from_modules(modules: Any, model: torch.nn.Module, device: Any) -> set[torch.nn.Parameter]:
+    """Accelerate's ``accelerate.utils.fsdp_utils.get_parameters_from_modules`` (trl calls it to prepare a model
+    under FSDP2): the parameters of ``modules``, a list of modules or a regular expression over the model's
+    module names (full match). As in Accelerate, modules found by name are moved to ``device`` (they are
+    left out of sharding, so they must already sit where they run); a given list is not moved."""
+    if modules is None:
+        return set()
+    if isinstance(modules, str):
+        pattern = re.compile(modules)
+        found = [module for name, module in model.named_modules() if pattern.fullmatch(name)]
+        for module in found:
+            module.to(device)
+        modules = found
+    return {parameter for module in modules for parameter in module.parameters()}
+
+
 def _bottom_up(model: torch.nn.Module, skip: set[int]) -> list[tuple[str, torch.nn.Module]]:
     """Submodules (not the root), children before parents, leaving out ``skip`` and their descendants."""
     ordered = []

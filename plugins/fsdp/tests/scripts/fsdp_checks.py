@@ -109,7 +109,7 @@ def check_strategies(reference, reference_norms):
     check(
         "distributed_type_fsdp",
         accelerator.distributed_type == DistributedType.FSDP,
-        str(accelerator.distributed_type),
+        accelerator.distributed_type.value,
     )
 
 

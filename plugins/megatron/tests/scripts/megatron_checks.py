@@ -60,8 +60,8 @@ def main() -> None:
     world = accelerator.num_processes
     check(
         "distributed_type",
-        str(accelerator.distributed_type) == "MEGATRON_LM",
-        str(accelerator.distributed_type),
+        accelerator.distributed_type.value == "MEGATRON_LM",
+        accelerator.distributed_type.value,
     )
     check("state_plugin_is_script_object", accelerator.state.megatron_lm_plugin is plugin)
     check(

@@ -105,7 +105,7 @@ def one_device(workdir: str) -> dict:
     result["backend"] = accelerator.backend
     result["backend_source"] = accelerator.state.backend_source
     result["device"] = str(accelerator.device)
-    result["distributed_type"] = str(accelerator.distributed_type)
+    result["distributed_type"] = accelerator.distributed_type.value
     checkpoint = os.path.join(workdir, "checkpoint")
     trained, losses, compiles = train(accelerator, save_at=3, save_dir=checkpoint)
     net = accelerator.prepared.models[0]

@@ -1,0 +1,76 @@
+"""What transformers, peft and trl rely on in Accelerate's behaviour (issue 28: found running them on
+drivetrain). Each test asserts what Accelerate 1.15.0 does; drivetrain-accelerate serves these objects as
+``accelerate.*``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from drivetrain.big_modeling import get_max_memory
+from drivetrain.config.dataclasses import TorchDynamoPlugin
+from drivetrain.config.enums import ComputeEnvironment, DistributedType, DynamoBackend, SageMakerDistributedType
+
+
+def test_dynamo_plugin_reads_none_as_accelerate_does(monkeypatch):
+    # transformers' Trainer builds TorchDynamoPlugin(backend=None, mode=None, dynamic=None) when torch_compile
+    # is off; Accelerate reads None as "the launcher's ACCELERATE_DYNAMO_* variable, else off".
+    for name in ("BACKEND", "MODE", "USE_FULLGRAPH", "USE_DYNAMIC"):
+        monkeypatch.delenv(f"ACCELERATE_DYNAMO_{name}", raising=False)
+    plugin = TorchDynamoPlugin(backend=None, mode=None, fullgraph=None, dynamic=None)
+    assert plugin.backend == DynamoBackend.NO
+    assert plugin.fullgraph is False
+    assert plugin.dynamic is None
+    assert not plugin.enabled
+
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "inductor")
+    monkeypatch.setenv("ACCELERATE_DYNAMO_USE_FULLGRAPH", "true")
+    plugin = TorchDynamoPlugin(backend=None, mode=None, fullgraph=None)
+    assert plugin.backend == DynamoBackend.INDUCTOR
+    assert plugin.fullgraph is True
+
+
+def test_dynamo_plugin_still_refuses_a_backend_that_does_not_exist():
+    with pytest.raises(Exception, match=r"TorchDynamoPlugin.backend='nonsense' is not valid; choose one of"):
+        TorchDynamoPlugin(backend="nonsense")
+
+
+def test_get_max_memory_converts_the_callers_dict_in_place():
+    # transformers' get_max_memory passes the user's max_memory on and then compares its values with the
+    # returned ones: Accelerate converted them in place ("300KB" -> 300000), keys as given.
+    max_memory = {"cpu": "300KB", "disk": "2GiB"}
+    returned = get_max_memory(max_memory)
+    assert max_memory == {"cpu": 300_000, "disk": 2 * 2**30}
+    assert returned == {"cpu": 300_000, "disk": 2 * 2**30}
+    assert returned is not max_memory
+    untouched = {"cpu": 1024}
+    get_max_memory(untouched)
+    assert untouched == {"cpu": 1024}
+
+
+def test_distributed_type_prints_as_accelerate_prints_it():
+    # Accelerate declares these plain (str, Enum): str() and f-strings give 'Class.MEMBER' (Python 3.11),
+    # while members still compare equal to their value.
+    assert str(DistributedType.MULTI_CPU) == "DistributedType.MULTI_CPU"
+    assert f"{DistributedType.DEEPSPEED}" == "DistributedType.DEEPSPEED"
+    assert str(SageMakerDistributedType.NO) == "SageMakerDistributedType.NO"
+    assert str(ComputeEnvironment.LOCAL_MACHINE) == "ComputeEnvironment.LOCAL_MACHINE"
+    assert DistributedType.MULTI_CPU == "MULTI_CPU"
+    assert DistributedType("FSDP") is DistributedType.FSDP
+    # the enums Accelerate builds on its BaseEnum print their value
+    assert str(DynamoBackend.INDUCTOR) == "INDUCTOR"
+
+
+def test_dispatch_model_looks_check_device_map_up_at_call_time(monkeypatch):
+    # transformers' skip_device_map_check swaps accelerate.big_modeling.check_device_map for a no-op around a
+    # dispatch whose map leaves parameters out on purpose; the swap must reach dispatch_model.
+    import drivetrain.big_modeling as big_modeling
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    incomplete = {"0": "cpu"}  # module "1" left out
+    with pytest.raises(ValueError, match="1"):
+        big_modeling.dispatch_model(model, incomplete)
+    calls = []
+    monkeypatch.setattr(big_modeling, "check_device_map", lambda *args: calls.append(args))
+    big_modeling.dispatch_model(model, {"": "cpu"})
+    assert calls == [(model, {"": "cpu"})]
