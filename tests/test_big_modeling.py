@@ -53,6 +53,15 @@ class TinyLM(torch.nn.Module):
         return self.head(x)
 
 
+def _empty_tiny_lm(**sizes: int) -> TinyLM:
+    """TinyLM's skeleton on the meta device, re-tied after init_empty_weights (which undoes ties made inside
+    it, as Accelerate's does; transformers' ``model.tie_weights()`` is the same step)."""
+    with init_empty_weights():
+        model = TinyLM(**sizes)
+    model.head.weight = model.embed.weight
+    return model
+
+
 def _reference(seed: int = 0) -> TinyLM:
     torch.manual_seed(seed)
     return TinyLM().eval()
@@ -87,12 +96,17 @@ def test_parse_size() -> None:
         parse_size("ten gigs")
 
 
-def test_init_empty_weights_costs_nothing_and_keeps_ties() -> None:
+def test_init_empty_weights_costs_nothing_and_unties_as_accelerate() -> None:
     with init_empty_weights():
         model = torch.nn.Sequential(*[torch.nn.Linear(10000, 10000) for _ in range(100)])
         lm = TinyLM()
     assert all(p.device.type == "meta" for p in model.parameters())
-    assert lm.head.weight is lm.embed.weight
+    # Accelerate's init_empty_weights gives every registration its own parameter: a tie made inside the block
+    # is undone (transformers' model.tie_weights() makes it again)
+    assert lm.head.weight is not lm.embed.weight
+    assert lm.head.weight.device.type == "meta"
+    lm.head.weight = lm.embed.weight
+    assert lm.head.weight is lm.embed.weight  # outside the block, assignment ties as usual
     assert compute_module_sizes(model)[""] == 100 * (10000 * 10000 + 10000) * 4
     with init_on_device("meta", include_buffers=True):
         norm = torch.nn.BatchNorm1d(4)
@@ -114,8 +128,7 @@ def test_auto_map_cpu_and_disk_same_logits(tmp_path) -> None:
     reference = _reference()
     expected = reference(IDS)
     checkpoint = _save_sharded(reference, str(tmp_path))
-    with init_empty_weights():
-        model = TinyLM()
+    model = _empty_tiny_lm()
     sizes = compute_module_sizes(model)
     model = load_checkpoint_and_dispatch(
         model,
@@ -154,8 +167,7 @@ def test_hand_made_map_with_param_entries_and_bin_checkpoint(tmp_path) -> None:
     reference = _reference(1)
     expected = reference(IDS)
     torch.save(reference.state_dict(), tmp_path / "pytorch_model.bin")
-    with init_empty_weights():
-        model = TinyLM()
+    model = _empty_tiny_lm()
     device_map = {
         "embed": "cpu",
         "head": "cpu",
@@ -180,8 +192,7 @@ def test_sequential_and_balanced_on_cpu_only(tmp_path) -> None:
     reference = _reference(2)
     checkpoint = _save_sharded(reference, str(tmp_path))
     for strategy in ("sequential", "balanced", "balanced_low_0", "auto"):
-        with init_empty_weights():
-            model = TinyLM()
+        model = _empty_tiny_lm()
         model = load_checkpoint_and_dispatch(model, checkpoint, device_map=strategy)
         assert model.hf_device_map == {"": "cpu"}
         torch.testing.assert_close(model(IDS), reference(IDS), rtol=0, atol=0)
@@ -218,8 +229,7 @@ def test_dtype_and_keep_in_fp32(tmp_path) -> None:
         {k: v for k, v in reference.state_dict().items() if k != "head.weight"},
         tmp_path / "model.safetensors",
     )
-    with init_empty_weights():
-        model = TinyLM()
+    model = _empty_tiny_lm()
     load_checkpoint_in_model(model, str(tmp_path), dtype=torch.float16, keep_in_fp32_modules=["norm"])
     assert model.blocks[0].linear1.weight.dtype == torch.float16
     assert model.blocks[0].norm.weight.dtype == torch.float32
@@ -233,8 +243,7 @@ def test_strict_and_truncated_checkpoint(tmp_path) -> None:
         {"embed.weight": reference.embed.weight.detach(), "extra": torch.zeros(1)},
         tmp_path / "model.safetensors",
     )
-    with init_empty_weights():
-        model = TinyLM()
+    model = _empty_tiny_lm()
     with pytest.raises(CheckpointError, match="missing.*blocks.0.norm.weight.*unexpected.*extra"):
         load_checkpoint_in_model(model, str(tmp_path / "model.safetensors"), strict=True)
     result = load_checkpoint_in_model(model, str(tmp_path / "model.safetensors"))
@@ -283,8 +292,7 @@ def test_mapped_and_copied_loads_are_byte_identical(tmp_path) -> None:
     checkpoint = _save_sharded(reference, str(tmp_path))
     expected = reference.state_dict()
     for map_weights in (True, False):
-        with init_empty_weights():
-            model = TinyLM()
+        model = _empty_tiny_lm()
         load_checkpoint_in_model(model, checkpoint, map_weights=map_weights, strict=False)
         for name, tensor in model.state_dict().items():
             assert torch.equal(tensor, expected[name]), name
@@ -294,8 +302,7 @@ def test_mapped_and_copied_loads_are_byte_identical(tmp_path) -> None:
         assert weight.untyped_storage().nbytes() == weight.numel() * weight.element_size()
         with torch.no_grad():
             weight.add_(1.0)  # a mapped weight is copy-on-write: the checkpoint is not modified
-    with init_empty_weights():
-        again = TinyLM()
+    again = _empty_tiny_lm()
     load_checkpoint_in_model(again, checkpoint)
     assert torch.equal(again.blocks[0].linear1.weight, expected["blocks.0.linear1.weight"])
 
@@ -326,8 +333,7 @@ def test_reader_chunks_and_casts_are_exact(tmp_path) -> None:
 def test_damaged_header_and_8bit_offload_are_clear_errors(tmp_path) -> None:
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes((10**9).to_bytes(8, "little") + b"{}")
-    with init_empty_weights():
-        model = TinyLM()
+    model = _empty_tiny_lm()
     with pytest.raises(CheckpointError, match="bad.safetensors.*damaged or truncated"):
         load_checkpoint_in_model(model, str(bad))
     with pytest.raises(NotImplementedError, match="offload_8bit_bnb.*bitsandbytes"):
@@ -343,8 +349,7 @@ def test_saving_over_the_checkpoint_a_mapped_model_came_from_keeps_its_weights(t
     reference = _reference(7)
     accelerator.save_model(reference, str(tmp_path), max_shard_size="20KB")
     expected = {name: tensor.clone() for name, tensor in reference.state_dict().items()}
-    with init_empty_weights():
-        model = TinyLM()
+    model = _empty_tiny_lm()
     model = load_checkpoint_and_dispatch(model, str(tmp_path), device_map={"": "cpu"})
     logits = model(IDS)
 

@@ -74,3 +74,42 @@ def test_dispatch_model_looks_check_device_map_up_at_call_time(monkeypatch):
     monkeypatch.setattr(big_modeling, "check_device_map", lambda *args: calls.append(args))
     big_modeling.dispatch_model(model, {"": "cpu"})
     assert calls == [(model, {"": "cpu"})]
+
+
+def test_auto_device_map_of_a_gpt2_skeleton_is_accelerates():
+    # The big-model recipe: build the skeleton under init_empty_weights, then infer a map. Accelerate's
+    # init_empty_weights undoes the lm_head/wte tie transformers makes inside the block, so the head counts
+    # and goes apart (to disk here); after model.tie_weights() it goes with the embedding. The expected
+    # maps are Accelerate 1.15.0's with transformers 5.23.0.
+    transformers = pytest.importorskip("transformers")
+    from drivetrain.big_modeling import infer_auto_device_map, init_empty_weights
+
+    config = transformers.GPT2Config(n_layer=1, vocab_size=50, n_embd=32, n_head=2, n_positions=64)
+    with init_empty_weights():
+        model = transformers.GPT2LMHeadModel(config)
+    assert model.lm_head.weight is not model.transformer.wte.weight
+    placed = infer_auto_device_map(model, max_memory={"cpu": "60KB"})
+    assert dict(placed) == {
+        "transformer.wte": "cpu",
+        "transformer.wpe": "cpu",
+        "transformer.drop": "cpu",
+        "transformer.h.0.ln_1": "cpu",
+        "transformer.h.0.attn": "cpu",
+        "transformer.h.0.ln_2": "cpu",
+        "transformer.ln_f": "disk",
+        "lm_head": "disk",
+        "transformer.h.0.mlp": "disk",
+    }
+    config = transformers.GPT2Config(n_layer=1, vocab_size=50, n_embd=16, n_head=2, n_positions=64)
+    with init_empty_weights():
+        model = transformers.GPT2LMHeadModel(config)
+    model.tie_weights()
+    placed = infer_auto_device_map(model, max_memory={"cpu": "10KB"})
+    assert dict(placed) == {
+        "transformer.wte": "cpu",
+        "lm_head": "cpu",
+        "transformer.wpe": "disk",
+        "transformer.drop": "disk",
+        "transformer.h": "disk",
+        "transformer.ln_f": "disk",
+    }

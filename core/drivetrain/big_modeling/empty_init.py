@@ -26,7 +26,10 @@ def init_on_device(device: torch.device | str, include_buffers: bool = False) ->
 
     def register_parameter(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
         original_register(module, name, param)
-        if param is not None and param.device != device:
+        # Every registration gets a parameter of its own, as in Accelerate, even one already on ``device``: a
+        # tie made by assignment inside the block (``head.weight = embed.weight``) is not kept, so sizes and
+        # device maps count the two apart until the model re-ties them (transformers' ``model.tie_weights()``).
+        if param is not None:
             data = param.data.to(device)
             param_class = type(param)
             if param_class is torch.nn.Parameter:

@@ -199,6 +199,7 @@ def test_tied_weight_is_onloaded_once_across_active_hooks(tmp_path, monkeypatch,
         save_file(state, tmp_path / "model.safetensors")
         with init_empty_weights():
             model = _tied_model(7)
+        model[1].scale = model[1].inner.weight  # re-tie: init_empty_weights undoes ties, as Accelerate's
         model = load_checkpoint_and_dispatch(
             model,
             tmp_path / "model.safetensors",
