@@ -171,7 +171,9 @@ class PartialState:
         self, backend: str | None, backend_config: Any, cpu: bool, parallelism: Any
     ) -> None:
         wanted = backend_of_config(backend_config) if backend_config is not None else backend
-        if wanted is not None and wanted != self.backend_name:
+        if wanted is not None and wanted != self.backend_name and self.backend_source.startswith(AUTOMATIC_SOURCES):
+            self._take_backend(backend, backend_config)
+        elif wanted is not None and wanted != self.backend_name:
             raise ConfigurationError(
                 f"this process already runs backend {self.backend_name!r} (from {self.backend_source}); "
                 f"a new Accelerator asks for {wanted!r}. Call drivetrain.reset_state() first to switch backends "
@@ -196,6 +198,31 @@ class PartialState:
                 )
             parallelism.device_mesh = self.parallelism_config.device_mesh
             self.parallelism_config = parallelism
+
+    def _take_backend(self, backend: str | None, backend_config: Any) -> None:
+        """The first Accelerator names the backend of a process whose state was set up before anything said
+        which (transformers' TrainingArguments builds a PartialState, then its Trainer an Accelerator with
+        ``deepspeed_plugin=`` or ``fsdp_plugin=``): the automatic choice was a default, not a setting, so the
+        named backend joins the process group already there and takes over, as Accelerate's AcceleratorState
+        turns a PartialState's distributed type into DEEPSPEED or FSDP."""
+        manager = get_plugin_manager()
+        selection = select_backend(manager, backend, backend_config)
+        stack = manager.stack([*self.device_plugins, selection.value])
+        environment = stack.call(
+            "setup_process_group",
+            device=self.device,
+            init_kwargs={},
+            parallelism=self.parallelism_config,
+            backend_config=backend_config,
+        )
+        if environment is None:
+            raise PluginError(f"backend {selection.value!r} returned nothing from setup_process_group")
+        self.backend_name = selection.value
+        self.backend_info = manager.info(selection.value)
+        self.backend_source = f"{selection.source}, after {self.backend_source}"
+        self.backend_config = backend_config
+        self.environment = environment
+        _report_backend(self.backend_name, self.backend_source, environment.process_index)
 
     @classmethod
     def _reset_state(cls, destroy_process_group: bool = False) -> None:

@@ -56,8 +56,17 @@ def test_trl_sft_trainer(scenarios, tmp_path):
 
 def test_from_pretrained_device_map_auto_spills_to_disk(scenarios, tmp_path):
     result = run(scenarios, "device_map", tmp_path)
-    placed = set(result["device_map"].values())
-    assert "disk" in placed and "cpu" in placed
+    # the map Accelerate 1.15.0 gives with transformers 5.23.0 (the embedding and the tied head together)
+    assert result["device_map"] == {
+        "transformer.wte": "cpu",
+        "lm_head": "cpu",
+        "transformer.wpe": "cpu",
+        "transformer.drop": "cpu",
+        "transformer.h.0": "cpu",
+        "transformer.h.1": "cpu",
+        **{f"transformer.h.{i}": "disk" for i in range(2, 8)},
+        "transformer.ln_f": "disk",
+    }
     assert result["parameters_in_ram"] > 0 and result["parameters_not_in_ram"] > 0  # the disk part stays on disk
     assert result["max_memory_after"] == {"cpu": 300_000}  # converted in place, as transformers expects
     assert result["max_abs_diff"] == pytest.approx(0.0, abs=1e-5)

@@ -38,7 +38,20 @@ def _runs():
 REFERENCE = json.loads((HERE / "reference_runs.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["trainer-2", "zero2-2", "zero3-2", "fsdp2-2"])
+#: run -> (the distributed type drivetrain must report, how close its losses are to the reference's run)
+EXPECTED = {
+    "trainer-2": ("DistributedType.MULTI_CPU", 1e-4),
+    # On the CPU, Accelerate runs TrainingArguments(deepspeed=...) and (fsdp=...) as DDP (its state ignores
+    # both with cpu=True), so its recorded run is the DDP trajectory of the same data and optimizer; drivetrain
+    # really shards. FSDP2 follows it to float precision; ZeRO's flattened fp32 partitions and its own
+    # gradient clipping round differently, which the trajectory carries to ~1e-3 (measured 1.3e-3 at most).
+    "zero2-2": ("DistributedType.DEEPSPEED", 5e-3),
+    "zero3-2": ("DistributedType.DEEPSPEED", 5e-3),
+    "fsdp2-2": ("DistributedType.FSDP", 1e-4),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_trainer_on_two_processes_trains_saves_and_resumes_as_the_reference(name, tmp_path):
     pytest.importorskip("transformers")
     if name.startswith("zero"):
@@ -49,7 +62,9 @@ def test_trainer_on_two_processes_trains_saves_and_resumes_as_the_reference(name
     checkpoint = tmp_path / "resumed" / "out" / "checkpoint-8"
     resumed = runs.launch(name, tmp_path / "resumed", extra=("--resume", str(checkpoint)))
 
+    distributed_type, tolerance = EXPECTED[name]
     assert full["num_processes"] == 2 and full["accelerate_module"] == "drivetrain"
+    assert full["distributed_type"] == distributed_type
     assert full["global_step"] == 16 and stopped["global_step"] == 8 and resumed["global_step"] == 16
     assert "checkpoint-8" in full["checkpoints"] and "checkpoint-16" in full["checkpoints"]
     later = [str(step) for step in range(9, 17)]
@@ -59,16 +74,13 @@ def test_trainer_on_two_processes_trains_saves_and_resumes_as_the_reference(name
 
     reference = REFERENCE["runs"][name]
     assert "failed" not in reference, reference
-    # the same numbers as Accelerate's run, to the 4 decimals the Trainer prints
-    assert full["losses"] == pytest.approx(reference["losses"], abs=1e-4)
-    assert full["eval_loss"] == pytest.approx(reference["eval_loss"], abs=1e-4)
+    assert full["losses"] == pytest.approx(reference["losses"], abs=tolerance)
+    assert full["eval_loss"] == pytest.approx(reference["eval_loss"], abs=tolerance)
 
 
-def test_two_processes_equal_one_process_with_the_same_global_batch(tmp_path):
+def test_one_process_run_launched_as_users_do_is_the_references(tmp_path):
     pytest.importorskip("transformers")
-    runs = _runs()
-    two = runs.launch("trainer-2", tmp_path / "two")
-    one = runs.launch("trainer-1", tmp_path / "one")
-    assert one["num_processes"] == 1 and two["num_processes"] == 2
-    assert two["losses"] == pytest.approx(one["losses"], abs=1e-4)
+    one = _runs().launch("trainer-1", tmp_path / "one")
+    assert one["num_processes"] == 1 and one["distributed_type"] == "DistributedType.NO"
     assert one["losses"] == pytest.approx(REFERENCE["runs"]["trainer-1"]["losses"], abs=1e-4)
+    assert one["eval_loss"] == pytest.approx(REFERENCE["runs"]["trainer-1"]["eval_loss"], abs=1e-4)

@@ -189,19 +189,22 @@ class DeepSpeedPlugin:
         self.enable_msamp = False
         if self.msamp_opt_level is None:
             self.msamp_opt_level = "O1"  # Accelerate's default; read only with enable_msamp
-        if self.hf_ds_config is None:
-            self.deepspeed_config = self._config_from_fields()
+        if isinstance(self.hf_ds_config, HfDeepSpeedConfig):
+            # As Accelerate: a config object given is kept, its dict shared. transformers gives its
+            # HfTrainerDeepSpeedConfig (a subclass) and fills the "auto" entries in that dict after the plugin
+            # is built (trainer_config_finalize), which the engine must then see.
+            self.deepspeed_config = self._apply_fields(self.hf_ds_config.config)
+            self.hf_ds_config.set_stage_and_offload()
         else:
-            source = self.hf_ds_config
-            base = (
-                source.config
-                if isinstance(source, HfDeepSpeedConfig)
-                else load_config(source, "DeepSpeedPlugin.hf_ds_config")
-            )
-            self.deepspeed_config = self._apply_fields(copy.deepcopy(base))
-        # As Accelerate: hf_ds_config becomes the config object (sharing the dict) and the fields the config's
-        # values, so scripts can read e.g. ``deepspeed_plugin.zero_stage`` whichever way it was configured.
-        self.hf_ds_config = HfDeepSpeedConfig.wrapping(self.deepspeed_config)
+            if self.hf_ds_config is None:
+                self.deepspeed_config = self._config_from_fields()
+            else:
+                base = load_config(self.hf_ds_config, "DeepSpeedPlugin.hf_ds_config")
+                self.deepspeed_config = self._apply_fields(copy.deepcopy(base))
+            # As Accelerate: hf_ds_config becomes the config object (sharing the dict) and the fields the
+            # config's values, so scripts can read e.g. ``deepspeed_plugin.zero_stage`` whichever way it was
+            # configured.
+            self.hf_ds_config = HfDeepSpeedConfig.wrapping(self.deepspeed_config)
         self._fields_from_config()
         if self.zero3_init_flag is None:
             self.zero3_init_flag = self.stage == 3

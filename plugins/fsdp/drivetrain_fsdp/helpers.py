@@ -86,11 +86,12 @@ def save_fsdp_model(
     use_dcp: bool = True,
 ) -> None:
     """Write ``model``'s state dict as ``fsdp_plugin.state_dict_type`` says (see the module docstring).
-    ``adapter_only`` is Accelerate's PEFT option, not supported here."""
+    ``adapter_only`` (Accelerate's PEFT option) is refused for a PEFT model and, as in Accelerate, changes nothing
+    for another."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    _refuse_adapter_only(adapter_only)
+    _refuse_adapter_only(adapter_only, model)
     model = _module(model)
     os.makedirs(output_dir, exist_ok=True)
     state = get_model_state_dict(model, options=_options(fsdp_plugin, model))
@@ -121,7 +122,7 @@ def load_fsdp_model(
         set_model_state_dict,
     )
 
-    _refuse_adapter_only(adapter_only)
+    _refuse_adapter_only(adapter_only, model)
     model = _module(model)
     _barrier()
     if _full(fsdp_plugin):
@@ -197,7 +198,7 @@ def load_fsdp_optimizer(
 
     from drivetrain_fsdp.fsdp1 import is_fsdp1, load_sharded_optimizer_state
 
-    _refuse_adapter_only(adapter_only)
+    _refuse_adapter_only(adapter_only, model)
     model, optimizer = _module(model), getattr(optimizer, "optimizer", optimizer)
     _barrier()
     if _full(fsdp_plugin):
@@ -311,12 +312,19 @@ def get_fsdp2_grad_scaler(**kwargs: Any) -> torch.amp.GradScaler:
     return torch.amp.GradScaler(**kwargs)
 
 
-def _refuse_adapter_only(adapter_only: bool) -> None:
-    if adapter_only:
+def _refuse_adapter_only(adapter_only: bool, model: Any) -> None:
+    # As Accelerate, adapter_only concerns PEFT models only (transformers' Trainer passes it for every model):
+    # for another model the whole state is saved or loaded.
+    if adapter_only and _is_peft_model(model):
         raise CheckpointError(
             "adapter_only=True (saving only PEFT adapter weights) is not supported by drivetrain-fsdp; save the "
             "adapter with peft's own save_pretrained"
         )
+
+
+def _is_peft_model(model: Any) -> bool:
+    module = _module(model)
+    return hasattr(module, "peft_config") and hasattr(module, "get_base_model")
 
 
 def _require(path: Path) -> None:
