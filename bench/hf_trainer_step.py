@@ -36,14 +36,20 @@ def load_runs():
 
 def measure(runs, name: str, python: str, reference: bool, steps: int, workdir: Path) -> tuple[list, list]:
     result = runs.launch(
-        name, workdir, python, reference=reference, extra=("--max-steps", str(steps), "--save-steps", str(10 * steps))
+        name,
+        workdir,
+        python,
+        reference=reference,
+        extra=("--max-steps", str(steps), "--save-steps", str(10 * steps)),
     )
     warm = 5
     return result["step_cpu_seconds"][warm:], result["step_wall_seconds"][warm:]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--reference-python", required=True)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=3)
@@ -59,7 +65,12 @@ def main() -> None:
                 for side in order:
                     python = sys.executable if side == "drivetrain" else args.reference_python
                     cpu, wall = measure(
-                        runs, name, python, side == "accelerate", args.steps, Path(folder) / f"{side}-{repeat}"
+                        runs,
+                        name,
+                        python,
+                        side == "accelerate",
+                        args.steps,
+                        Path(folder) / f"{side}-{repeat}",
                     )
                     samples[side][0].extend(cpu)
                     samples[side][1].extend(wall)

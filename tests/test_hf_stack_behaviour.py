@@ -9,7 +9,12 @@ import torch
 
 from drivetrain.big_modeling import get_max_memory
 from drivetrain.config.dataclasses import TorchDynamoPlugin
-from drivetrain.config.enums import ComputeEnvironment, DistributedType, DynamoBackend, SageMakerDistributedType
+from drivetrain.config.enums import (
+    ComputeEnvironment,
+    DistributedType,
+    DynamoBackend,
+    SageMakerDistributedType,
+)
 
 
 def test_dynamo_plugin_reads_none_as_accelerate_does(monkeypatch):

@@ -171,7 +171,11 @@ class PartialState:
         self, backend: str | None, backend_config: Any, cpu: bool, parallelism: Any
     ) -> None:
         wanted = backend_of_config(backend_config) if backend_config is not None else backend
-        if wanted is not None and wanted != self.backend_name and self.backend_source.startswith(AUTOMATIC_SOURCES):
+        if (
+            wanted is not None
+            and wanted != self.backend_name
+            and self.backend_source.startswith(AUTOMATIC_SOURCES)
+        ):
             self._take_backend(backend, backend_config)
         elif wanted is not None and wanted != self.backend_name:
             raise ConfigurationError(

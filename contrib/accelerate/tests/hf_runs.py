@@ -97,7 +97,9 @@ def launch(
     log = workdir / "log.txt"
     log.write_text(done.stdout + done.stderr)
     if done.returncode != 0:
-        raise RuntimeError(f"{name} {' '.join(extra)} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
+        raise RuntimeError(
+            f"{name} {' '.join(extra)} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}"
+        )
     result = json.loads(out.read_text())
     result["seconds"] = round(time.monotonic() - started, 1)
     return result
@@ -114,7 +116,9 @@ def record_reference(python: str, workdir: Path) -> dict[str, Any]:
     for name in RUNS:
         try:
             result = launch(name, workdir / name, python, reference=True)
-            runs[name] = {key: result[key] for key in ("losses", "eval_loss", "global_step", "distributed_type")}
+            runs[name] = {
+                key: result[key] for key in ("losses", "eval_loss", "global_step", "distributed_type")
+            }
         except RuntimeError as failure:
             runs[name] = {"failed": str(failure)[-1500:]}
         print(name, "failed" if "failed" in runs[name] else "ok", flush=True)
@@ -122,7 +126,9 @@ def record_reference(python: str, workdir: Path) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--reference", required=True, help="python of a virtualenv with the real Accelerate")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/hf-reference-runs"))
     options = parser.parse_args()

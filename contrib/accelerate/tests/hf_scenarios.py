@@ -49,8 +49,12 @@ def build_tokenizer(workdir: Path) -> Any:
 
     tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.train_from_iterator(corpus(200), trainers.WordLevelTrainer(special_tokens=["[UNK]", "[PAD]", "[EOS]"]))
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", eos_token="[EOS]")
+    tokenizer.train_from_iterator(
+        corpus(200), trainers.WordLevelTrainer(special_tokens=["[UNK]", "[PAD]", "[EOS]"])
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", eos_token="[EOS]"
+    )
 
 
 class Blocks:
@@ -116,7 +120,9 @@ def training_arguments(args: argparse.Namespace, **extra: Any) -> Any:
         disable_tqdm=True,
         deepspeed=args.deepspeed,
         fsdp="full_shard auto_wrap" if args.fsdp else "",
-        fsdp_config={"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["GPT2Block"]} if args.fsdp else None,
+        fsdp_config={"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["GPT2Block"]}
+        if args.fsdp
+        else None,
         **extra,
     )
 
@@ -270,7 +276,9 @@ def run_sft(args: argparse.Namespace) -> dict[str, Any]:
 
     reloaded = GPT2LMHeadModel.from_pretrained(str(args.workdir / "sft-final"))
     trained = trainer.accelerator.unwrap_model(trainer.model)
-    same = all(torch.equal(a, b) for a, b in zip(trained.state_dict().values(), reloaded.state_dict().values()))
+    same = all(
+        torch.equal(a, b) for a, b in zip(trained.state_dict().values(), reloaded.state_dict().values())
+    )
     return {
         "losses": step_losses(trainer.state.log_history),
         "global_step": trainer.state.global_step,
@@ -312,7 +320,9 @@ SCENARIOS = {"trainer": run_trainer, "lora": run_lora, "sft": run_sft, "device_m
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("scenario", choices=sorted(SCENARIOS))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--workdir", type=Path, default=None)
@@ -323,7 +333,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--bf16", action="store_true")
-    parser.add_argument("--deepspeed", default=None, help="a DeepSpeed config file (TrainingArguments(deepspeed=))")
+    parser.add_argument(
+        "--deepspeed", default=None, help="a DeepSpeed config file (TrainingArguments(deepspeed=))"
+    )
     parser.add_argument("--fsdp", action="store_true", help="TrainingArguments(fsdp=...) with FSDP2")
     args = parser.parse_args(argv)
     args.workdir = args.workdir or args.out.parent

@@ -15,7 +15,12 @@ def test_trainer_train_eval_save_and_resume_continues_exactly(scenarios, tmp_pat
     full = run(scenarios, "trainer", tmp_path / "full", *steps)
     stopped = run(scenarios, "trainer", tmp_path / "resumed", *steps, "--stop-at", "8")
     resumed = run(
-        scenarios, "trainer", tmp_path / "resumed", *steps, "--resume", str(tmp_path / "resumed/out/checkpoint-8")
+        scenarios,
+        "trainer",
+        tmp_path / "resumed",
+        *steps,
+        "--resume",
+        str(tmp_path / "resumed/out/checkpoint-8"),
     )
     assert full["accelerate_module"] == "drivetrain" and full["accelerate_version"] == "1.15.0"
     assert full["global_step"] == 16 and stopped["global_step"] == 8 and resumed["global_step"] == 16
@@ -67,6 +72,8 @@ def test_from_pretrained_device_map_auto_spills_to_disk(scenarios, tmp_path):
         **{f"transformer.h.{i}": "disk" for i in range(2, 8)},
         "transformer.ln_f": "disk",
     }
-    assert result["parameters_in_ram"] > 0 and result["parameters_not_in_ram"] > 0  # the disk part stays on disk
+    assert (
+        result["parameters_in_ram"] > 0 and result["parameters_not_in_ram"] > 0
+    )  # the disk part stays on disk
     assert result["max_memory_after"] == {"cpu": 300_000}  # converted in place, as transformers expects
     assert result["max_abs_diff"] == pytest.approx(0.0, abs=1e-5)

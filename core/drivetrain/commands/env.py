@@ -58,7 +58,9 @@ def accelerate_provider() -> dict[str, Any]:
         found.update(served_by="drivetrain", version=version, origin="drivetrain-accelerate")
         found["unused_accelerate"] = real[0] if real else None
     elif spec is not None:
-        found.update(served_by="HuggingFace Accelerate", version=real[0] if real else None, origin=spec.origin)
+        found.update(
+            served_by="HuggingFace Accelerate", version=real[0] if real else None, origin=spec.origin
+        )
     return found
 
 

@@ -125,7 +125,9 @@ class GradientAccumulationPlugin(Checked):
 def _dynamo_backend(instance: Any, name: str, value: Any) -> DynamoBackend:
     if isinstance(value, DynamoBackend):
         return value
-    if value is None:  # Accelerate's reading of None (transformers passes it): the launcher's variable, or off
+    if (
+        value is None
+    ):  # Accelerate's reading of None (transformers passes it): the launcher's variable, or off
         value = os.environ.get("ACCELERATE_DYNAMO_BACKEND") or DynamoBackend.NO.value
     text = str(value).upper()
     try:
