@@ -118,3 +118,25 @@ def test_auto_device_map_of_a_gpt2_skeleton_is_accelerates():
         "transformer.h": "disk",
         "transformer.ln_f": "disk",
     }
+
+
+def test_a_state_set_up_automatically_takes_the_backend_the_first_accelerator_names():
+    # transformers' TrainingArguments builds a PartialState before its Trainer builds the Accelerator with
+    # fsdp_plugin= or deepspeed_plugin=: as in Accelerate, that names the backend; a choice made on purpose
+    # still is never overridden.
+    pytest.importorskip("drivetrain_fsdp")
+    from drivetrain import Accelerator, PartialState
+    from drivetrain.errors import ConfigurationError
+    from drivetrain.state import reset_state
+
+    try:
+        state = PartialState(cpu=True)
+        assert state.backend_name == "local"
+        accelerator = Accelerator(backend="fsdp", cpu=True)
+        assert accelerator.distributed_type == DistributedType.FSDP
+        assert PartialState().backend_name == "fsdp"
+        assert "after automatic" in PartialState().backend_source
+        with pytest.raises(ConfigurationError, match="already runs backend 'fsdp'"):
+            Accelerator(backend="local", cpu=True)
+    finally:
+        reset_state(destroy_process_group=True)

@@ -8,6 +8,7 @@ the ``offload`` plugin (``pip install drivetrain-offload``), which holds the mod
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import torch
@@ -69,12 +70,11 @@ def dispatch_model(
     reads with compute, measured in bench/big_model_load.py), not for CPU-offloaded weights run on the
     CPU, which are used in place. ``offload_dir`` holds the ``index.json`` written by :func:`load_checkpoint_in_model` for ``"disk"`` weights.
     """
-    # Looked up on drivetrain.big_modeling at call time, as Accelerate's dispatch_model reads its module global:
-    # transformers swaps ``accelerate.big_modeling.check_device_map`` for a no-op around dispatches whose map
-    # leaves some parameters out on purpose (its skip_device_map_check).
-    from drivetrain import big_modeling
-
-    big_modeling.check_device_map(model, device_map)
+    # Looked up on this package (drivetrain.big_modeling, already imported as this module's parent) when called,
+    # as Accelerate's dispatch_model reads its module global: transformers swaps
+    # ``accelerate.big_modeling.check_device_map`` for a no-op around dispatches whose map leaves some
+    # parameters out on purpose (its skip_device_map_check).
+    sys.modules[__package__].check_device_map(model, device_map)
     if main_device is None:
         main_device = main_device_of(device_map)
     main_device = normalize_device(main_device)

@@ -171,3 +171,41 @@ def test_sequence_parallel_config_defaults_to_variable_lengths_and_checks_attent
         DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=False)
     monkeypatch.setenv("PARALLELISM_CONFIG_SP_SEQ_LENGTH", "4096")
     assert DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=False).sp_seq_length == 4096
+
+
+def test_a_config_object_given_is_kept_and_shares_its_dict():
+    # transformers builds DeepSpeedPlugin(hf_ds_config=HfTrainerDeepSpeedConfig(...)) and fills the "auto"
+    # entries afterwards through that object (trainer_config_finalize): the plugin must keep it, as Accelerate
+    class TrainerConfig(HfDeepSpeedConfig):
+        def finalize(self):
+            self.config["train_micro_batch_size_per_gpu"] = 4
+
+    given = TrainerConfig({"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto"})
+    plugin = DeepSpeedPlugin(hf_ds_config=given)
+    assert plugin.hf_ds_config is given
+    assert plugin.deepspeed_config is given.config
+    given.finalize()
+    assert plugin.deepspeed_config["train_micro_batch_size_per_gpu"] == 4
+    assert plugin.zero_stage == 2
+
+
+def test_ulysses_data_loader_adapter_without_sequence_parallelism_is_the_loader():
+    # Accelerate's Accelerator.deepspeed_ulysses_dl_adapter, which the Trainer calls under DeepSpeed sequence
+    # parallelism; with sp_size 1 (or no parallelism config) it returns the loader itself
+    from drivetrain_deepspeed.sequence_parallel import state_ulysses_dl_adapter
+
+    from drivetrain.utils import ParallelismConfig
+
+    loader = object()
+    state = types.SimpleNamespace(parallelism_config=None)
+    assert state_ulysses_dl_adapter(state)(loader, None) is loader
+    state.parallelism_config = ParallelismConfig(sp_backend="deepspeed", sp_size=1)
+    assert state_ulysses_dl_adapter(state)(loader, None) is loader
+
+
+def test_the_accelerator_has_the_ulysses_adapter():
+    from drivetrain import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    loader = [1, 2]
+    assert accelerator.deepspeed_ulysses_dl_adapter(loader, None) is loader

@@ -405,3 +405,30 @@ def test_accelerate_to_fsdp2_entry_points_convert_a_file(tmp_path):
         to_fsdp2_command(parser.parse_args(["--config_file", str(source)]))
     with pytest.raises(FileNotFoundError):
         to_fsdp2_command(parser.parse_args(["--config_file", str(tmp_path / "nope.yaml"), "--overwrite"]))
+
+
+def test_get_parameters_from_modules_as_accelerate():
+    # trl prepares a model for FSDP2 through accelerate.utils.fsdp_utils.get_parameters_from_modules
+    from drivetrain.utils import fsdp_utils
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    assert fsdp_utils.get_parameters_from_modules(None, model, "cpu") == set()
+    assert fsdp_utils.get_parameters_from_modules([model[2]], model, "cpu") == set(model[2].parameters())
+    by_name = fsdp_utils.get_parameters_from_modules(r"0|2", model, torch.device("meta"))
+    assert {id(p) for p in by_name} == {id(p) for p in [*model[0].parameters(), *model[2].parameters()]}
+    assert all(p.device.type == "meta" for p in by_name)  # as in Accelerate, modules found by name are moved
+    assert fsdp_utils.get_parameters_from_modules(r"1", model, "cpu") == set()  # full match; ReLU has none
+
+
+def test_adapter_only_concerns_peft_models_only(tmp_path):
+    # transformers' Trainer passes adapter_only=True to save_fsdp_model for every model; Accelerate saves the
+    # whole state of a model that is not a PEFT model
+    from drivetrain_fsdp.helpers import _refuse_adapter_only
+
+    model = torch.nn.Linear(2, 2)
+    _refuse_adapter_only(True, model)  # nothing refused
+    peft_like = torch.nn.Linear(2, 2)
+    peft_like.peft_config = {}
+    peft_like.get_base_model = lambda: model
+    with pytest.raises(CheckpointError, match="adapter_only=True"):
+        _refuse_adapter_only(True, peft_like)
