@@ -26,10 +26,12 @@ def _run_python(code: str, **env: str) -> str:
 
 
 def test_import_drivetrain_imports_no_plugin_and_no_backend_library():
+    # (modules Python's start-up imported before drivetrain, e.g. drivetrain-accelerate's .pth hook, do not count)
     loaded = _run_python(
-        "import sys, drivetrain; "
-        "print(sorted(m for m in sys.modules if m.startswith(('drivetrain_', 'deepspeed', 'torch_xla', "
-        "'megatron', 'transformer_engine', 'torchao', 'intel_extension')) or m == 'drivetrain.backends.local'))"
+        "import sys; started = set(sys.modules); import drivetrain; "
+        "print(sorted(m for m in set(sys.modules) - started if m.startswith(('drivetrain_', 'deepspeed', "
+        "'torch_xla', 'megatron', 'transformer_engine', 'torchao', 'intel_extension')) "
+        "or m == 'drivetrain.backends.local'))"
     )
     assert loaded == "[]"
 
@@ -217,7 +219,9 @@ def test_a_removed_plugin_info_field_is_a_clear_error(tmp_path):
 
 def test_accelerator_on_one_process_imports_no_other_plugin_module_and_no_service_it_does_not_use():
     loaded = _run_python(
-        "import sys, torch\n"
+        "import sys\n"
+        "started = set(sys.modules)  # Python's start-up (drivetrain-accelerate's .pth hook) does not count\n"
+        "import torch\n"
         "from drivetrain import Accelerator\n"
         "after_import = sorted(m for m in sys.modules if m.startswith(('drivetrain.big_modeling', "
         "'drivetrain.checkpoint', 'drivetrain.commands', 'drivetrain.config.file')))\n"
@@ -225,7 +229,7 @@ def test_accelerator_on_one_process_imports_no_other_plugin_module_and_no_servic
         "model = a.prepare(torch.nn.Linear(2, 2))\n"
         "from importlib.metadata import entry_points\n"
         "devices = {e.value.split('.')[0] for e in entry_points(group='drivetrain.devices')}\n"
-        "print(after_import, sorted(m for m in sys.modules if m.startswith('drivetrain_') "
+        "print(after_import, sorted(m for m in set(sys.modules) - started if m.startswith('drivetrain_') "
         "and m.split('.')[0] not in devices), sorted(m for m in sys.modules if m.split('.')[0] in ('attr', 'attrs')))\n"
     )
     # device plugins (listed in drivetrain.devices) are imported by every process, by design; the kernel's

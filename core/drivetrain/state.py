@@ -171,11 +171,9 @@ class PartialState:
         self, backend: str | None, backend_config: Any, cpu: bool, parallelism: Any
     ) -> None:
         wanted = backend_of_config(backend_config) if backend_config is not None else backend
-        if (
-            wanted is not None
-            and wanted != self.backend_name
-            and self.backend_source.startswith(AUTOMATIC_SOURCES)
-        ):
+        # Before any Accelerator was built, a backend chosen automatically is a default, not a setting.
+        named_first = self.backend_source.startswith(AUTOMATIC_SOURCES) and not AcceleratorState._shared_state
+        if wanted is not None and wanted != self.backend_name and named_first:
             self._take_backend(backend, backend_config)
         elif wanted is not None and wanted != self.backend_name:
             raise ConfigurationError(
@@ -208,7 +206,8 @@ class PartialState:
         which (transformers' TrainingArguments builds a PartialState, then its Trainer an Accelerator with
         ``deepspeed_plugin=`` or ``fsdp_plugin=``): the automatic choice was a default, not a setting, so the
         named backend joins the process group already there and takes over, as Accelerate's AcceleratorState
-        turns a PartialState's distributed type into DEEPSPEED or FSDP."""
+        turns a PartialState's distributed type into DEEPSPEED or FSDP. Once an Accelerator was built on the
+        automatic backend, another one is an error (prepared objects may hold the first one's wrappers)."""
         manager = get_plugin_manager()
         selection = select_backend(manager, backend, backend_config)
         stack = manager.stack([*self.device_plugins, selection.value])

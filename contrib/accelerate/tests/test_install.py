@@ -25,6 +25,7 @@ CONSTRAINTS = "torch==2.13.0\ntransformers==5.23.0\npeft==0.21.2\ntrl==1.16.0\na
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.timeout(2400),  # a virtualenv with torch and the stack: minutes on a busy 2-core machine
     pytest.mark.skipif(
         os.environ.get("HF_STACK_SLOW") != "1",
         reason="fresh-virtualenv installs (~10 min): scripts/test-hf-stack runs them (HF_STACK_SLOW=1)",
@@ -71,14 +72,14 @@ WAY_BACK = textwrap.dedent(
 @pytest.fixture(scope="module")
 def wheelhouse(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("wheelhouse")
-    for project in OURS:
-        source = REPOSITORY if project == "core" else REPOSITORY / project
-        done = subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(folder), str(source)],
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+    sources = [str(REPOSITORY if project == "core" else REPOSITORY / project) for project in OURS]
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps", "-w", str(folder),
+         *sources],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
     return folder
 
 

@@ -20,6 +20,7 @@ HERE = Path(__file__).resolve().parent
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.timeout(1800),  # three 2-process runs (DeepSpeed builds its CPU ops on first use)
     pytest.mark.multiprocess,
     pytest.mark.skipif(
         os.environ.get("HF_STACK_SLOW") != "1",
