@@ -5,9 +5,10 @@ Trainer on HuggingFace Accelerate.
 
 PYTHON: a virtualenv with accelerate==1.15.0 and the same transformers and torch (``python -m venv ...;
 pip install torch==2.13.0 accelerate==1.15.0 transformers==5.23.0 peft==0.21.2 trl==1.16.0 tokenizers``).
-The model and data are contrib/accelerate/tests/hf_scenarios.py's (GPT-2 with n_layer=2, n_embd=32, batch 4
-per process, gradient accumulation 2, AdamW, one thread per process): 1 process as launched by ``python``,
-2 processes through each side's launcher (hf_runs.py). A step is measured inside the training process, from
+The model and data are contrib/accelerate/tests/hf_scenarios.py's (GPT-2 with n_layer=2, n_embd=32, a global
+batch of 4 with gradient accumulation 2, AdamW, one thread per process): 1 process as launched by ``python``,
+2 processes through each side's launcher (hf_runs.py: drivetrain's ``accelerate launch``, torchrun for the
+reference). A step is measured inside the training process, from
 one optimizer step's end to the next (loading the batches, two forward/backward passes, the optimizer step,
 logging), as CPU time of process 0 (wall time on 2 shared cores is too noisy) and as wall time; the first 5
 steps are left out (warm-up) and steps that saved a checkpoint too. Runs alternate between the two sides;
