@@ -28,7 +28,7 @@ pytestmark = [
     pytest.mark.timeout(2400),  # a virtualenv with torch and the stack: minutes on a busy 2-core machine
     pytest.mark.skipif(
         os.environ.get("HF_STACK_SLOW") != "1",
-        reason="fresh-virtualenv installs (~10 min): scripts/test-hf-stack runs them (HF_STACK_SLOW=1)",
+        reason="three fresh virtualenvs with torch and the stack (15-40 min): scripts/test-hf-stack runs them",
     ),
 ]
 

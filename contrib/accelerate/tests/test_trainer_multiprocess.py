@@ -24,7 +24,7 @@ pytestmark = [
     pytest.mark.multiprocess,
     pytest.mark.skipif(
         os.environ.get("HF_STACK_SLOW") != "1",
-        reason="2-process Trainer runs (~8 min): scripts/test-hf-stack runs them (HF_STACK_SLOW=1)",
+        reason="2-process Trainer runs on DDP, DeepSpeed, FSDP (10-40 min): scripts/test-hf-stack runs them",
     ),
 ]
 
