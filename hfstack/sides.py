@@ -142,6 +142,9 @@ class Side:
             PYTHONUNBUFFERED="1",
             HFSTACK_NETWORK_LOG=str(network_log),
         )
+        if self.name == "reference":
+            # drivetrain-accelerate's start-up finder, when installed, steps aside for this process
+            env["DRIVETRAIN_ACCELERATE"] = "0"
         if self.name == "drivetrain" and self.served_by == "alias":
             env["HFSTACK_ALIAS"] = "1"
             if self.patch_blockers:
