@@ -77,7 +77,9 @@ def classify(tests: dict[str, dict], network_log: Path) -> dict[str, dict]:
     for test_id, result in tests.items():
         if result["outcome"] != "failed":
             continue
-        evidence = test_id in tried or HUB_PATTERNS.search(result.get("message", "") + result.get("detail", ""))
+        evidence = test_id in tried or HUB_PATTERNS.search(
+            result.get("message", "") + result.get("detail", "")
+        )
         if evidence:
             result["ran_as"], result["outcome"] = result["outcome"], "hub"
     return tests
@@ -129,7 +131,9 @@ def store(path: Path, side: sides.Side, runs: dict, notes: dict, slim: bool) -> 
                         result.pop("message", None)
     data["side"] = side.name
     data["served_by"] = side.served_by
-    data["machine"] = f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    data["machine"] = (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    )
     data["updated"] = time.strftime("%Y-%m-%d %H:%M:%S")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
@@ -159,7 +163,9 @@ def selected(args, parser) -> dict[str, list[str]]:
         known = set(source.files) | set(source.on_request)
         for file in files:
             if file not in known:
-                parser.error(f"--file: {name} has no {file} in the harness (choose from {', '.join(sorted(known))})")
+                parser.error(
+                    f"--file: {name} has no {file} in the harness (choose from {', '.join(sorted(known))})"
+                )
         chosen[name] = files
     return chosen
 
@@ -205,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     what = parser.add_argument_group("what to run")
     what.add_argument("--fast", action="store_true", help="CI's subset: a few fast files per source")
     what.add_argument("--all", action="store_true", help="every file of every source")
-    what.add_argument("--source", nargs="+", metavar="NAME", help=f"only these ({', '.join(sources.SOURCES)})")
+    what.add_argument(
+        "--source", nargs="+", metavar="NAME", help=f"only these ({', '.join(sources.SOURCES)})"
+    )
     what.add_argument("--file", nargs="+", metavar="FILE", help="only these files of the --source")
     what.add_argument("--with", dest="with_", nargs="+", metavar="FILE", default=[],
                       help="add files run only on request (peft's tests/test_decoder_models.py)")  # fmt: skip
@@ -217,8 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     how.add_argument("--both", action="store_true", help="run the reference's side, then drivetrain's")
     how.add_argument("--serve", choices=("auto", "alias", "distribution"), default=sides.SERVED_BY,
                      help="how drivetrain serves `accelerate` (default: %(default)s)")  # fmt: skip
-    how.add_argument("--no-patch", action="store_true", help="alias mode: leave the two known blockers as they are")
-    how.add_argument("--cache", type=Path, default=default_cache(), help="cache folder (default: %(default)s)")
+    how.add_argument(
+        "--no-patch", action="store_true", help="alias mode: leave the two known blockers as they are"
+    )
+    how.add_argument(
+        "--cache", type=Path, default=default_cache(), help="cache folder (default: %(default)s)"
+    )
     how.add_argument("--sources", type=Path, help="folder holding transformers' pinned test files")
     how.add_argument("--python", type=Path, default=Path(sys.executable), help="the interpreter (both sides)")
     how.add_argument("--test-timeout", type=float, default=300, help="seconds per test (default 300)")
@@ -229,10 +241,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.import_transformers:
-        sources.import_pinned(sources.SOURCES["transformers"], args.import_transformers, args.cache, args.sources)
+        sources.import_pinned(
+            sources.SOURCES["transformers"], args.import_transformers, args.cache, args.sources
+        )
         return 0
     if args.table:
-        table.write(load_json(REFERENCE_RESULTS), load_json(RESULTS / "drivetrain.json"), read_known_failures(KNOWN_FAILURES))
+        table.write(
+            load_json(REFERENCE_RESULTS),
+            load_json(RESULTS / "drivetrain.json"),
+            read_known_failures(KNOWN_FAILURES),
+        )
         return 0
     if not (args.fast or args.all or args.source):
         parser.error("say what to run: --fast, --all or --source NAME [--file FILE...]")
@@ -250,7 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     reference = load_json(REFERENCE_RESULTS)
     table.write(reference, load_json(RESULTS / "drivetrain.json"), read_known_failures(KNOWN_FAILURES))
 
-    lost = [entry for entry, _, _ in table.lost(reference, {"sources": {n: {"files": f} for n, f in runs.items()}})]
+    lost = [
+        entry
+        for entry, _, _ in table.lost(reference, {"sources": {n: {"files": f} for n, f in runs.items()}})
+    ]
     ran = {f"{name}:{file}" for name, files in runs.items() for file in files}
     if args.update_known_failures:
         write_known_failures(lost, ran, KNOWN_FAILURES, KNOWN_FAILURES_HEADER, _covered_by)
@@ -262,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hfstack: {kept} of the {passing} tests that pass with Accelerate pass with drivetrain ({share}); "
           f"{time.monotonic() - started:.0f} s")  # fmt: skip
     if fixed:
-        print(f"hfstack: {len(fixed)} listed in {KNOWN_FAILURES.name} pass now, remove them: {', '.join(fixed[:10])}")
+        print(
+            f"hfstack: {len(fixed)} listed in {KNOWN_FAILURES.name} pass now, remove them: {', '.join(fixed[:10])}"
+        )
     if new:
         print(f"hfstack: {len(new)} regressions (not in {KNOWN_FAILURES.name}): {', '.join(new[:10])}")
     return 1 if new and not args.report_only else 0

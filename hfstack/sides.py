@@ -123,7 +123,9 @@ class Side:
         env = {
             key: value
             for key, value in os.environ.items()
-            if not key.startswith(("ACCELERATE_", "DRIVETRAIN_", "PYTHON", "HFSTACK_", "HF_", "TRANSFORMERS_"))
+            if not key.startswith(
+                ("ACCELERATE_", "DRIVETRAIN_", "PYTHON", "HFSTACK_", "HF_", "TRANSFORMERS_")
+            )
             and key not in ("VIRTUAL_ENV", "PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST")
         }
         path = [self.startup, self.overlay(source)] + ([self.reference] if self.name == "reference" else [])

@@ -17,9 +17,9 @@ import dataclasses
 import hashlib
 import shutil
 import subprocess
-import sys
-import tarfile
 from pathlib import Path
+
+from peer.source import extract_sdist
 
 HFSTACK = Path(__file__).resolve().parent
 VENDOR = HFSTACK / "vendor"
@@ -162,35 +162,6 @@ class MissingSource(Exception):
     """A source's test files are not to be had here (the message says how to provide them)."""
 
 
-def _pip_download(cache: Path, source: Source) -> Path:
-    folder = cache / "sdist"
-    path = folder / f"{source.name}-{source.version}.tar.gz"
-    if not path.is_file():
-        folder.mkdir(parents=True, exist_ok=True)
-        print(f"hfstack: downloading {source.name}=={source.version} (sdist) into {folder}", flush=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
-             "--no-binary", ":all:", f"{source.name}=={source.version}", "--dest", str(folder)],
-            check=True,
-        )  # fmt: skip
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != source.sdist_sha256:
-        raise SystemExit(
-            f"hfstack: {path} has sha256 {digest}, expected {source.sdist_sha256}: delete it and run again"
-        )
-    return path
-
-
-def _sdist_root(cache: Path, source: Source) -> Path:
-    root = cache / "src" / f"{source.name}-{source.version}"
-    if not (root / "tests").is_dir():
-        archive = _pip_download(cache, source)
-        (cache / "src").mkdir(parents=True, exist_ok=True)
-        with tarfile.open(archive) as tar:
-            tar.extractall(cache / "src", filter="data")
-    return root
-
-
 def pinned_folder(cache: Path, source: Source, sources_dir: Path | None) -> Path:
     """The folder holding a repository-file source's pinned files: the repository's vendor/ copy first."""
     candidates = [VENDOR / source.name, sources_dir or cache / "sources" / source.name]
@@ -227,7 +198,7 @@ def prepare_work(cache: Path, source: Source, side: str, sources_dir: Path | Non
                 if parent != Path("."):
                     (work / parent / "__init__.py").touch()
         return work
-    root = _sdist_root(cache, source)
+    root = extract_sdist(cache, source.name, source.version, source.sdist_sha256)
     shutil.copytree(root / "tests", work / "tests")
     if (root / "pyproject.toml").is_file():  # the library's own pytest settings (markers, warning filters)
         shutil.copy(root / "pyproject.toml", work / "pyproject.toml")
@@ -249,6 +220,10 @@ def import_pinned(source: Source, checkout: Path, cache: Path, sources_dir: Path
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(done.stdout)
         digest = hashlib.sha256(done.stdout).hexdigest()
-        note = "" if digest == pinned.sha256 else f" (sha256 {digest[:16]}, the recorded run had {pinned.sha256[:16]})"
+        note = (
+            ""
+            if digest == pinned.sha256
+            else f" (sha256 {digest[:16]}, the recorded run had {pinned.sha256[:16]})"
+        )
         print(f"hfstack: {pinned.path} @ {pinned.commit[:12]} -> {path}{note}")
     return target

@@ -91,7 +91,9 @@ def render(reference: dict, ours: dict, known: dict[str, str]) -> str:
     out.append("| source | tests from | libraries installed for its runs |")
     out.append("|---|---|---|")
     for source in sources.SOURCES.values():
-        out.append(f"| {source.name} | {source.provenance} | {', '.join(f'`{r}`' for r in source.requirements)} |")
+        out.append(
+            f"| {source.name} | {source.provenance} | {', '.join(f'`{r}`' for r in source.requirements)} |"
+        )
     out.append("")
     out.append("## Results, file by file\n")
     out.append(
@@ -99,7 +101,9 @@ def render(reference: dict, ours: dict, known: dict[str, str]) -> str:
         "hub (it tried the network, which the harness blocks, or its error says the model or data set is not "
         "here); *kept*: how many of the tests that pass with Accelerate pass with drivetrain.\n"
     )
-    out.append("| source | file | Accelerate p / f / s / hub | drivetrain p / f / s / hub | kept | seconds (A / d) |")
+    out.append(
+        "| source | file | Accelerate p / f / s / hub | drivetrain p / f / s / hub | kept | seconds (A / d) |"
+    )
     out.append("|---|---|---|---|---|---|")
     totals_ref: Counter = Counter()
     totals_ours: Counter = Counter()

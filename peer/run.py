@@ -122,7 +122,9 @@ def tail(text: str, lines: int = 40) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def run_logged(command: list[str], cwd: Path, env: dict, timeout: float, log: Path, report: Path | None = None):
+def run_logged(
+    command: list[str], cwd: Path, env: dict, timeout: float, log: Path, report: Path | None = None
+):
     """Run `command` in its own process group, output to `log`. Returns (exit code or None, note). The whole
     group is killed on timeout, and also when `report` (pytest's junit xml, written as the session ends) has
     been there for 30 s while the process still lingers: some libraries' exit handlers wait forever (clearml's
@@ -418,7 +420,9 @@ def write_known_failures(
     path, covered_by = path or KNOWN_FAILURES, covered_by or _covered_by
     known = read_known_failures(path)
     kept = {entry for entry in known if covered_by(entry) not in ran}
-    lines = [f"{entry}  # {known[entry]}" if known.get(entry) else entry for entry in sorted(kept | set(lost))]
+    lines = [
+        f"{entry}  # {known[entry]}" if known.get(entry) else entry for entry in sorted(kept | set(lost))
+    ]
     path.write_text("\n".join([*(header or KNOWN_FAILURES_HEADER), *lines]) + "\n")
 
 
