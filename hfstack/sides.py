@@ -19,6 +19,7 @@ the wrong one stops the run with the reason (the reference's overlay must win ov
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -98,7 +99,9 @@ class Side:
         self.patch_blockers = patch_blockers and self.served_by == "alias"
 
     def overlay(self, source: Source) -> Path:
-        return self.cache / "overlay" / source.name
+        """The folder holding the source's requirements; sources that ask for the same share one."""
+        digest = hashlib.sha256("\n".join(sorted(source.requirements)).encode()).hexdigest()[:12]
+        return self.cache / "overlay" / digest
 
     def prepare(self, sources: list[Source]) -> None:
         """Install the overlays (once; again when the pins change) and lay out the start-up folder."""

@@ -107,7 +107,7 @@ SOURCES = {
         version="5.23.0",
         repository="huggingface/transformers",
         files=("tests/trainer/test_trainer_accelerator.py", "tests/trainer/test_trainer_checkpointing.py"),
-        requirements=("transformers==5.23.0", "peft==0.21.2"),
+        requirements=("transformers==5.23.0", "peft==0.21.2", "parameterized==0.9.0"),
         fast=("tests/trainer/test_trainer_accelerator.py",),
         pinned=(
             PinnedFile(
