@@ -175,6 +175,7 @@ def run_side(side_name: str, args, chosen: dict[str, list[str]]) -> tuple[dict, 
     side = sides.Side(side_name, python, args.cache, serve=args.serve, patch_blockers=not args.no_patch)
     runs: dict[str, dict] = {}
     notes: dict[str, dict] = {}
+    path = REFERENCE_RESULTS if side_name == "reference" else RESULTS / "drivetrain.json"
     side.prepare([sources.SOURCES[name] for name in chosen])
     for name, files in chosen.items():
         source = sources.SOURCES[name]
@@ -197,13 +198,12 @@ def run_side(side_name: str, args, chosen: dict[str, list[str]]) -> tuple[dict, 
         for file in files:
             run = run_file(side, source, work, file, args)
             runs[name][file] = run
+            store(path, side, {name: {file: run}}, notes, slim=side_name == "reference")  # kept as it goes
             counts = count(run["tests"])
             summary = ", ".join(f"{counts[k]} {k}" for k in OUTCOMES)
             print(f"hfstack [{side_name}] {name} {file}: {summary} ({run['seconds']} s) {run['error'][:200]}",
                   flush=True)  # fmt: skip
-    path = REFERENCE_RESULTS if side_name == "reference" else RESULTS / "drivetrain.json"
-    data = store(path, side, runs, notes, slim=side_name == "reference")
-    return runs, data
+    return runs, load_json(path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -200,6 +200,9 @@ def prepare_work(cache: Path, source: Source, side: str, sources_dir: Path | Non
         return work
     root = extract_sdist(cache, source.name, source.version, source.sdist_sha256)
     shutil.copytree(root / "tests", work / "tests")
+    # The files import each other relatively (`from .testing_utils import ...`); the repositories have a
+    # tests/__init__.py that the sdists leave out (peft's only holds a debugging switch).
+    (work / "tests" / "__init__.py").touch()
     if (root / "pyproject.toml").is_file():  # the library's own pytest settings (markers, warning filters)
         shutil.copy(root / "pyproject.toml", work / "pyproject.toml")
     return work
