@@ -61,6 +61,10 @@ def kept(reference: dict, ours_by_source: dict) -> tuple[int, int]:
     return kept_count, passing
 
 
+def _short(message: str) -> str:
+    return message[:200].replace("|", "/") or "-"
+
+
 def _share(kept_count: int, passing: int) -> str:
     return f"{100 * kept_count / passing:.1f}%" if passing else "-"
 
@@ -158,6 +162,28 @@ def render(reference: dict, ours: dict, known: dict[str, str]) -> str:
         for entry, outcome, message in missing:
             why = known.get(entry) or f"not explained yet ({message[:160]})"
             out.append(f"| `{entry}` | {outcome} | {why} |")
+        out.append("")
+    failing = []
+    for name, stored in reference.get("sources", {}).items():
+        our_files = ours.get("sources", {}).get(name, {}).get("files", {})
+        for file, run in stored.get("files", {}).items():
+            for test_id, ref in run["tests"].items():
+                if ref["outcome"] == "failed":
+                    mine = our_files.get(file, {}).get("tests", {}).get(test_id, {})
+                    failing.append((f"{name}:{test_id}", ref.get("message", ""), mine))
+    if failing:
+        out.append("## What fails with Accelerate too\n")
+        out.append("Not counted against drivetrain (neither are the *hub* tests); each side's error:\n")
+        out.append("| test | with Accelerate | with drivetrain |")
+        out.append("|---|---|---|")
+        for entry, message, mine in sorted(failing, key=lambda row: row[0]):
+            theirs = _short(message)
+            ours_text = (
+                "the same" if mine.get("message") == message else _short(mine.get("message", "not run"))
+            )
+            if mine.get("outcome") == "passed":
+                ours_text = "passes"
+            out.append(f"| `{entry}` | {theirs} | {ours_text} |")
         out.append("")
     out.append(HOW_TO)
     return "\n".join(out)
