@@ -49,7 +49,8 @@ HUB_PATTERNS = re.compile(
     r"hfstack: no network|OfflineModeIsEnabled|LocalEntryNotFoundError|offline mode|HF_HUB_OFFLINE|"
     r"couldn't connect to|We couldn't connect|Cannot find the requested files in the disk cache|"
     r"is not a local folder and is not a valid model identifier|Failed to resolve|Max retries exceeded|"
-    r"Couldn't reach|ConnectError|ConnectionError|Name or service not known|Temporary failure in name",
+    r"Couldn't reach|ConnectError|ConnectionError|Name or service not known|Temporary failure in name|"
+    r"not fully cached locally|cached snapshot folder",
     re.IGNORECASE,
 )
 OUTCOMES = ("passed", "failed", "skipped", "hub")
@@ -68,11 +69,11 @@ def _node_to_id(nodeid: str) -> str:
     return f"{parts[0]}::{'.'.join(parts[1:-1])}::{parts[-1]}"
 
 
-def classify(tests: dict[str, dict], network_log: Path) -> dict[str, dict]:
+def classify(tests: dict[str, dict], network_log: Path | None = None) -> dict[str, dict]:
     """Mark the tests that did not pass and needed the hub (outcome ``hub``, the first outcome kept in
     ``ran_as``)."""
     tried = set()
-    if network_log.is_file():
+    if network_log is not None and network_log.is_file():
         tried = {_node_to_id(line.strip()) for line in network_log.read_text().splitlines() if line.strip()}
     for test_id, result in tests.items():
         if result["outcome"] != "failed":
@@ -114,6 +115,15 @@ def load_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def load_results(path: Path) -> dict:
+    """Stored results, with the hub rule applied again to their messages (it may have learnt a pattern since)."""
+    data = load_json(path)
+    for stored in data.get("sources", {}).values():
+        for run in stored.get("files", {}).values():
+            classify(run["tests"])
+    return data
+
+
 def store(path: Path, side: sides.Side, runs: dict, notes: dict, slim: bool) -> dict:
     """Merge this run's files into the stored results (a partial run updates only what it ran)."""
     data = load_json(path)
@@ -129,6 +139,8 @@ def store(path: Path, side: sides.Side, runs: dict, notes: dict, slim: bool) -> 
                     result.pop("seconds", None)
                     if result["outcome"] == "passed":
                         result.pop("message", None)
+                    elif "message" in result:
+                        result["message"] = result["message"][:200]
     data["side"] = side.name
     data["served_by"] = side.served_by
     data["machine"] = (
@@ -247,8 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.table:
         table.write(
-            load_json(REFERENCE_RESULTS),
-            load_json(RESULTS / "drivetrain.json"),
+            load_results(REFERENCE_RESULTS),
+            load_results(RESULTS / "drivetrain.json"),
             read_known_failures(KNOWN_FAILURES),
         )
         return 0
@@ -265,9 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hfstack [reference]: done in {time.monotonic() - started:.0f} s")
         return 0
     runs, _ = run_side("drivetrain", args, chosen)
-    reference = load_json(REFERENCE_RESULTS)
+    reference = load_results(REFERENCE_RESULTS)
     if args.all:  # a partial run would print a partial page: --table writes it from what is stored
-        table.write(reference, load_json(RESULTS / "drivetrain.json"), read_known_failures(KNOWN_FAILURES))
+        table.write(reference, load_results(RESULTS / "drivetrain.json"), read_known_failures(KNOWN_FAILURES))
 
     lost = [
         entry
