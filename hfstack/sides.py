@@ -171,10 +171,16 @@ class Side:
         found = json.loads(lines[-1].split(" ", 1)[1])
         if self.name == "reference":
             inside = found["file"] and Path(found["file"]).resolve().is_relative_to(self.reference.resolve())
-            if not inside or not found["accelerator_module"].startswith("accelerate."):
+            wanted = REFERENCE.split("==")[1]
+            if (
+                not inside
+                or not found["accelerator_module"].startswith("accelerate.")
+                or found["version"] != wanted
+            ):
                 raise SystemExit(
-                    f"hfstack [reference]: `import accelerate` gives {found['file']} "
-                    f"(Accelerator from {found['accelerator_module']}), not the real Accelerate installed in "
+                    f"hfstack [reference]: `import accelerate` gives {found['file']} (Accelerator from "
+                    f"{found['accelerator_module']}, metadata version {found['version']}), not the real "
+                    f"Accelerate {wanted} installed in "
                     f"{self.reference}: something in .venv takes precedence over PYTHONPATH (an import hook "
                     "in a .pth file?)"
                 )
