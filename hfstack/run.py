@@ -30,7 +30,7 @@ if str(REPOSITORY) not in sys.path:
 
 from hfstack import sides, sources, table  # noqa: E402
 from peer import junit  # noqa: E402
-from peer.run import read_known_failures, run_logged, tail, write_known_failures  # noqa: E402
+from peer.run import default_cache, read_known_failures, run_logged, tail, write_known_failures  # noqa: E402
 
 HFSTACK = REPOSITORY / "hfstack"
 RESULTS = HFSTACK / "results"
@@ -54,11 +54,6 @@ HUB_PATTERNS = re.compile(
     re.IGNORECASE,
 )
 OUTCOMES = ("passed", "failed", "skipped", "hub")
-
-
-def default_cache() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "drivetrain" / "hfstack"
 
 
 def _node_to_id(nodeid: str) -> str:
@@ -241,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         "--no-patch", action="store_true", help="alias mode: leave the two known blockers as they are"
     )
     how.add_argument(
-        "--cache", type=Path, default=default_cache(), help="cache folder (default: %(default)s)"
+        "--cache", type=Path, default=default_cache("hfstack"), help="cache folder (default: %(default)s)"
     )
     how.add_argument("--sources", type=Path, help="folder holding transformers' pinned test files")
     how.add_argument("--python", type=Path, default=Path(sys.executable), help="the interpreter (both sides)")

@@ -71,9 +71,9 @@ FAST_UNIT_FILES = [
 ]
 
 
-def default_cache() -> Path:
+def default_cache(harness: str = "peer") -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "drivetrain" / "peer"
+    return Path(base) / "drivetrain" / harness
 
 
 class Side:
