@@ -71,9 +71,9 @@ FAST_UNIT_FILES = [
 ]
 
 
-def default_cache() -> Path:
+def default_cache(harness: str = "peer") -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "drivetrain" / "peer"
+    return Path(base) / "drivetrain" / harness
 
 
 class Side:
@@ -118,11 +118,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _tail(text: str, lines: int = 40) -> str:
+def tail(text: str, lines: int = 40) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def _run(command: list[str], cwd: Path, env: dict, timeout: float, log: Path, report: Path | None = None):
+def run_logged(
+    command: list[str], cwd: Path, env: dict, timeout: float, log: Path, report: Path | None = None
+):
     """Run `command` in its own process group, output to `log`. Returns (exit code or None, note). The whole
     group is killed on timeout, and also when `report` (pytest's junit xml, written as the session ends) has
     been there for 30 s while the process still lingers: some libraries' exit handlers wait forever (clearml's
@@ -170,12 +172,12 @@ def run_script(side: Side, name: str, timeout: float) -> dict:
                    "--main_process_port", str(_free_port()), str(script)]  # fmt: skip
     start = time.monotonic()
     log = tmp.parent / f"{tmp.name}.log"
-    code, note = _run(command, tmp, env, timeout, log)
+    code, note = run_logged(command, tmp, env, timeout, log)
     seconds = time.monotonic() - start
     outcome = "passed" if code == 0 else "failed"
     message = note or ("" if code == 0 else f"exit code {code}")
     output = log.read_text(errors="replace")
-    return {"outcome": outcome, "message": message, "seconds": round(seconds, 1), "tail": _tail(output)}
+    return {"outcome": outcome, "message": message, "seconds": round(seconds, 1), "tail": tail(output)}
 
 
 def load_not_applicable() -> list[dict]:
@@ -245,11 +247,11 @@ def run_unit(side: Side, file: str, entries: list[dict], test_timeout: float, fi
     ]  # fmt: skip
     start = time.monotonic()
     log = tmp / "pytest.log"
-    code, note = _run(command, side.work, side.env(tmp), file_timeout, log, report=report)
+    code, note = run_logged(command, side.work, side.env(tmp), file_timeout, log, report=report)
     seconds = time.monotonic() - start
     error = note
     if code not in (0, 1, None) and not report.is_file():
-        error = f"pytest exit code {code}: {_tail(log.read_text(errors='replace'), 15)}"
+        error = f"pytest exit code {code}: {tail(log.read_text(errors='replace'), 15)}"
     tests = junit.read(report, file) if report.is_file() else {}
     relabel({file: {"tests": tests}}, entries)
     return {"seconds": round(seconds, 1), "tests": tests, "error": error}
@@ -382,26 +384,46 @@ def regressions(reference: dict, scripts: dict, units: dict) -> list[str]:
     return lost
 
 
-def load_known_failures() -> set[str]:
+KNOWN_FAILURES_HEADER = [
+    "# What passes on the reference (peer/reference_counts.json) and does not pass on drivetrain yet: one",
+    "# `script <name>` or unit test id a line. `scripts/peer` exits 1 only on a failure not listed here;",
+    "# an entry that passes again is reported so it can be removed. Regenerate after a full run with",
+    "# `scripts/peer --all --update-known-failures` (a partial run rewrites only what it ran).",
+]
+
+
+def read_known_failures(path: Path | None = None) -> dict[str, str]:
+    """{entry: why}: each entry of a known-failures list with the comment that follows it on its line."""
+    path = path or KNOWN_FAILURES
+    if not path.is_file():
+        return {}
+    entries = {}
+    for line in path.read_text().splitlines():
+        entry, _, why = line.partition("#")
+        if entry.strip():
+            entries[entry.strip()] = why.strip()
+    return entries
+
+
+def load_known_failures(path: Path | None = None) -> set[str]:
     """Scripts (``script test_x.py``) and test ids that pass on the reference and are known not to pass here
     yet (peer/known_failures.txt): a run fails only on what is not listed, so CI catches regressions while
     the list shrinks."""
-    if not KNOWN_FAILURES.is_file():
-        return set()
-    lines = (line.split("#", 1)[0].strip() for line in KNOWN_FAILURES.read_text().splitlines())
-    return {line for line in lines if line}
+    return set(read_known_failures(path))
 
 
-def write_known_failures(lost: list[str], ran: set[str]) -> None:
-    """Rewrite the list: entries of what this run covered become exactly what failed; the rest is kept."""
-    kept = {entry for entry in load_known_failures() if _covered_by(entry) not in ran}
-    header = [
-        "# What passes on the reference (peer/reference_counts.json) and does not pass on drivetrain yet: one",
-        "# `script <name>` or unit test id a line. `scripts/peer` exits 1 only on a failure not listed here;",
-        "# an entry that passes again is reported so it can be removed. Regenerate after a full run with",
-        "# `scripts/peer --all --update-known-failures` (a partial run rewrites only what it ran).",
+def write_known_failures(
+    lost: list[str], ran: set[str], path: Path | None = None, header: list[str] | None = None, covered_by=None
+) -> None:
+    """Rewrite the list: entries of what this run covered become exactly what failed; the rest is kept. An
+    entry that stays keeps its comment (why it fails)."""
+    path, covered_by = path or KNOWN_FAILURES, covered_by or _covered_by
+    known = read_known_failures(path)
+    kept = {entry for entry in known if covered_by(entry) not in ran}
+    lines = [
+        f"{entry}  # {known[entry]}" if known.get(entry) else entry for entry in sorted(kept | set(lost))
     ]
-    KNOWN_FAILURES.write_text("\n".join([*header, *sorted(kept | set(lost))]) + "\n")
+    path.write_text("\n".join([*(header or KNOWN_FAILURES_HEADER), *lines]) + "\n")
 
 
 def _covered_by(entry: str) -> str:
@@ -494,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peer [{side_name}] {file}: {summary} ({run['seconds']} s) {note[:200]}", flush=True)
 
     if args.reference:
-        kept = {name: {**r, "tail": _tail(r["tail"], 12)} if r["outcome"] != "passed" else
+        kept = {name: {**r, "tail": tail(r["tail"], 12)} if r["outcome"] != "passed" else
                 {"outcome": r["outcome"], "seconds": r["seconds"]} for name, r in scripts.items()}  # fmt: skip
         store(REFERENCE_COUNTS, side, kept, slim(units))
     else:

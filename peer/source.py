@@ -18,38 +18,45 @@ REFERENCE = "accelerate"
 VERSION = "1.15.0"
 # sha256 of accelerate-1.15.0.tar.gz as the package index serves it.
 SDIST_SHA256 = "5654f8c5eaa0d4fa68b33e287a97765da6849bf6d51dcac874e73fbbddfb6134"
-SDIST_NAME = f"{REFERENCE}-{VERSION}.tar.gz"
 
 
-def sdist(cache: Path) -> Path:
-    """The pinned sdist in the cache, downloaded with pip the first time."""
-    folder = cache / "sdist"
-    path = folder / SDIST_NAME
+def download_sdist(folder: Path, name: str, version: str, sha256: str) -> Path:
+    """``name==version``'s source distribution in ``folder``, downloaded with pip the first time and checked
+    against ``sha256`` every time (hfstack/ takes peft's and trl's this way too)."""
+    path = folder / f"{name}-{version}.tar.gz"
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        print(f"peer: downloading {REFERENCE}=={VERSION} (sdist) into {folder}", flush=True)
+        print(f"downloading {name}=={version} (sdist) into {folder}", flush=True)
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
-             "--no-binary", ":all:", f"{REFERENCE}=={VERSION}", "--dest", str(folder)],
+             "--no-binary", ":all:", f"{name}=={version}", "--dest", str(folder)],
             check=True,
         )  # fmt: skip
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != SDIST_SHA256:
-        raise SystemExit(
-            f"peer: {path} has sha256 {digest}, expected {SDIST_SHA256}: delete it and run again"
-        )
+    if digest != sha256:
+        raise SystemExit(f"{path} has sha256 {digest}, expected {sha256}: delete it and run again")
     return path
 
 
-def extracted(cache: Path) -> Path:
-    """The sdist extracted once (read-only use): returns the folder holding `tests/` and `src/`."""
-    root = cache / "src" / f"{REFERENCE}-{VERSION}"
+def extract_sdist(cache: Path, name: str, version: str, sha256: str) -> Path:
+    """The sdist extracted once under ``cache/src`` (read-only use): returns the folder holding ``tests/``."""
+    root = cache / "src" / f"{name}-{version}"
     if not (root / "tests").is_dir():
-        archive = sdist(cache)
+        archive = download_sdist(cache / "sdist", name, version, sha256)
         (cache / "src").mkdir(parents=True, exist_ok=True)
         with tarfile.open(archive) as tar:
             tar.extractall(cache / "src", filter="data")
     return root
+
+
+def sdist(cache: Path) -> Path:
+    """The pinned sdist in the cache, downloaded with pip the first time."""
+    return download_sdist(cache / "sdist", REFERENCE, VERSION, SDIST_SHA256)
+
+
+def extracted(cache: Path) -> Path:
+    """The sdist extracted once (read-only use): returns the folder holding `tests/` and `src/`."""
+    return extract_sdist(cache, REFERENCE, VERSION, SDIST_SHA256)
 
 
 def prepare_work(cache: Path, side: str, folder: str | None = None) -> Path:

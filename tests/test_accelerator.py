@@ -141,9 +141,12 @@ def test_scheduler_steps_only_with_the_optimizer_and_adjusts_for_accumulation():
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
-    # 4 batches = 2 optimizer steps; the scheduler counts accumulation steps too (adjust_scheduler).
+    # 4 batches = 2 optimizer steps. As in Accelerate, Accelerator(gradient_accumulation_steps=2) keeps only
+    # the plugin settings that differ from its defaults (plugin_kwargs == {"num_steps": 2}), so
+    # `gradient_state.adjust_scheduler` reads False and the accumulation steps are not counted: 1 + 2 steps.
+    assert accelerator.gradient_state.plugin_kwargs == {"num_steps": 2}
     assert scheduler.scheduler.last_epoch == 2
-    assert scheduler.scheduler._step_count == 5
+    assert scheduler.scheduler._step_count == 3
 
 
 def test_seed_self_contained_gradient_accumulation_example_prints_documented_weights():

@@ -385,6 +385,14 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         return self.dataloader_config.even_batches
 
     @property
+    def dispatch_batches(self) -> bool | None:
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
     def project_dir(self) -> str | None:
         return self.project_configuration.project_dir
 

@@ -9,6 +9,7 @@ other settings picks another backend.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -93,7 +94,12 @@ class PartialState:
         self, cpu: bool = False, backend: str | None = None, backend_config: Any = None, **kwargs: Any
     ):
         self.__dict__ = self._shared_state
-        init_kwargs = kwargs.pop("init_kwargs", None) or {}
+        # `timeout` goes to torch.distributed.init_process_group, as in Accelerate (transformers' TrainingArguments
+        # passes its ddp_timeout so); `init_kwargs` (InitProcessGroupKwargs) wins over it.
+        init_kwargs = {
+            **{k: kwargs.pop(k) for k in ("timeout",) if k in kwargs},
+            **(kwargs.pop("init_kwargs", None) or {}),
+        }
         parallelism = kwargs.pop("parallelism_config", None)
         if kwargs:
             raise TypeError(f"PartialState got unexpected arguments: {', '.join(sorted(kwargs))}")
@@ -569,11 +575,14 @@ class GradientState:
             self._dataloader_weakrefs: list[weakref.ref | None] = [None]
             self.plugin_kwargs: dict[str, Any] = {}
         if gradient_accumulation_plugin is not None:
+            # As Accelerate keeps them (the plugin's to_kwargs()): only the settings that differ from the
+            # plugin's defaults; one left out reads as the property's default below (transformers checks that
+            # `sync_each_batch` is absent unless asked for).
+            defaults = type(gradient_accumulation_plugin)()
             self.plugin_kwargs = {
-                "num_steps": gradient_accumulation_plugin.num_steps,
-                "adjust_scheduler": gradient_accumulation_plugin.adjust_scheduler,
-                "sync_with_dataloader": gradient_accumulation_plugin.sync_with_dataloader,
-                "sync_each_batch": gradient_accumulation_plugin.sync_each_batch,
+                field.name: getattr(gradient_accumulation_plugin, field.name)
+                for field in dataclasses.fields(gradient_accumulation_plugin)
+                if getattr(gradient_accumulation_plugin, field.name) != getattr(defaults, field.name)
             }
 
     @property
