@@ -49,7 +49,7 @@ from drivetrain.training.modeling import (
     patch_forward_with_autocast,
     remember_original,
 )
-from drivetrain.training.optimizer import AcceleratedOptimizer, make_grad_scaler
+from drivetrain.training.optimizer import AcceleratedOptimizer, make_grad_scaler, unscale_gradients
 from drivetrain.training.profiling import ProfilingMixin
 from drivetrain.training.scheduler import AcceleratedScheduler, optimizers_stepping
 
@@ -94,10 +94,10 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         backend_config: Any = None,
         plugins: list[str] | tuple[str, ...] = (),
     ) -> None:
-        arguments = dict(locals())
-        del arguments["self"]
         #: what this Accelerator was asked for, checked and completed from the environment and config file
-        self.settings = settings = AcceleratorSettings.resolve(**arguments)
+        self.settings = settings = AcceleratorSettings.resolve(
+            **{k: v for k, v in locals().items() if k != "self"}
+        )
         self.kwargs_handlers: list[KwargsHandler] = list(settings.kwargs_handlers)
         self.device_placement = settings.device_placement
         self.state = AcceleratorState(
@@ -112,9 +112,7 @@ class Accelerator(TrackingMixin, ProfilingMixin):
             parallelism_config=settings.parallelism_config,
         )
         self._plugins = self.state.plugins
-        self.gradient_state = GradientState(
-            gradient_accumulation_plugin=settings.gradient_accumulation_plugin
-        )
+        self.gradient_state = GradientState(settings.gradient_accumulation_plugin)
         self.dataloader_config = settings.dataloader_config
         self.step_scheduler_with_optimizer = settings.step_scheduler_with_optimizer
         self.project_configuration = settings.project_configuration
@@ -548,15 +546,7 @@ class Accelerator(TrackingMixin, ProfilingMixin):
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """Divide gradients by the fp16 loss scale (before clipping or inspecting them)."""
-        if self.scaler is None:
-            return
-        optimizers = (
-            [optimizer]
-            if optimizer is not None and not isinstance(optimizer, list)
-            else (optimizer or self.prepared.optimizers)
-        )
-        for each in optimizers:
-            self.scaler.unscale_(each.optimizer if isinstance(each, AcceleratedOptimizer) else each)
+        unscale_gradients(self.scaler, optimizer, self.prepared.optimizers)
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
         """Clip gradients by their global norm (across shards and processes); returns the norm."""

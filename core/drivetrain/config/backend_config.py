@@ -18,6 +18,7 @@ kernel does the rest, the same way for every backend.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Callable
 from typing import Any
 
@@ -85,13 +86,13 @@ def resolve(
             if field in script and script[field] != value:
                 raise ConfigurationError(
                     f"conflicting {reader.backend} setting {field!r}: {reader.config_class.__name__}("
-                    f"{field}={script[field]!r}) in the script but {value!r} from {origin}; remove one of them "
-                    "or make them agree"
+                    f"{field}={_shown(script[field])}) in the script but {_shown(value)} from {origin}; remove "
+                    "one of them or make them agree"
                 )
             if field in chosen and chosen[field][0] != value:
                 raise ConfigurationError(
-                    f"conflicting {reader.backend} setting {field!r}: {chosen[field][0]!r} from "
-                    f"{chosen[field][1]} but {value!r} from {origin}; remove one of them or make them agree"
+                    f"conflicting {reader.backend} setting {field!r}: {_shown(chosen[field][0])} from "
+                    f"{chosen[field][1]} but {_shown(value)} from {origin}; remove one of them or make them agree"
                 )
             chosen.setdefault(field, (value, origin))
     added = {field: value for field, (value, _) in chosen.items() if field not in script}
@@ -102,6 +103,11 @@ def resolve(
         if not origins or any(origin in str(exc) for origin in origins):
             raise
         raise ConfigurationError(f"{' and '.join(origins)}: {exc}") from None
+
+
+def _shown(value: Any) -> str:
+    """A value as a user writes it: an enumeration member by its value (``'NO_SHARD'``)."""
+    return repr(value.value) if isinstance(value, enum.Enum) else repr(value)
 
 
 def _parsed(reader: BackendConfigReader, origin: str, raw: dict[str, Any]) -> dict[str, Any]:

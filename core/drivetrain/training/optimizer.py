@@ -119,3 +119,15 @@ def make_grad_scaler(state: Any, handler: Any) -> torch.amp.GradScaler | None:
     if state.mixed_precision != "fp16" or state.backend_info.manages_precision:
         return None
     return torch.amp.GradScaler(state.device.type, **(handler.to_kwargs() if handler else {}))
+
+
+def unscale_gradients(scaler: Any, optimizer: Any, prepared: list[Any]) -> None:
+    """Divide the gradients of ``optimizer`` (one, a list, or None: every ``prepared`` optimizer) by the fp16
+    loss scale of ``scaler``; nothing without a scaler."""
+    if scaler is None:
+        return
+    optimizers = (
+        [optimizer] if optimizer is not None and not isinstance(optimizer, list) else (optimizer or prepared)
+    )
+    for each in optimizers:
+        scaler.unscale_(each.optimizer if isinstance(each, AcceleratedOptimizer) else each)

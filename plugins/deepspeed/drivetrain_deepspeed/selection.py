@@ -45,6 +45,14 @@ def get_active_deepspeed_plugin(state: Any) -> DeepSpeedPlugin:
     return resolve_config(config)
 
 
+def resolve_all(config: Any) -> None:
+    """Resolve the script's plugin (or each of its ``deepspeed_plugins``) with the launcher's settings now."""
+    if isinstance(config, dict):
+        _check_group(config)
+    for plugin in config.values() if isinstance(config, dict) else [config]:
+        resolve_config(plugin)
+
+
 def select_deepspeed_plugin(state: Any, name: str) -> DeepSpeedPlugin:
     """Make ``deepspeed_plugins[name]`` the active plugin (Accelerate's ``state.select_deepspeed_plugin``)."""
     config = _backend_config(state)

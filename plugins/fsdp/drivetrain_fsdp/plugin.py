@@ -87,9 +87,14 @@ def register_extensions(registry: Any) -> None:
 
 
 @hookimpl
-def setup_process_group(device: torch.device, init_kwargs: dict[str, Any], parallelism: Any) -> Any:
+def setup_process_group(
+    device: torch.device, init_kwargs: dict[str, Any], parallelism: Any, backend_config: Any
+) -> Any:
     from drivetrain_fsdp.process_group import join
 
+    resolve_config(
+        backend_config
+    )  # a conflict with the launcher stops Accelerator(...), not its first prepare()
     return join(device, init_kwargs, parallelism)
 
 

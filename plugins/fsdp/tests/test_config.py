@@ -452,3 +452,40 @@ def test_accelerate_to_fsdp2_entry_points_convert_a_file(tmp_path):
         to_fsdp2_command(parser.parse_args(["--config_file", str(source)]))
     with pytest.raises(FileNotFoundError):
         to_fsdp2_command(parser.parse_args(["--config_file", str(tmp_path / "nope.yaml"), "--overwrite"]))
+
+
+@pytest.mark.multiprocess
+def test_a_launch_flag_conflicting_with_the_scripts_plugin_stops_the_job(tmp_path):
+    """`drivetrain launch --use_fsdp --fsdp_sharding_strategy NO_SHARD` on a script that passes its own
+    FullyShardedDataParallelPlugin(sharding_strategy="SHARD_GRAD_OP"): each process refuses, naming both."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from drivetrain import Accelerator, FullyShardedDataParallelPlugin\n"
+        "Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(sharding_strategy='SHARD_GRAD_OP'))\n"
+        "print('no conflict detected', flush=True)\n"
+    )
+    env = {
+        **{key: value for key, value in os.environ.items() if not key.startswith("DRIVETRAIN_")},
+        "OMP_NUM_THREADS": "1",
+        "TMPDIR": str(tmp_path),
+        "DRIVETRAIN_CONFIG_DIR": str(tmp_path / "no-config"),
+    }
+    flags = ["--cpu", "--num_processes", "2", "--use_fsdp", "--fsdp_sharding_strategy", "NO_SHARD"]
+    result = subprocess.run(
+        [sys.executable, "-m", "drivetrain.launch", *flags, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert result.returncode != 0 and "no conflict detected" not in result.stdout
+    assert (
+        "ConfigurationError: conflicting fsdp setting 'sharding_strategy': FullyShardedDataParallelPlugin("
+        "sharding_strategy='SHARD_GRAD_OP') in the script but 'NO_SHARD' from environment DRIVETRAIN_BACKEND_CONFIG"
+    ) in result.stderr, result.stderr[-3000:]
+    assert "process of global rank" in result.stderr.strip().splitlines()[-1]
