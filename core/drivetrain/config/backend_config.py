@@ -33,7 +33,7 @@ RawSource = tuple[str, dict[str, Any]]
 class BackendConfigReader:
     """How a backend reads its configuration object (the argument of ``plugin_api.resolve_backend_config``):
 
-    - ``backend``: the plugin's name, for messages; ``config_class``: the class a script's object must be;
+    - ``config_class``: the class a script's object must be; its ``backend_name`` names the backend;
     - ``script_settings(obj) -> {field: value}``: the fields the script's object sets (not its defaults);
     - ``parse(raw, origin) -> {field: value}``: a mapping as the launcher, a variable or the config file writes
       it, with the values as the object holds them; an unknown key or a bad value raises ConfigurationError;
@@ -43,20 +43,15 @@ class BackendConfigReader:
       each, read after the launcher's settings and before the config file.
     """
 
-    #: the backend plugin's name (``"fsdp"``), for messages
-    backend: str
-    #: the configuration class; the script's object must be one
     config_class: type
-    #: ``script_settings(obj) -> {field: value}``: the fields the script's object sets (not its defaults)
     script_settings: Callable[[Any], dict[str, Any]]
-    #: ``parse(raw, origin) -> {field: value}``: a raw mapping as the object would hold its values; an unknown
-    #: key or a bad value raises ConfigurationError (the kernel adds ``origin`` when the message lacks it)
     parse: Callable[[dict[str, Any], str], dict[str, Any]]
-    #: ``build(given, settings) -> config``: the configuration, with ``settings`` (fields the script's object
-    #: left unset, from the other sources) added to ``given`` (None when the script passed no object)
     build: Callable[[Any, dict[str, Any]], Any]
-    #: ``() -> [RawSource]``: the backend's own environment variables, one source per variable
     variables: Callable[[], list[RawSource]] | None = None
+
+    @property
+    def backend(self) -> str:
+        return str(self.config_class.backend_name)  # type: ignore[attr-defined]
 
 
 def resolve(

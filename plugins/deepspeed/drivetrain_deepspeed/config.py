@@ -554,14 +554,7 @@ def build(given: DeepSpeedPlugin | None, settings: dict[str, Any]) -> DeepSpeedP
 
 
 #: How the kernel reads this backend's configuration (``plugin_api.resolve_backend_config``).
-READER = BackendConfigReader(
-    backend="deepspeed",
-    config_class=DeepSpeedPlugin,
-    script_settings=script_settings,
-    parse=parse_settings,
-    build=build,
-    variables=variables,
-)
+READER = BackendConfigReader(DeepSpeedPlugin, script_settings, parse_settings, build, variables)
 
 
 def resolve_config(given: DeepSpeedPlugin | None) -> DeepSpeedPlugin:

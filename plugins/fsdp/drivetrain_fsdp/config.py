@@ -641,13 +641,7 @@ def build(
 
 
 #: How the kernel reads this backend's configuration (``plugin_api.resolve_backend_config``).
-READER = BackendConfigReader(
-    backend="fsdp",
-    config_class=FullyShardedDataParallelPlugin,
-    script_settings=script_settings,
-    parse=parse_settings,
-    build=build,
-)
+READER = BackendConfigReader(FullyShardedDataParallelPlugin, script_settings, parse_settings, build)
 
 
 def enable_fsdp_ram_efficient_loading() -> None:

@@ -341,14 +341,7 @@ def build(given: MegatronLMPlugin | None, settings: dict[str, Any]) -> MegatronL
 
 
 #: How the kernel reads this backend's configuration (``plugin_api.resolve_backend_config``).
-READER = BackendConfigReader(
-    backend="megatron",
-    config_class=MegatronLMPlugin,
-    script_settings=script_settings,
-    parse=parse_settings,
-    build=build,
-    variables=variables,
-)
+READER = BackendConfigReader(MegatronLMPlugin, script_settings, parse_settings, build, variables)
 
 
 def resolve_config(given: Any) -> MegatronLMPlugin:

@@ -69,13 +69,7 @@ def build(given: XlaConfig | None, settings: dict[str, Any]) -> XlaConfig:
 
 
 #: How the kernel reads this backend's configuration (``plugin_api.resolve_backend_config``).
-READER = BackendConfigReader(
-    backend="xla",
-    config_class=XlaConfig,
-    script_settings=script_settings,
-    parse=parse_settings,
-    build=build,
-)
+READER = BackendConfigReader(XlaConfig, script_settings, parse_settings, build)
 
 
 def resolve(backend_config: Any) -> XlaConfig:
