@@ -175,9 +175,21 @@ BAD_VARIABLES = [
 
 
 @pytest.mark.parametrize(("variables", "message"), BAD_VARIABLES, ids=lambda v: str(v))
+def test_a_bad_launcher_variable_stops_the_state_before_anything_is_set_up(monkeypatch, variables, message):
+    for key, value in variables.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigurationError) as caught:
+        Accelerator()
+    assert _one_line(caught.value).startswith("environment variable ") and message in str(caught.value)
+    assert PartialState._shared_state == {}  # no device chosen, no group joined
+
+
+@pytest.mark.parametrize(
+    ("variables", "message"), [BAD_VARIABLES[0], BAD_VARIABLES[2]], ids=["not-a-number", "out-of-range"]
+)
 def test_a_bad_launcher_variable_is_one_line_naming_it(tmp_path, variables, message):
     """A real process started with the variable, as a launcher would start it: it stops before choosing a device
-    or joining a group, and the last line of its error output says why."""
+    or joining a group, and the last line of its error output says why (the other values: the test above)."""
     script = tmp_path / "train.py"
     script.write_text("from drivetrain import Accelerator\nAccelerator()\nprint('started')\n")
     env = {
