@@ -12,7 +12,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 @pytest.fixture(autouse=True)
 def fresh_drivetrain_state(monkeypatch):
     """Each test starts with no process state and rediscovers plugins; DRIVETRAIN_* variables from the
-    developer's shell do not leak in."""
+    developer's shell do not leak in, nor Accelerate's ACCELERATE_* (which set the same settings)."""
     import torch
 
     from drivetrain.checkpoint import finishing
@@ -20,7 +20,7 @@ def fresh_drivetrain_state(monkeypatch):
     from drivetrain.state import reset_state
 
     for name in list(os.environ):
-        if name.startswith("DRIVETRAIN_"):
+        if name.startswith(("DRIVETRAIN_", "ACCELERATE_")):
             monkeypatch.delenv(name, raising=False)
     torch.set_num_threads(1)
     reset_state()

@@ -45,6 +45,8 @@ SECTIONS = {
     ],
     "Settings": [
         "resolve_setting",
+        "resolve_backend_config",
+        "BackendConfigReader",
         "backend_settings",
         "plugin_options",
         "to_bool",

@@ -57,6 +57,13 @@ ALLOWED = {
     "core/drivetrain/config/enums.py": {"*"},
     # Accelerate's ParallelismConfig property (the mesh dimensions a sharding backend runs over).
     "core/drivetrain/config/parallelism.py": {"fsdp_dim_names"},
+    # Accelerate's Accelerator keyword arguments (each an alias of backend_config=), resolved into its settings.
+    "core/drivetrain/config/accelerator_settings.py": {
+        "deepspeed_plugin",
+        "fsdp_plugin",
+        "megatron_lm_plugin",
+        "deepspeed_plugins",
+    },
     # Accelerate's Accelerator keyword arguments (each an alias of backend_config=).
     "core/drivetrain/accelerator.py": {
         "deepspeed_plugin",
@@ -65,6 +72,7 @@ ALLOWED = {
         "deepspeed_plugins",
         # Accelerate's check that prepare_model asks by this module's name (tests patch it there)
         "is_xpu_available",
+        "is_bitsandbytes_multi_backend_available",
     },
 }
 

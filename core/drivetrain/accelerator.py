@@ -1,7 +1,8 @@
 """The Accelerator: the facade a training script talks to.
 
-It resolves settings, owns the active plugin stack, and turns each call into hook calls. Checkpoints are an
-object of their own (:class:`~drivetrain.checkpoint.checkpointer.Checkpointer`, ``accelerator.checkpointer``);
+It delegates: its settings are resolved by :class:`~drivetrain.config.accelerator_settings.AcceleratorSettings`,
+the process by the state, and each call becomes hook calls on the active plugin stack or a service call
+(data loading in ``data/``, model admission and wrappers in ``training/``). Checkpoints are an object of their own (:class:`~drivetrain.checkpoint.checkpointer.Checkpointer`, ``accelerator.checkpointer``);
 experiment tracking (``tracking.TrackingMixin``) and profiling (``training.profiling.ProfilingMixin``) add
 their methods as mixins.
 """
@@ -19,8 +20,8 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from drivetrain import operations
-from drivetrain.compat.names import BACKEND_CONFIG_KWARGS, JOINABLE_DISTRIBUTED_TYPES
-from drivetrain.config import sources
+from drivetrain.compat.names import JOINABLE_DISTRIBUTED_TYPES
+from drivetrain.config.accelerator_settings import AcceleratorSettings
 from drivetrain.config.dataclasses import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
@@ -28,64 +29,32 @@ from drivetrain.config.dataclasses import (
     TorchDynamoPlugin,
 )
 from drivetrain.config.enums import DistributedType, RNGType
-from drivetrain.config.kwargs_handlers import (
-    AutocastKwargs,
-    GradScalerKwargs,
-    InitProcessGroupKwargs,
-    KwargsHandler,
-)
+from drivetrain.config.kwargs_handlers import AutocastKwargs, GradScalerKwargs, KwargsHandler
 from drivetrain.config.parallelism import ParallelismConfig, TorchTensorParallelPlugin
 from drivetrain.contract.arguments import PreparedObjects, ShardingOptions
+from drivetrain.contract.manager import get_plugin_manager
+from drivetrain.contract.selection import check_handlers_have_their_plugin
 from drivetrain.errors import ConfigurationError
 from drivetrain.operations.memory import empty_device_cache
 from drivetrain.state import AcceleratorState, GradientState
 from drivetrain.tracking import TrackingMixin, validate_log_with
-
-if TYPE_CHECKING:
-    from drivetrain.checkpoint.checkpointer import Checkpointer
+from drivetrain.training.admission import check_trainable, kind_of, spans_several_devices
+from drivetrain.training.admission import excluded_device_available as is_xpu_available
+from drivetrain.training.admission import (
+    quantization_computes_on_cpu as is_bitsandbytes_multi_backend_available,
+)
 from drivetrain.training.modeling import (
     ORIGINAL_FORWARD_ATTRIBUTE,
     extract_model_from_parallel,
     patch_forward_with_autocast,
     remember_original,
 )
-from drivetrain.training.optimizer import AcceleratedOptimizer
+from drivetrain.training.optimizer import AcceleratedOptimizer, make_grad_scaler, unscale_gradients
 from drivetrain.training.profiling import ProfilingMixin
-from drivetrain.training.scheduler import AcceleratedScheduler, rebind_scheduler
+from drivetrain.training.scheduler import AcceleratedScheduler, optimizers_stepping
 
-
-def _backend_config_from(backend_config: Any, named: dict[str, Any], deepspeed_plugins: Any) -> Any:
-    """Merge ``backend_config`` with its Accelerate-style aliases; more than one is an error."""
-    given = {name: value for name, value in named.items() if value is not None}
-    if deepspeed_plugins is not None:
-        given["deepspeed_plugins"] = deepspeed_plugins
-    if backend_config is not None:
-        given["backend_config"] = backend_config
-    if len(given) > 1:
-        raise ConfigurationError(
-            f"several backend configurations were passed ({', '.join(given)}); an Accelerator runs one "
-            "distribution backend, pass only one"
-        )
-    if not given:
-        return None
-    config = next(iter(given.values()))
-    if isinstance(config, dict):
-        # A dict of configurations of one backend (several DeepSpeed models): the backend handles selection.
-        backends = {getattr(value, "backend_name", None) for value in config.values()}
-        if len(backends) != 1 or None in backends:
-            raise ConfigurationError(
-                "a dict of backend configurations must hold configurations of one backend"
-            )
-        return _ConfigGroup(config, str(backends.pop()))
-    return config
-
-
-class _ConfigGroup(dict):
-    """Several configurations of one backend, keyed by the user's names (e.g. ``deepspeed_plugins``)."""
-
-    def __init__(self, configs: dict[str, Any], backend_name: str) -> None:
-        super().__init__(configs)
-        self.backend_name = backend_name
+if TYPE_CHECKING:
+    from drivetrain.checkpoint.checkpointer import Checkpointer
 
 
 class Accelerator(TrackingMixin, ProfilingMixin):
@@ -125,71 +94,30 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         backend_config: Any = None,
         plugins: list[str] | tuple[str, ...] = (),
     ) -> None:
-        named_configs = dict(zip(BACKEND_CONFIG_KWARGS, (deepspeed_plugin, fsdp_plugin, megatron_lm_plugin)))
-        backend_config = _backend_config_from(backend_config, named_configs, deepspeed_plugins)
-        parallelism_config = _parallelism_config_from(parallelism_config, torch_tp_plugin)
-        self.kwargs_handlers: list[KwargsHandler] = self._check_kwargs_handlers(kwargs_handlers or [])
-        self.device_placement = device_placement
-
-        # -- settings resolved from the script, the environment and the config file ------------------------
-        if dynamo_plugin is not None and dynamo_backend is not None:
-            raise ConfigurationError("pass either dynamo_backend or dynamo_plugin, not both")
-        if dynamo_plugin is None:
-            dynamo_setting = sources.resolve("dynamo_backend", dynamo_backend, default="no")
-            dynamo_plugin = TorchDynamoPlugin(backend=dynamo_setting.value)
-        init_handler = self._handler(InitProcessGroupKwargs)
+        #: what this Accelerator was asked for, checked and completed from the environment and config file
+        self.settings = settings = AcceleratorSettings.resolve(
+            **{k: v for k, v in locals().items() if k != "self"}
+        )
+        self.kwargs_handlers: list[KwargsHandler] = list(settings.kwargs_handlers)
+        self.device_placement = settings.device_placement
         self.state = AcceleratorState(
-            mixed_precision=mixed_precision,
-            cpu=cpu,
-            backend=backend,
-            backend_config=backend_config,
-            feature_plugins=tuple(plugins),
-            dynamo_plugin=dynamo_plugin,
+            mixed_precision=settings.mixed_precision,
+            cpu=settings.cpu,
+            backend=settings.backend,
+            backend_config=settings.backend_config,
+            feature_plugins=settings.feature_plugins,
+            dynamo_plugin=settings.dynamo_plugin,
             _from_accelerator=True,
-            init_kwargs=init_handler.to_kwargs() if init_handler else {},
-            parallelism_config=parallelism_config,
+            init_kwargs=settings.init_kwargs,
+            parallelism_config=settings.parallelism_config,
         )
         self._plugins = self.state.plugins
-
-        if gradient_accumulation_plugin is not None:
-            if gradient_accumulation_steps != 1:
-                raise ConfigurationError(
-                    "pass gradient_accumulation_steps either to the Accelerator or inside the "
-                    "GradientAccumulationPlugin, not both"
-                )
-        else:
-            steps = sources.resolve(
-                "gradient_accumulation_steps",
-                gradient_accumulation_steps if gradient_accumulation_steps != 1 else None,
-                default=1,
-                convert=sources.to_int,
-            ).value
-            if steps < 1:
-                raise ConfigurationError(f"gradient_accumulation_steps must be >= 1, got {steps}")
-            gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=steps)
-        if gradient_accumulation_plugin.num_steps is None:
-            gradient_accumulation_plugin.num_steps = 1
-        self.gradient_state = GradientState(gradient_accumulation_plugin=gradient_accumulation_plugin)
-
-        if dataloader_config is None:
-            dataloader_config = DataLoaderConfiguration()
-        if split_batches is not None:
-            if split_batches != dataloader_config.split_batches and dataloader_config.split_batches:
-                raise ConfigurationError(
-                    "split_batches was passed both to the Accelerator and in dataloader_config with other values"
-                )
-            dataloader_config.split_batches = split_batches
-        self.dataloader_config = dataloader_config
-        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-
-        if project_config is None:
-            project_config = ProjectConfiguration(project_dir=project_dir)
-        elif project_dir is not None:
-            project_config.set_directories(project_dir)
-        self.project_configuration = project_config
-
-        self.rng_types = self._check_rng_types(rng_types)
-        self.scaler = self._make_grad_scaler()
+        self.gradient_state = GradientState(settings.gradient_accumulation_plugin)
+        self.dataloader_config = settings.dataloader_config
+        self.step_scheduler_with_optimizer = settings.step_scheduler_with_optimizer
+        self.project_configuration = settings.project_configuration
+        self.rng_types = list(settings.rng_types)
+        self.scaler = make_grad_scaler(self.state, self._handler(GradScalerKwargs))
 
         #: what prepare() has seen, in order (plugins and checkpoints read it)
         self.prepared = PreparedObjects()
@@ -203,7 +131,7 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         self._log_with = log_with
         self.trackers: list[Any] = []
 
-        self._check_handlers_have_their_plugin()
+        check_handlers_have_their_plugin(get_plugin_manager(), self.kwargs_handlers, self._plugins.names)
         self._backward_hook = self._plugins.caller("backward")
         self._autocast_kwargs = (self._handler(AutocastKwargs) or AutocastKwargs()).to_kwargs()
 
@@ -219,95 +147,27 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        from drivetrain.contract.manager import get_plugin_manager
-
         state = dict(state)
         names = state.pop("_plugin_names")
         self.__dict__.update(state)
         self._plugins = get_plugin_manager().stack(names)
         self._backward_hook = self._plugins.caller("backward")
 
-    # ---------------------------------------------------------------------------------------------------------
-    # Construction helpers
-    # ---------------------------------------------------------------------------------------------------------
-    @staticmethod
-    def _check_kwargs_handlers(handlers: list[Any]) -> list[KwargsHandler]:
-        seen: set[type] = set()
-        for handler in handlers:
-            if not isinstance(handler, KwargsHandler):
-                raise ConfigurationError(
-                    f"kwargs_handlers accepts KwargsHandler objects (e.g. GradScalerKwargs), got {type(handler).__name__}"
-                )
-            if type(handler) in seen:
-                raise ConfigurationError(f"kwargs_handlers holds two {type(handler).__name__}; pass one")
-            seen.add(type(handler))
-        return list(handlers)
-
-    def _check_handlers_have_their_plugin(self) -> None:
-        """A precision plugin's kwargs handler (``FP8RecipeKwargs``) would be silently ignored in a run without
-        that precision: say how to ask for it. (Backend handlers such as ``DistributedDataParallelKwargs`` are
-        fine in any run: the same script runs on one process or many.)"""
-        from drivetrain.contract.manager import get_plugin_manager
-
-        manager = get_plugin_manager()
-        for handler in self.kwargs_handlers:
-            owner = manager.plugin_of(handler)
-            if owner is None or owner in self._plugins.names or manager.info(owner).kind != "precision":
-                continue
-            precisions = manager.info(owner).precisions
-            how = f"mixed_precision={precisions[0]!r}" if precisions else f"plugins=[{owner!r}]"
-            raise ConfigurationError(
-                f"{type(handler).__name__} configures plugin {owner!r}, which this Accelerator does not run, so "
-                f"it would be ignored; pass Accelerator({how}) or remove the handler"
-            )
-
     def _handler(self, handler_class: type) -> Any:
         """The user's kwargs handler of ``handler_class`` (or a subclass), or None."""
-        for handler in self.kwargs_handlers:
-            if isinstance(handler, handler_class):
-                return handler
-        return None
-
-    @staticmethod
-    def _check_rng_types(rng_types: list[Any] | None) -> list[str]:
-        if rng_types is None:
-            return [RNGType.GENERATOR.value]
-        checked = []
-        for rng_type in rng_types:
-            try:
-                checked.append(RNGType(str(rng_type)).value)
-            except ValueError:
-                raise ConfigurationError(
-                    f"rng_types entry {rng_type!r} is not valid; choose from: {', '.join(RNGType.list())}"
-                ) from None
-        return checked
-
-    def _make_grad_scaler(self) -> Any:
-        if self.state.mixed_precision != "fp16" or self.state.backend_info.manages_precision:
-            # A backend that manages precision (DeepSpeed's engine) scales the loss itself.
-            return None
-        handler = self._handler(GradScalerKwargs)
-        kwargs = handler.to_kwargs() if handler else {}
-        return torch.amp.GradScaler(self.device.type, **kwargs)
+        return self.settings.handler(handler_class)
 
     def sharding_options(self, device_placement: bool) -> ShardingOptions:
         """How this process's share of a data loader is cut (the ``options`` of ``shard_dataloader``): the
         environment's data-parallel size and rank, and the ``dataloader_config`` settings."""
-        config = self.dataloader_config
-        shares, share = self.state.environment.data_shards
-        return ShardingOptions(
-            device=self.device,
-            num_processes=shares,
-            process_index=share,
-            split_batches=config.split_batches,
-            put_on_device=device_placement,
-            rng_types=tuple(self.rng_types),
-            dispatch_batches=config.dispatch_batches,
-            even_batches=config.even_batches,
-            use_seedable_sampler=config.use_seedable_sampler,
-            data_seed=config.data_seed,
-            non_blocking=config.non_blocking,
-            use_stateful_dataloader=config.use_stateful_dataloader,
+        from drivetrain.data.prepare import sharding_options
+
+        return sharding_options(
+            self.dataloader_config,
+            self.state.environment,
+            self.device,
+            tuple(self.rng_types),
+            device_placement,
         )
 
     if not TYPE_CHECKING:  # type checkers keep flagging misspelt attributes; plugin names are dynamic
@@ -444,12 +304,12 @@ class Accelerator(TrackingMixin, ProfilingMixin):
             )
         results = list(args)
         prepared = self.prepared
-        prepared.pending_optimizers = [obj for obj in args if _kind_of(obj) == "optimizer"]
-        prepared.pending_dataloaders = [obj for obj in args if _kind_of(obj) == "dataloader"]
+        prepared.pending_optimizers = [obj for obj in args if kind_of(obj) == "optimizer"]
+        prepared.pending_dataloaders = [obj for obj in args if kind_of(obj) == "dataloader"]
         try:
             for kind in ("model", "optimizer", "scheduler", "dataloader"):
                 for index, (obj, placement) in enumerate(zip(args, device_placement)):
-                    if _kind_of(obj) == kind:
+                    if kind_of(obj) == kind:
                         results[index] = self._prepare_one(kind, obj, placement)
                         # Accelerate's marker, which libraries built on it (transformers' Trainer) test.
                         with contextlib.suppress(AttributeError, TypeError):
@@ -474,25 +334,12 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         """Place ``model`` on the device, apply mixed precision and let the active plugins wrap it."""
         if any(model is prepared for prepared in self.prepared.models):
             return model  # prepared already: wrapping it again would double-wrap and double-count it
-        quantized = getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)
-        offloaded = {str(device) for device in getattr(model, "hf_device_map", {}).values()} & {"cpu", "disk"}
-        if "cpu" in offloaded and _module_check("is_bitsandbytes_multi_backend_available")():
-            # a quantization library built for several backends computes on the CPU: unless the accelerator
-            # is an XPU (which that library does not pair with CPU modules), CPU modules are trainable there
-            if not _module_check("is_xpu_available")():
-                offloaded.discard("cpu")
-        if quantized and offloaded:
-            raise ValueError(
-                "a model loaded in 8-bit or 4-bit precision cannot be trained with CPU or disk offload (its "
-                f"hf_device_map puts modules on {', '.join(sorted(offloaded))}); load it with every module on "
-                "the accelerator (device_map={'': <device index>})"
-            )
+        check_trainable(model, lambda: is_bitsandbytes_multi_backend_available() and not is_xpu_available())
         if device_placement is None:
             device_placement = self.device_placement
         original = model
         backend_info = self.state.backend_info
-        spans_devices = len(set(getattr(model, "hf_device_map", {}).values())) > 1
-        if device_placement and not backend_info.places_model and not spans_devices:
+        if device_placement and not backend_info.places_model and not spans_several_devices(model):
             model = model.to(self.device)
         if self.mixed_precision in ("fp16", "bf16") and ORIGINAL_FORWARD_ATTRIBUTE not in model.__dict__:
             patch_forward_with_autocast(model, self.autocast)
@@ -528,21 +375,9 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         """Wrap ``scheduler`` so it steps with the optimizer steps that really happened."""
         if isinstance(scheduler, AcceleratedScheduler):
             return scheduler
-        bound = getattr(scheduler, "optimizer", None)
-        replacement = self._replaced_optimizers.get(id(bound))
-        if replacement is not None:
-            # A plugin replaced the user's optimizer (DeepSpeed's engine optimizer, a ZeRO wrapper): the
-            # scheduler must change the learning rate of the optimizer that steps.
-            rebind_scheduler(scheduler, replacement.optimizer)
-            bound = replacement.optimizer
-        optimizers = [
-            optimizer
-            for optimizer in self.prepared.optimizers
-            if bound is optimizer or bound is optimizer.optimizer
-        ] or list(self.prepared.optimizers)
         prepared = AcceleratedScheduler(
             scheduler,
-            optimizers,
+            optimizers_stepping(scheduler, self.prepared.optimizers, self._replaced_optimizers),
             step_with_optimizer=self.step_scheduler_with_optimizer,
             split_batches=self.split_batches,
         )
@@ -707,29 +542,10 @@ class Accelerator(TrackingMixin, ProfilingMixin):
             )
             yield
             return
-        previous: dict[int, tuple[Any, bool]] = {}
-        if even_batches is not None:
-            iterable_seen = False
-            for loader in self.prepared.dataloaders:
-                sampler: Any = getattr(loader, "batch_sampler", None)
-                if hasattr(sampler, "even_batches"):
-                    previous[id(sampler)] = (sampler, sampler.even_batches)
-                    sampler.even_batches = even_batches
-                else:
-                    iterable_seen = True
-            if iterable_seen:
-                warnings.warn(
-                    "join_uneven_inputs(even_batches=...) is only supported for map-style datasets: the "
-                    "iterable (or dispatched) data loaders prepared here keep padding their last batch",
-                    UserWarning,
-                    stacklevel=3,
-                )
-        try:
-            with Join(joinables):
-                yield
-        finally:
-            for sampler, value in previous.values():
-                sampler.even_batches = value
+        from drivetrain.data.samplers import even_batches_set_to
+
+        with even_batches_set_to(self.prepared.dataloaders, even_batches), Join(joinables):
+            yield
 
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Any:
         """Context manager: run the block in the Accelerator's mixed precision."""
@@ -738,15 +554,7 @@ class Accelerator(TrackingMixin, ProfilingMixin):
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """Divide gradients by the fp16 loss scale (before clipping or inspecting them)."""
-        if self.scaler is None:
-            return
-        optimizers = (
-            [optimizer]
-            if optimizer is not None and not isinstance(optimizer, list)
-            else (optimizer or self.prepared.optimizers)
-        )
-        for each in optimizers:
-            self.scaler.unscale_(each.optimizer if isinstance(each, AcceleratedOptimizer) else each)
+        unscale_gradients(self.scaler, optimizer, self.prepared.optimizers)
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
         """Clip gradients by their global norm (across shards and processes); returns the norm."""
@@ -942,11 +750,7 @@ class Accelerator(TrackingMixin, ProfilingMixin):
     def verify_device_map(self, model: torch.nn.Module) -> bool:
         """True when ``model`` was dispatched across several devices with a device map (such a model must
         not be wrapped for data parallel training)."""
-        for module in model.modules():
-            device_map = getattr(module, "hf_device_map", None)
-            if device_map is not None and len(set(device_map.values())) > 1:
-                return True
-        return False
+        return any(spans_several_devices(module) for module in model.modules())
 
     @contextlib.contextmanager
     def maybe_context_parallel(
@@ -989,58 +793,7 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, UserWarning, stacklevel=4)
 
 
-def _parallelism_config_from(config: ParallelismConfig | None, tp_plugin: Any) -> ParallelismConfig | None:
-    """The script's ParallelismConfig; Accelerate's deprecated ``torch_tp_plugin`` becomes one with its
-    ``tp_size``. None lets the state build one from launch flags / the config file, if they set any."""
-    if tp_plugin is None:
-        return config
-    warnings.warn(
-        "torch_tp_plugin (TorchTensorParallelPlugin) is deprecated: pass "
-        "parallelism_config=ParallelismConfig(tp_size=...) instead",
-        FutureWarning,
-        stacklevel=3,
-    )
-    if config is not None:
-        if config.tp_size != tp_plugin.tp_size:
-            raise ConfigurationError(
-                f"torch_tp_plugin asks for tp_size={tp_plugin.tp_size} but parallelism_config has "
-                f"tp_size={config.tp_size}; pass only parallelism_config"
-            )
-        return config
-    return ParallelismConfig(tp_size=tp_plugin.tp_size)
-
-
-def _kind_of(obj: Any) -> str | None:
-    if isinstance(obj, torch.nn.Module):
-        return "model"
-    if isinstance(obj, torch.optim.Optimizer):
-        return "optimizer"
-    if isinstance(obj, torch.utils.data.DataLoader):
-        return "dataloader"
-    if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
-        hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "state_dict")
-    ):
-        return "scheduler"
-    return None
-
-
-#: Accelerate's availability checks that its ``prepare_model`` asks, by these names in this module (scripts and
-#: tests patch them here). They live in drivetrain.utils.imports, above this layer, so they resolve by name.
-_MODULE_CHECKS = ("is_bitsandbytes_multi_backend_available", "is_xpu_available")
-
-
-def _module_check(name: str) -> Callable[[], bool]:
-    """The check ``name`` as this module holds it now: patched here when a test patched it, else resolved."""
-    import sys
-
-    return getattr(sys.modules[__name__], name)
-
-
 def __getattr__(name: str) -> Any:
-    if name in _MODULE_CHECKS:
-        import importlib
-
-        return getattr(importlib.import_module("drivetrain.utils.imports"), name)
     # Accelerate's module logger, made when asked for
     if name == "logger":
         from drivetrain.logging import get_logger

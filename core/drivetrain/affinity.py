@@ -1,5 +1,6 @@
 """Pinning each process of a machine to its share of the cores (``drivetrain launch --enable_cpu_affinity``;
-Accelerate's ``set_numa_affinity``). Imports nothing of drivetrain: ``PartialState`` calls it while starting."""
+Accelerate's ``set_numa_affinity``). Imports only the configuration readers: ``PartialState`` calls it while
+starting."""
 
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ import functools
 import logging
 import os
 
+from drivetrain.config.process_env import whole_number
+from drivetrain.config.sources import env_flag
+
 #: Accelerate logs the pinning under its module ``utils.environment``; scripts and tests listen there.
 logger = logging.getLogger("drivetrain.utils.environment")
 
 
 def _local_processes() -> int:
     for variable in ("LOCAL_WORLD_SIZE", "ACCELERATE_NUM_PROCESSES"):
-        value = int(os.environ.get(variable, -1))
-        if value > 0:
+        value = whole_number(variable, 1)
+        if value is not None:
             return value
     return 1
 
@@ -37,11 +41,7 @@ def override_numa_affinity(local_process_index: int, verbose: bool | None = None
     if cores is None:
         return
     os.sched_setaffinity(0, cores)
-    if (
-        verbose
-        if verbose is not None
-        else os.environ.get("ACCELERATE_DEBUG_MODE", "").lower() in ("1", "true", "yes", "y", "on", "t")
-    ):
+    if verbose if verbose is not None else env_flag("ACCELERATE_DEBUG_MODE"):
         logger.info(f"Assigning {len(cores)} cpu cores to process {local_process_index}: {cores}")
 
 

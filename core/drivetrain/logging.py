@@ -13,6 +13,8 @@ import logging
 import os
 from typing import Any
 
+from drivetrain.config import process_env
+
 LOG_LEVEL_ENV = "DRIVETRAIN_LOG_LEVEL"
 
 
@@ -29,7 +31,7 @@ def process_rank(local: bool = False) -> int:
     state = _initialized_state()
     if state is not None:
         return state.local_process_index if local else state.process_index
-    return int(os.environ.get("LOCAL_RANK" if local else "RANK", "0"))
+    return process_env.whole_number("LOCAL_RANK" if local else "RANK", 0) or 0
 
 
 class MultiProcessAdapter(logging.LoggerAdapter):
@@ -54,7 +56,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
             return
         state = _initialized_state()
         if state is None:
-            if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            if process_env.world_size() > 1:
                 raise RuntimeError(
                     "logging with in_order=True needs the process state to take turns: create the "
                     "Accelerator (or PartialState()) before logging"

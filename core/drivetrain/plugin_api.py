@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from drivetrain.config.backend_config import BackendConfigReader
+from drivetrain.config.backend_config import resolve as _resolve_backend_config
 from drivetrain.config.enums import DistributedType, PrecisionType
 from drivetrain.config.kwargs_handlers import KwargsHandler
 from drivetrain.config.parallelism import ParallelismConfig
@@ -31,6 +33,8 @@ from drivetrain.contract.manager import (
     hook_implementations,
 )
 from drivetrain.contract.selection import backend_settings as _backend_settings
+from drivetrain.contract.selection import file_backend_settings as _file_backend_settings
+from drivetrain.contract.selection import launched_backend_settings as _launched_backend_settings
 from drivetrain.contract.selection import plugin_options as _plugin_options
 from drivetrain.errors import CheckpointError, ConfigurationError, DrivetrainError, PluginError, UsageError
 
@@ -124,8 +128,10 @@ __all__ = [
     "PreparedObjects",
     "ShardingOptions",
     # settings
+    "BackendConfigReader",
     "KwargsHandler",
     "backend_settings",
+    "resolve_backend_config",
     "plugin_options",
     "resolve_setting",
     "to_bool",
@@ -157,6 +163,37 @@ def plugin_options(plugin: str) -> dict[str, Any]:
     this process, else the keys the plugin claimed (``registry.add_config_keys``) in the config file named by
     ``DRIVETRAIN_CONFIG_FILE``, checked by the plugin. ``{}`` when there are none."""
     return _plugin_options(get_plugin_manager(), plugin)
+
+
+# -- a backend's configuration object, resolved by the kernel (issue 31, item 1) -------------------------------
+# BackendConfigReader (imported above) and resolve_backend_config are contract 1.1 additions, kept together so
+# that they can be grouped with the other settings helpers.
+
+
+def resolve_backend_config(reader: BackendConfigReader, given: Any) -> Any:
+    """The configuration backend ``reader.backend`` runs with: the script's object ``given`` (or None) with the
+    fields it leaves unset filled from what ``drivetrain launch`` handed over (``DRIVETRAIN_BACKEND_CONFIG``),
+    the backend's own variables (``reader.variables``) and the config file named by ``DRIVETRAIN_CONFIG_FILE``;
+    a field two sources set differently is a ConfigurationError naming both values.
+
+    Resolved once per object and run: the result is kept in the process state, so the Accelerator, its
+    checkpoints and ``AcceleratorState().<backend>_plugin`` share one object, and ``drivetrain.reset_state()``
+    forgets it. See docs/configuration.md and :class:`BackendConfigReader`."""
+    from drivetrain.state import PartialState
+
+    resolved = PartialState.resolved_backend_configs
+    for backend, earlier, config in resolved:
+        if backend == reader.backend and earlier is given:
+            return config
+    manager = get_plugin_manager()
+    config = _resolve_backend_config(
+        reader,
+        given,
+        launched=_launched_backend_settings(),
+        config_file=_file_backend_settings(manager, reader.backend),
+    )
+    resolved.append((reader.backend, given, config))
+    return config
 
 
 def __getattr__(name: str) -> Any:

@@ -9,11 +9,11 @@ without tqdm installed it does nothing. ``DRIVETRAIN_DISABLE_PROGRESS_BARS=1`` t
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from drivetrain.config.sources import env_flag
 from drivetrain.logging import process_rank
 
 DISABLE_ENV = "DRIVETRAIN_DISABLE_PROGRESS_BARS"
@@ -49,7 +49,7 @@ class _Silent:
 def progress_enabled() -> bool:
     """Whether drivetrain's own operations show bars here: local main process, stderr a terminal, not
     turned off by ``DRIVETRAIN_DISABLE_PROGRESS_BARS``."""
-    if os.environ.get(DISABLE_ENV, "").lower() in ("1", "true", "yes", "on"):
+    if env_flag(DISABLE_ENV):
         return False
     if process_rank(local=True) != 0:
         return False

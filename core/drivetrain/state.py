@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.config import sources
+from drivetrain.config import process_env, sources
 from drivetrain.config.enums import DistributedType, PrecisionType
 from drivetrain.config.parallelism import DATA_PARALLEL_DIMENSIONS, ParallelismConfig, warn_unused_handlers
 from drivetrain.contract.calling import PluginStack
@@ -86,6 +86,9 @@ class PartialState:
     """
 
     _shared_state: dict[str, Any] = {}
+    #: What is worked out once per run and forgotten with the state: each backend's resolved configuration
+    #: (``plugin_api.resolve_backend_config``), as (backend, the script's object, the configuration).
+    resolved_backend_configs: list[tuple[str, Any, Any]] = []
 
     def __reduce__(self) -> tuple[Any, tuple[type]]:
         return _shared_state_object, (type(self),)
@@ -106,6 +109,7 @@ class PartialState:
         if self.initialized:
             self._check_compatible(backend, backend_config, cpu, parallelism)
             return
+        place = process_env.process_place()  # the launcher's variables, checked before anything is set up
         manager = get_plugin_manager()
         selection = select_backend(manager, backend, backend_config)
         if parallelism is None:
@@ -117,8 +121,8 @@ class PartialState:
         )
         device_plugins = manager.device_plugins()
         process_stack = manager.stack([*device_plugins, selection.value])
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if os.environ.get("DRIVETRAIN_CPU_AFFINITY", os.environ.get("ACCELERATE_CPU_AFFINITY")) == "1":
+        local_rank = place.local_rank
+        if sources.env_flag("DRIVETRAIN_CPU_AFFINITY", "ACCELERATE_CPU_AFFINITY"):
             from drivetrain.affinity import set_numa_affinity  # drivetrain launch --enable_cpu_affinity
 
             set_numa_affinity(local_rank)
@@ -150,8 +154,8 @@ class PartialState:
         self.cpu: bool = cpu_setting.value
         self.device: torch.device = torch.device(device)
         self.environment: DistributedEnvironment = environment
-        self.debug: bool = sources.to_bool(os.environ.get("DRIVETRAIN_DEBUG_MODE", "0"))
-        self.fork_launched: bool = sources.to_bool(os.environ.get("FORK_LAUNCHED", "0"))
+        self.debug: bool = sources.resolve("debug_mode", default=False, convert=sources.to_bool).value
+        self.fork_launched: bool = sources.env_flag("FORK_LAUNCHED")
         _report_backend(self.backend_name, self.backend_source, environment.process_index)
         from drivetrain import failure_report
 
@@ -240,6 +244,7 @@ class PartialState:
         if destroy_process_group and environment is not None and environment.shutdown is not None:
             environment.shutdown()
         cls._shared_state.clear()
+        cls.resolved_backend_configs.clear()
 
     def destroy_process_group(self, group: Any = None) -> None:
         """Meet the other ranks and tear the process group down (safe to call twice). With ``group``, only

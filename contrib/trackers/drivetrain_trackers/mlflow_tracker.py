@@ -7,7 +7,7 @@ import json
 import os
 from typing import Any
 
-from drivetrain.plugin_api import GeneralTracker, on_main_process
+from drivetrain.plugin_api import GeneralTracker, on_main_process, to_bool
 from drivetrain_trackers._values import flat_params, is_number, warn_skipped
 
 # MLflow accepts at most this many parameters per call.
@@ -144,13 +144,8 @@ class MLflowTracker(GeneralTracker):
 
 
 def _as_bool(value: bool | str) -> bool:
-    """``MLFLOW_NESTED_RUN``'s spellings (``1/true/yes/on`` and ``0/false/no/off``, any case); it can turn
-    nesting off as well as on."""
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on", "y", "t"):
-        return True
-    if text in ("0", "false", "no", "off", "n", "f", ""):
+    """``MLFLOW_NESTED_RUN`` (or the ``nested_run`` argument) in the one boolean vocabulary of drivetrain's
+    settings; empty means false. It can turn nesting off as well as on."""
+    if isinstance(value, str) and not value.strip():
         return False
-    raise ValueError(f"MLFLOW_NESTED_RUN must be true/false (1/0, yes/no, on/off), got {value!r}")
+    return to_bool(value, "MLFLOW_NESTED_RUN")

@@ -220,6 +220,9 @@ ACCELERATE_DEVICE_ORDER = (
 )
 #: Distributed types whose parameters are sharded: ``get_grad_scaler`` gives torch's sharded scaler there.
 ACCELERATE_SHARDED_SCALER_TYPES = ("FSDP",)
+#: The device beside which a multi-backend quantization library does not train modules offloaded to the CPU
+#: (Accelerate's ``prepare_model`` asks ``is_xpu_available()``; drivetrain.training.admission).
+QUANTIZED_CPU_EXCLUDED_DEVICE = "xpu"
 #: Devices whose ``torch.<attribute>.is_bf16_supported()`` answers ``is_bf16_available`` when available.
 ACCELERATE_BF16_DEVICES = (("is_mlu_available", "mlu"), ("is_xpu_available", "xpu"))
 #: Mixed precisions whose autocast computes in bfloat16 (``get_mixed_precision_context_manager``).

@@ -9,6 +9,7 @@ from typing import Any
 
 from drivetrain.config.enums import DynamoBackend
 from drivetrain.config.fields import Checked, checked
+from drivetrain.config.sources import env_flag
 from drivetrain.errors import ConfigurationError
 
 
@@ -180,11 +181,10 @@ class TorchDynamoPlugin(Checked):
         mode = os.environ.get("ACCELERATE_DYNAMO_MODE")
         if self.mode is None and mode:
             self.mode = mode if mode in _COMPILE_MODES else self.mode
-        true = ("1", "true", "yes", "y", "on", "t")
-        if not self.fullgraph and os.environ.get("ACCELERATE_DYNAMO_USE_FULLGRAPH", "").lower() in true:
+        if not self.fullgraph and env_flag("ACCELERATE_DYNAMO_USE_FULLGRAPH"):
             self.fullgraph = True
-        if self.dynamic is None and "ACCELERATE_DYNAMO_USE_DYNAMIC" in os.environ:
-            self.dynamic = os.environ["ACCELERATE_DYNAMO_USE_DYNAMIC"].lower() in true
+        if self.dynamic is None and os.environ.get("ACCELERATE_DYNAMO_USE_DYNAMIC", "").strip():
+            self.dynamic = env_flag("ACCELERATE_DYNAMO_USE_DYNAMIC")
 
     @property
     def enabled(self) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 
 from drivetrain.compat.names import ACCELERATE_PLUGIN_KEYS, ACCELERATE_SECTIONS
 from drivetrain.config.enums import DistributedType, PrecisionType
+from drivetrain.config.sources import FALSE_WORDS, TRUE_WORDS, to_bool
 from drivetrain.errors import ConfigurationError
 
 CONFIG_DIR_ENV = "DRIVETRAIN_CONFIG_DIR"
@@ -72,14 +73,12 @@ def _positive_float(value: Any) -> float:
 
 
 def _bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "y", "on"):
-        return True
-    if text in ("0", "false", "no", "n", "off"):
-        return False
-    raise ValueError("expected true or false")
+    try:
+        return to_bool(value)
+    except ConfigurationError:
+        raise ValueError(
+            f"expected a boolean: one of {', '.join(TRUE_WORDS)} or {', '.join(FALSE_WORDS)}"
+        ) from None
 
 
 def _choice(*choices: str, lower: bool = True) -> Callable[[Any], str]:

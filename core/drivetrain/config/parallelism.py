@@ -451,7 +451,7 @@ class ParallelismConfig:
         """The configuration a run gets when the script passes none: built when the environment or the config
         file sets one of its settings (``drivetrain launch --parallelism_config_*``) or Accelerate's launcher
         said to use one; else ``None``."""
-        asked = any(sources.to_bool(os.environ.get(variable, "false")) for variable in USE_ENV)
+        asked = sources.env_flag(*USE_ENV)
         if asked or environment_settings():
             return cls()
         return None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import operator
-import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -22,6 +21,7 @@ from typing import Any
 import pluggy
 from pluggy import HookImpl
 
+from drivetrain.config import sources
 from drivetrain.contract import hookspecs
 from drivetrain.contract.attribution import attribute
 from drivetrain.contract.info import KIND_ORDER
@@ -30,7 +30,7 @@ trace_logger = logging.getLogger("drivetrain.plugins.trace")
 
 
 def tracing_enabled() -> bool:
-    return os.environ.get("DRIVETRAIN_TRACE_PLUGINS", "").lower() in ("1", "true", "yes", "on")
+    return sources.env_flag("DRIVETRAIN_TRACE_PLUGINS")
 
 
 class PluginStack:

@@ -9,12 +9,12 @@ communication (XLA) subclasses :class:`Collectives`.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from drivetrain.config import process_env
 from drivetrain.config.enums import DistributedType
 
 REDUCTIONS = ("sum", "mean", "max", "min", "product")
@@ -88,8 +88,6 @@ class DistributedEnvironment:
 
 
 def environment_world_size() -> int:
-    """How many processes the launcher started (torchrun's WORLD_SIZE; 1 when not launched)."""
-    for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
-        if os.environ.get(name):
-            return int(os.environ[name])
-    return 1
+    """How many processes the launcher started (torchrun's WORLD_SIZE; 1 when not launched). A value that is
+    not a whole number >= 1 is an error naming the variable."""
+    return process_env.world_size()

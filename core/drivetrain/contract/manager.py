@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from drivetrain.compat.names import ACCELERATE_DISTRIBUTED_TYPES
+from drivetrain.config import sources
 from drivetrain.contract import hookspecs
 from drivetrain.contract.attribution import attribute
 from drivetrain.contract.calling import PluginStack
@@ -461,3 +462,14 @@ def reset_plugin_manager() -> None:
     """Forget every discovered and registered plugin (the next use discovers again)."""
     global _manager
     _manager = None
+
+
+def _check_config_file(data: dict[str, Any], origin: str) -> tuple[dict[str, Any], str]:
+    from drivetrain.config.file import normalise
+
+    return normalise(data, origin, get_plugin_manager().config_declarations())
+
+
+# The file named by DRIVETRAIN_CONFIG_FILE is checked against what the installed plugins declare, exactly as
+# `drivetrain launch --config_file` checks it; drivetrain.config sits below this layer and cannot ask itself.
+sources.use_config_file_check(_check_config_file)

@@ -6,9 +6,14 @@ disagree raise a :class:`~drivetrain.errors.ConfigurationError` naming both.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from drivetrain.compat.names import MULTIPROCESS_BACKEND_DISTRIBUTION, PRECISION_DISTRIBUTIONS
+from drivetrain.compat.names import (
+    ACCELERATE_BACKEND_FLAGS,
+    MULTIPROCESS_BACKEND_DISTRIBUTION,
+    PRECISION_DISTRIBUTIONS,
+)
 from drivetrain.config import sources
 from drivetrain.contract.environment import environment_world_size
 from drivetrain.contract.info import REFERENCE_BACKEND
@@ -54,7 +59,13 @@ def _chosen_backend(manager: PluginManager, backend: str | None, backend_config:
                 f"{type(backend_config).__name__} belongs to backend {implied!r}"
             )
         script_value, script_source = implied, f"{type(backend_config).__name__} passed to the Accelerator"
-    chosen = sources.resolve("backend", script_value, script_source=script_source, default=None)
+    chosen = sources.resolve(
+        "backend",
+        script_value,
+        script_source=script_source,
+        default=None,
+        environment=_accelerate_backend_switches(manager),
+    )
     if chosen.value is not None:
         return chosen
     world_size = environment_world_size()
@@ -68,6 +79,29 @@ def _chosen_backend(manager: PluginManager, backend: str | None, backend_config:
             f"install one with: pip install {MULTIPROCESS_BACKEND_DISTRIBUTION}"
         )
     return sources.Setting(automatic, f"{AUTOMATIC_SOURCES[1]} ({world_size} processes)")
+
+
+def _accelerate_backend_switches(manager: PluginManager) -> list[sources.Setting]:
+    """Accelerate's ``ACCELERATE_USE_FSDP=true`` (its launcher's ``--use_fsdp``; likewise DeepSpeed and
+    Megatron-LM): the backend that declares that launch flag. A false value states no choice."""
+    found = []
+    for flag, distribution in ACCELERATE_BACKEND_FLAGS.items():
+        variable = f"ACCELERATE_{flag.upper()}"
+        raw = os.environ.get(variable, "").strip()
+        if (
+            not flag.startswith("use_")
+            or not raw
+            or not sources.to_bool(raw, f"environment variable {variable}")
+        ):
+            continue
+        backend = manager.backend_for_flag(flag)
+        if backend is None:
+            raise PluginError(
+                f"environment {variable}={raw} selects a backend plugin that is not installed: pip install "
+                f"{distribution}"
+            )
+        found.append(sources.Setting(backend, f"environment {variable}={raw}"))
+    return found
 
 
 def precision_plugin(manager: PluginManager, mixed_precision: str) -> str | None:
@@ -86,26 +120,31 @@ def precision_plugin(manager: PluginManager, mixed_precision: str) -> str | None
 
 
 def backend_settings(manager: PluginManager, backend: str) -> tuple[str | None, dict[str, Any]]:
-    """(where they come from, the settings) of backend ``backend`` when the script passed no configuration
-    object: what ``drivetrain launch`` handed over (its flags and config file), else the config file named
-    by ``DRIVETRAIN_CONFIG_FILE`` — Accelerate's section for the backend (``PluginInfo.config_section``) or
-    drivetrain's ``backend_config`` when ``backend:`` names it. ``(None, {})`` when there are none."""
+    """(where they come from, the settings) of backend ``backend`` besides the script's object: what
+    ``drivetrain launch`` handed over (its flags and config file), else the config file named by
+    ``DRIVETRAIN_CONFIG_FILE`` (see :func:`file_backend_settings`). ``(None, {})`` when there are none."""
+    launched = launched_backend_settings()
+    if launched[0] is not None:
+        return launched
+    return file_backend_settings(manager, backend)
+
+
+def launched_backend_settings() -> tuple[str | None, dict[str, Any]]:
+    """The backend settings ``drivetrain launch`` handed to this process (``DRIVETRAIN_BACKEND_CONFIG``)."""
     launched = sources.launched_backend_config()
-    if launched:
-        return f"environment {sources.BACKEND_CONFIG_ENV}", launched
-    path, data = sources.config_file_values()
-    if path is None:
+    return (f"environment {sources.BACKEND_CONFIG_ENV}", launched) if launched else (None, {})
+
+
+def file_backend_settings(manager: PluginManager, backend: str) -> tuple[str | None, dict[str, Any]]:
+    """Backend ``backend``'s section of the config file named by ``DRIVETRAIN_CONFIG_FILE``, when the file
+    selects that backend: Accelerate's section for it (``PluginInfo.config_section``, with ``distributed_type``)
+    or drivetrain's ``backend_config`` (with ``backend:``). ``(None, {})`` otherwise."""
+    file = sources.config_file()
+    if file is None or str(file.values.get("backend", "")).lower() != backend:
         return None, {}
-    section = manager.info(backend).config_section
-    if section and section in data:
-        values, origin = data.get(section) or {}, f"config file {path}, section {section}"
-    elif str(data.get("backend", "")).lower() == backend:
-        values, origin = data.get("backend_config") or {}, f"config file {path}, section backend_config"
-    else:
-        return None, {}
-    if not isinstance(values, dict):
-        raise ConfigurationError(f"{origin}: expected a mapping of settings, got {type(values).__name__}")
-    return origin, dict(values)
+    section = manager.info(backend).config_section if file.format == "accelerate" else None
+    values = file.values.get("backend_config") or {}
+    return f"config file {file.path}, section {section or 'backend_config'}", dict(values)
 
 
 def plugin_options(manager: PluginManager, plugin: str) -> dict[str, Any]:
@@ -116,16 +155,23 @@ def plugin_options(manager: PluginManager, plugin: str) -> dict[str, Any]:
     if launched is not None:
         options = launched.get(plugin, {})
         return dict(options) if isinstance(options, dict) else {}
-    path, data = sources.config_file_values()
-    found: dict[str, Any] = {}
-    for key, (owner, check) in manager.extensions.config_keys.items():
-        if owner == plugin and data.get(key) is not None:
-            try:
-                checked = check(data[key])
-            except ValueError as exc:
-                raise ConfigurationError(
-                    f"config file {path}: {key}: {data[key]!r} is not valid ({exc})"
-                ) from None
-            if checked is not None:  # None: a value that states no choice
-                found[key] = checked
-    return found
+    file = sources.config_file()
+    if file is None:
+        return {}
+    return dict(file.values.get("plugin_options", {}).get(plugin, {}))
+
+
+def check_handlers_have_their_plugin(manager: PluginManager, handlers: list[Any], active: list[str]) -> None:
+    """A precision plugin's kwargs handler (``FP8RecipeKwargs``) would be silently ignored in a run without
+    that precision: say how to ask for it. (Backend handlers such as ``DistributedDataParallelKwargs`` are
+    fine in any run: the same script runs on one process or many.)"""
+    for handler in handlers:
+        owner = manager.plugin_of(handler)
+        if owner is None or owner in active or manager.info(owner).kind != "precision":
+            continue
+        precisions = manager.info(owner).precisions
+        how = f"mixed_precision={precisions[0]!r}" if precisions else f"plugins=[{owner!r}]"
+        raise ConfigurationError(
+            f"{type(handler).__name__} configures plugin {owner!r}, which this Accelerator does not run, so "
+            f"it would be ignored; pass Accelerator({how}) or remove the handler"
+        )

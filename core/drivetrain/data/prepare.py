@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
+from drivetrain.contract.arguments import ShardingOptions
 from drivetrain.data.loaders import (
     DataLoaderDispatcher,
     DataLoaderShard,
@@ -30,6 +31,16 @@ from drivetrain.data.samplers import (
 )
 from drivetrain.state import PartialState
 
+#: The DataLoaderConfiguration settings that are sharding options too.
+_SHARDING_SETTINGS = (
+    "split_batches",
+    "dispatch_batches",
+    "even_batches",
+    "use_seedable_sampler",
+    "data_seed",
+    "non_blocking",
+    "use_stateful_dataloader",
+)
 #: DataLoader arguments that decide which samples are read; prepare_data_loader rebuilds those.
 _SAMPLING_ARGUMENTS = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
 
@@ -69,6 +80,23 @@ def _agree_on_seed(sampler: SeedableRandomSampler, state: PartialState | None) -
         seed = [sampler.initial_seed]
         state.collectives.broadcast_object_list(seed, src=0)
         sampler.initial_seed = seed[0]
+
+
+def sharding_options(
+    config: Any, environment: Any, device: torch.device, rng_types: tuple[str, ...], put_on_device: bool
+) -> ShardingOptions:
+    """How a run cuts its data loaders (the ``options`` of ``shard_dataloader``): ``environment``'s
+    data-parallel size and rank (a ``DistributedEnvironment``) and the settings of ``config`` (the
+    Accelerator's ``DataLoaderConfiguration``)."""
+    shares, share = environment.data_shards
+    return ShardingOptions(
+        device=device,
+        num_processes=shares,
+        process_index=share,
+        put_on_device=put_on_device,
+        rng_types=rng_types,
+        **{name: getattr(config, name) for name in _SHARDING_SETTINGS},
+    )
 
 
 def prepare_data_loader(

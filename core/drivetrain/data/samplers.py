@@ -9,8 +9,10 @@ from the start of the data ("wrapping around"), and remember how many samples of
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -303,3 +305,33 @@ class SkipBatchSampler(BatchSampler):
 
     def __iter__(self) -> Iterator[list[int]]:
         return itertools.islice(iter(self.batch_sampler), self.skip_batches, None)
+
+
+@contextlib.contextmanager
+def even_batches_set_to(loaders: Iterable[Any], even_batches: bool | None) -> Iterator[None]:
+    """In the block, the prepared ``loaders`` complete their last batch (``even_batches=True``) or not
+    (``join_uneven_inputs(even_batches=...)``), as their sharded batch samplers allow; restored on exit.
+    ``None`` changes nothing. Loaders without such a sampler (iterable or dispatched ones) keep padding, with a
+    warning."""
+    previous: dict[int, tuple[Any, bool]] = {}
+    if even_batches is not None:
+        unchanged = False
+        for loader in loaders:
+            sampler: Any = getattr(loader, "batch_sampler", None)
+            if hasattr(sampler, "even_batches"):
+                previous[id(sampler)] = (sampler, sampler.even_batches)
+                sampler.even_batches = even_batches
+            else:
+                unchanged = True
+        if unchanged:
+            warnings.warn(
+                "join_uneven_inputs(even_batches=...) is only supported for map-style datasets: the "
+                "iterable (or dispatched) data loaders prepared here keep padding their last batch",
+                UserWarning,
+                stacklevel=5,  # the script's `with accelerator.join_uneven_inputs(...)`
+            )
+    try:
+        yield
+    finally:
+        for sampler, value in previous.values():
+            sampler.even_batches = value

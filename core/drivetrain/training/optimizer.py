@@ -110,3 +110,24 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"AcceleratedOptimizer({self.optimizer!r})"
+
+
+def make_grad_scaler(state: Any, handler: Any) -> torch.amp.GradScaler | None:
+    """The loss scaler of an fp16 run on ``state`` (torch's ``GradScaler``, with the script's
+    ``GradScalerKwargs`` ``handler``), or None: other precisions need none, and a backend that manages precision
+    (DeepSpeed's engine) scales the loss itself."""
+    if state.mixed_precision != "fp16" or state.backend_info.manages_precision:
+        return None
+    return torch.amp.GradScaler(state.device.type, **(handler.to_kwargs() if handler else {}))
+
+
+def unscale_gradients(scaler: Any, optimizer: Any, prepared: list[Any]) -> None:
+    """Divide the gradients of ``optimizer`` (one, a list, or None: every ``prepared`` optimizer) by the fp16
+    loss scale of ``scaler``; nothing without a scaler."""
+    if scaler is None:
+        return
+    optimizers = (
+        [optimizer] if optimizer is not None and not isinstance(optimizer, list) else (optimizer or prepared)
+    )
+    for each in optimizers:
+        scaler.unscale_(each.optimizer if isinstance(each, AcceleratedOptimizer) else each)

@@ -65,6 +65,21 @@ class AcceleratedScheduler:
         return f"AcceleratedScheduler({self.scheduler!r})"
 
 
+def optimizers_stepping(scheduler: Any, prepared: list[Any], replaced: dict[int, Any]) -> list[Any]:
+    """The prepared optimizers whose steps ``scheduler`` follows: the one it is bound to (rebound first when a
+    plugin replaced the user's optimizer, DeepSpeed's engine optimizer or a ZeRO wrapper, so that it changes the
+    learning rate of the optimizer that steps), else every prepared optimizer. ``replaced``: id of the user's
+    optimizer -> its prepared replacement."""
+    bound = getattr(scheduler, "optimizer", None)
+    replacement = replaced.get(id(bound))
+    if replacement is not None:
+        rebind_scheduler(scheduler, replacement.optimizer)
+        bound = replacement.optimizer
+    return [
+        optimizer for optimizer in prepared if bound is optimizer or bound is optimizer.optimizer
+    ] or list(prepared)
+
+
 def rebind_scheduler(scheduler: Any, optimizer: Any) -> None:
     """Make ``scheduler`` drive ``optimizer``, a replacement a plugin made for the one it was built with:
     the replacement's parameter groups get the schedule's current and initial learning rates, and its

@@ -13,13 +13,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from drivetrain.config.sources import FALSE_WORDS, TRUE_WORDS
 from drivetrain.contract.reexport import reexport
 from drivetrain.logging import get_logger
 
 logger = get_logger(__name__)
 
-_TRUE = ("y", "yes", "t", "true", "on", "1")
-_FALSE = ("n", "no", "f", "false", "off", "0")
+_TRUE, _FALSE = TRUE_WORDS, FALSE_WORDS  # the one boolean vocabulary (drivetrain.config.sources)
 #: Characters that would break a ``KEY=value`` line of an environment file.
 _FORBIDDEN = (";", "\n", "<", ">", " ")
 

@@ -12,16 +12,15 @@ import functools
 import importlib
 import importlib.metadata as importlib_metadata
 import importlib.util
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from drivetrain.compat import names
+from drivetrain.config.sources import env_flag, to_bool
 from drivetrain.contract.reexport import reexport
+from drivetrain.training.admission import quantization_computes_on_cpu
 from drivetrain.utils.versions import compare_versions, is_torch_version
-
-_TRUE = ("1", "true", "yes", "y", "on", "t")
 
 
 def package_available(
@@ -69,7 +68,7 @@ def _evaluate(name: str) -> bool:
     spec = names.ACCELERATE_AVAILABILITY[name]
     if "env" in spec:
         variable, default = spec["env"]
-        if os.environ.get(variable, default).lower() not in _TRUE:
+        if not env_flag(variable, default=to_bool(default)):
             return False
     if "torch" in spec and not is_torch_version(">=", spec["torch"]):
         return False
@@ -121,6 +120,9 @@ def _library(
     return check
 
 
+#: Accelerate's name of the check that prepare() asks (drivetrain.training.admission holds it).
+is_bitsandbytes_multi_backend_available = quantization_computes_on_cpu
+
 # Libraries that are not backends (the checks that name a backend live in the names table).
 is_import_timer_available = _library("import_timer")
 is_amdsmi_available = _library("amdsmi")
@@ -171,17 +173,11 @@ def is_trackio_available() -> bool:
 
 def is_rich_available() -> bool:
     """Installed, and not switched off with ``ACCELERATE_DISABLE_RICH``."""
-    return package_available("rich") and os.environ.get("ACCELERATE_DISABLE_RICH", "0").lower() not in _TRUE
+    return package_available("rich") and not env_flag("ACCELERATE_DISABLE_RICH")
 
 
 def is_bnb_available(min_version: str | None = None) -> bool:
     return package_available("bitsandbytes", None, min_version)
-
-
-def is_bitsandbytes_multi_backend_available() -> bool:
-    if not is_bnb_available():
-        return False
-    return "multi_backend" in getattr(importlib.import_module("bitsandbytes"), "features", set())
 
 
 def is_torch_distributed_available() -> bool:
@@ -273,7 +269,9 @@ def backend_required(function: Callable) -> Callable:
 
 
 #: Accelerate reads this once at import (its name: :data:`drivetrain.compat.names.ACCELERATE_RUNTIME_FLAG`).
-use_accelerator_runtime = os.environ.get(*names.ACCELERATE_RUNTIME_FLAG).lower() in _TRUE
+use_accelerator_runtime = env_flag(
+    names.ACCELERATE_RUNTIME_FLAG[0], default=to_bool(names.ACCELERATE_RUNTIME_FLAG[1])
+)
 
 __getattr__, __dir__, _names = reexport(
     __name__,

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api import BackendConfigReader, ConfigurationError, resolve_backend_config, to_bool
 from drivetrain_deepspeed.hf_config import HfDeepSpeedConfig, load_config
 from drivetrain_deepspeed.paths import get_path, set_path
 
@@ -51,10 +51,10 @@ def _is_auto(value: Any) -> bool:
 
 
 def _to_bool(value: Any) -> Any:
-    if isinstance(value, str) and value.lower() in ("true", "1", "yes"):
-        return True
-    if isinstance(value, str) and value.lower() in ("false", "0", "no"):
-        return False
+    """A boolean word (``"true"``, ``"no"``, ...) as a bool; anything else is left for the field's check."""
+    if isinstance(value, str):
+        with contextlib.suppress(ConfigurationError):
+            return to_bool(value)
     return value
 
 
@@ -164,8 +164,16 @@ class DeepSpeedPlugin:
     _selected: bool = attrs.field(default=False, init=False, repr=False)
     #: what transformers' DeepSpeed weakref points at after set_deepspeed_weakref() (kept alive here)
     dschf: Any = attrs.field(default=None, init=False, repr=False)
+    #: the fields as the script set them, before the config filled the others (see :func:`script_settings`)
+    _script_fields: dict[str, Any] = attrs.field(factory=dict, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        defaults = {field.name: field.default for field in attrs.fields(type(self)) if field.init}
+        self._script_fields = {
+            name: getattr(self, name)
+            for name, default in defaults.items()
+            if getattr(self, name) is not None and getattr(self, name) != default
+        }
         for name, device in (
             ("offload_optimizer", self.offload_optimizer_device),
             ("offload_param", self.offload_param_device),
@@ -460,33 +468,6 @@ class DeepSpeedPlugin:
     def _unselect(self) -> None:
         self._selected = False
 
-    # -- from the launcher / config file --------------------------------------------------------------------
-    @classmethod
-    def from_mapping(cls, values: dict[str, Any], origin: str) -> DeepSpeedPlugin:
-        """A plugin from a config file's ``deepspeed_config`` section or ``DRIVETRAIN_BACKEND_CONFIG``.
-
-        Accepts the field names and Accelerate's keys (``deepspeed_config_file``,
-        ``deepspeed_moe_layer_cls_names``); the multi-node launcher keys are read by the launcher only.
-        """
-        fields = {field.name for field in attrs.fields(cls) if field.init}
-        kwargs: dict[str, Any] = {}
-        for key, value in values.items():
-            name = ACCELERATE_KEYS.get(key, key)
-            if name in LAUNCHER_KEYS:
-                continue
-            if name not in fields:
-                raise ConfigurationError(
-                    f"{origin}: unknown deepspeed setting {key!r}; valid: "
-                    f"{', '.join(sorted(fields | set(ACCELERATE_KEYS) | set(LAUNCHER_KEYS)))}"
-                )
-            if value is None or value == "none" and name.endswith("_path"):
-                continue
-            kwargs[name] = value
-        try:
-            return cls(**kwargs)
-        except ConfigurationError as exc:
-            raise ConfigurationError(f"{origin}: {exc}") from None
-
 
 #: Accelerate's ``deepspeed_config`` keys that have another name here.
 ACCELERATE_KEYS = {
@@ -500,6 +481,90 @@ LAUNCHER_KEYS = (
     "deepspeed_inclusion_filter",
     "deepspeed_exclusion_filter",
 )
+
+
+# -- resolved by the kernel from the script, the launcher, Accelerate's variables and the config file -----------
+#: Accelerate's ``ACCELERATE_DEEPSPEED_*`` variables (its launcher exports them) -> field.
+ACCELERATE_VARIABLES = {
+    "ACCELERATE_DEEPSPEED_CONFIG_FILE": "hf_ds_config",
+    "ACCELERATE_DEEPSPEED_ZERO_STAGE": "zero_stage",
+    "ACCELERATE_GRADIENT_CLIPPING": "gradient_clipping",
+    "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "offload_optimizer_device",
+    "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "offload_param_device",
+    "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH": "offload_optimizer_nvme_path",
+    "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH": "offload_param_nvme_path",
+    "ACCELERATE_DEEPSPEED_ZERO3_INIT": "zero3_init_flag",
+    "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": "zero3_save_16bit_model",
+    "ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES": "transformer_moe_cls_names",
+}
+#: What Accelerate writes for "not set" (a path or config file of ``none``, a clipping of ``auto``).
+_UNSET = ("none", "auto")
+
+
+def script_settings(plugin: DeepSpeedPlugin) -> dict[str, Any]:
+    """The fields the script passed to ``plugin`` (before its DeepSpeed config filled the others)."""
+    return dict(plugin._script_fields)
+
+
+def parse_settings(raw: dict[str, Any], origin: str) -> dict[str, Any]:
+    """Settings from a config file's ``deepspeed_config`` section, ``DRIVETRAIN_BACKEND_CONFIG`` or an
+    ``ACCELERATE_DEEPSPEED_*`` variable, as the plugin holds them. Accepts the field names and Accelerate's
+    keys (``deepspeed_config_file``, ``deepspeed_moe_layer_cls_names``); the multi-node launcher's keys are
+    read by the launcher only."""
+    fields = attrs.fields_dict(DeepSpeedPlugin)
+    settings: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = ACCELERATE_KEYS.get(key, key)
+        if name in LAUNCHER_KEYS:
+            continue
+        if name not in fields or not fields[name].init:
+            valid = (
+                {field.name for field in fields.values() if field.init}
+                | set(ACCELERATE_KEYS)
+                | set(LAUNCHER_KEYS)
+            )
+            raise ConfigurationError(
+                f"{origin}: unknown deepspeed setting {key!r}; valid: {', '.join(sorted(valid))}"
+            )
+        if value is None or isinstance(value, str) and value.strip().lower() in _UNSET:
+            continue
+        converter = fields[name].converter
+        settings[name] = converter(value) if callable(converter) else value
+    return settings
+
+
+def variables() -> list[tuple[str, dict[str, Any]]]:
+    """Accelerate's ``ACCELERATE_DEEPSPEED_*`` variables that are set, one source each."""
+    return [
+        (f"environment variable {variable}", {field: os.environ[variable]})
+        for variable, field in ACCELERATE_VARIABLES.items()
+        if os.environ.get(variable, "").strip()
+    ]
+
+
+def build(given: DeepSpeedPlugin | None, settings: dict[str, Any]) -> DeepSpeedPlugin:
+    """The script's plugin with ``settings`` (fields it did not pass) added, or a plugin of ``settings`` alone.
+    The script keeps its object: with settings to add it is rebuilt in place (its selection is kept)."""
+    if given is None:
+        return DeepSpeedPlugin(**settings)
+    if not settings:
+        return given
+    rebuilt = DeepSpeedPlugin(**{**given._script_fields, **settings})
+    for field in attrs.fields(DeepSpeedPlugin):
+        if field.name not in ("_selected", "dschf", "_script_fields"):
+            setattr(given, field.name, getattr(rebuilt, field.name))
+    return given
+
+
+#: How the kernel reads this backend's configuration (``plugin_api.resolve_backend_config``).
+READER = BackendConfigReader(DeepSpeedPlugin, script_settings, parse_settings, build, variables)
+
+
+def resolve_config(given: DeepSpeedPlugin | None) -> DeepSpeedPlugin:
+    """``given`` (the script's plugin, or None) with the fields it leaves unset from the launcher, Accelerate's
+    variables and the config file; a field set differently in two places is an error naming both. Resolved
+    once per run by the kernel."""
+    return resolve_backend_config(READER, given)
 
 
 # -- dotted-key helpers ------------------------------------------------------------------------------------------

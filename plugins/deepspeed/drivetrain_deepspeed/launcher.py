@@ -17,7 +17,7 @@ import sys
 import tempfile
 from typing import Any
 
-from drivetrain.plugin_api import backend_settings
+from drivetrain.plugin_api import ConfigurationError, backend_settings, to_bool
 
 #: ``--deepspeed_multinode_launcher`` values: DeepSpeed runner's launchers, plus Accelerate's "standard" (torch's
 #: launcher, hostfile unused) and "nossh" (DeepSpeed's runner on each machine, started by the user).
@@ -71,11 +71,10 @@ def add_launch_options(parser: Any) -> None:
 
 
 def _bool(text: str) -> bool:
-    if text.lower() in ("true", "1", "yes"):
-        return True
-    if text.lower() in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    try:
+        return to_bool(text)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _setting(args: Any, name: str) -> Any:

@@ -56,9 +56,13 @@ def register_extensions(registry: Any) -> None:
 
 
 @hookimpl
-def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> Any:
+def setup_process_group(device: torch.device, init_kwargs: dict[str, Any], backend_config: Any) -> Any:
     from drivetrain_deepspeed.process_group import join_process_group
+    from drivetrain_deepspeed.selection import resolve_all
 
+    resolve_all(
+        backend_config
+    )  # a conflict with the launcher stops Accelerator(...), not its first prepare()
     return join_process_group(device, init_kwargs)
 
 

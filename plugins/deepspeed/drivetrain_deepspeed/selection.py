@@ -4,32 +4,17 @@
 ``accelerator.state.backend_config``, a dict (with ``.backend_name``) of plugins. The first one is active
 until :func:`select_deepspeed_plugin` picks another; the next model prepared uses the active one.
 Without any plugin the launcher's settings (``DRIVETRAIN_BACKEND_CONFIG``, from ``--zero_stage`` etc. or the
-config file's ``deepspeed_config`` section) build one, else DeepSpeed's defaults.
+config file's ``deepspeed_config`` section) build one, else DeepSpeed's defaults; with one, they fill the fields
+it leaves unset (:func:`~drivetrain_deepspeed.config.resolve_config`).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from drivetrain.plugin_api import ConfigurationError, backend_settings
+from drivetrain.plugin_api import ConfigurationError
 from drivetrain_deepspeed import transformers_link
-from drivetrain_deepspeed.config import DeepSpeedPlugin
-
-#: Plugin built from the launcher's settings or the config file, by their JSON text (one per process: they
-#: do not change during a run).
-_from_environment: dict[str, DeepSpeedPlugin] = {}
-
-
-def plugin_from_environment() -> DeepSpeedPlugin | None:
-    origin, values = backend_settings("deepspeed")
-    if origin is None:
-        return None
-    key = json.dumps(values, sort_keys=True, default=str)
-    if key not in _from_environment:
-        _from_environment.clear()
-        _from_environment[key] = DeepSpeedPlugin.from_mapping(values, origin)
-    return _from_environment[key]
+from drivetrain_deepspeed.config import DeepSpeedPlugin, resolve_config
 
 
 def _state_of(state_or_accelerator: Any) -> Any:
@@ -47,24 +32,25 @@ def _backend_config(state_or_accelerator: Any) -> Any:
 
 
 def get_active_deepspeed_plugin(state: Any) -> DeepSpeedPlugin:
-    """The plugin the next ``prepare`` uses (``state``: an AcceleratorState or an Accelerator)."""
+    """The plugin the next ``prepare`` uses (``state``: an AcceleratorState or an Accelerator), with the
+    fields it leaves unset from the launcher, Accelerate's variables and the config file."""
     config = _backend_config(state)
-    if isinstance(config, DeepSpeedPlugin):
-        return config
     if isinstance(config, dict):
         _check_group(config)
-        for plugin in config.values():
-            if plugin.selected:
-                return plugin
-        first = next(iter(config.values()))
-        first.select(_from_accelerator_state=True)
-        return first
-    from_environment = plugin_from_environment()
-    if from_environment is not None:
-        return from_environment
-    if "default" not in _from_environment:
-        _from_environment["default"] = DeepSpeedPlugin()
-    return _from_environment["default"]
+        active = next((plugin for plugin in config.values() if plugin.selected), None)
+        if active is None:
+            active = next(iter(config.values()))
+            active.select(_from_accelerator_state=True)
+        return resolve_config(active)
+    return resolve_config(config)
+
+
+def resolve_all(config: Any) -> None:
+    """Resolve the script's plugin (or each of its ``deepspeed_plugins``) with the launcher's settings now."""
+    if isinstance(config, dict):
+        _check_group(config)
+    for plugin in config.values() if isinstance(config, dict) else [config]:
+        resolve_config(plugin)
 
 
 def select_deepspeed_plugin(state: Any, name: str) -> DeepSpeedPlugin:

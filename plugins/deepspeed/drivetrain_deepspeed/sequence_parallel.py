@@ -8,6 +8,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from drivetrain.plugin_api import to_bool
+
 #: attention implementations Ulysses wraps; a Hub kernel (``owner/name``) is accepted as well
 BUILTIN_ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa")
 
@@ -26,8 +28,8 @@ class DeepSpeedSequenceParallelConfig:
 
     def __post_init__(self) -> None:
         if self.sp_seq_length_is_variable is None:
-            variable = os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE", "true")
-            self.sp_seq_length_is_variable = variable.strip().lower() == "true"
+            variable = os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE", "").strip() or "true"
+            self.sp_seq_length_is_variable = to_bool(variable, "PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE")
         if not self.sp_seq_length_is_variable and self.sp_seq_length is None:
             length = os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH")
             if length is None:

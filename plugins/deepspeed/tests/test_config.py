@@ -12,9 +12,10 @@ from drivetrain_deepspeed import (
     get_active_deepspeed_plugin,
     select_deepspeed_plugin,
 )
+from drivetrain_deepspeed.config import resolve_config
 from drivetrain_deepspeed.launcher import runner_command
-from drivetrain_deepspeed.selection import plugin_from_environment
 
+from drivetrain import reset_state
 from drivetrain.errors import ConfigurationError
 
 
@@ -116,14 +117,49 @@ def test_accelerate_config_file_section_and_launch_flags(monkeypatch, tmp_path):
             }
         ),
     )
-    plugin = plugin_from_environment()
+    plugin = resolve_config(None)
     assert plugin.stage == 3 and plugin.is_zero3_init_enabled()
     assert plugin.transformer_moe_cls_names == ["MixtralSparseMoeBlock", "Block"]
+    reset_state()  # resolved once per run: a new environment needs a new run
     monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({"zero_stgae": 1}))
     with pytest.raises(
         ConfigurationError, match="DRIVETRAIN_BACKEND_CONFIG: unknown deepspeed setting 'zero_stgae'"
     ):
-        plugin_from_environment()
+        resolve_config(None)
+
+
+def test_a_launcher_setting_conflicting_with_the_scripts_plugin_raises_naming_both(monkeypatch):
+    # drivetrain launch --zero_stage 3 hands its flags over in DRIVETRAIN_BACKEND_CONFIG
+    monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({"zero_stage": 3}))
+    with pytest.raises(ConfigurationError) as caught:
+        resolve_config(DeepSpeedPlugin(zero_stage=2))
+    assert str(caught.value) == (
+        "conflicting deepspeed setting 'zero_stage': DeepSpeedPlugin(zero_stage=2) in the script but 3 from "
+        "environment DRIVETRAIN_BACKEND_CONFIG; remove one of them or make them agree"
+    )
+
+
+def test_launcher_settings_fill_what_the_scripts_plugin_leaves_unset_in_place(monkeypatch):
+    # Before, a script's DeepSpeedPlugin silently ignored the launcher's settings.
+    monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({"zero_stage": 3, "gradient_clipping": 0.5}))
+    mine = DeepSpeedPlugin(gradient_clipping=0.5, offload_optimizer_device="cpu")
+    resolved = resolve_config(mine)
+    assert resolved is mine  # the script keeps its object (selection, transformers' reference)
+    assert mine.stage == 3 and mine.gradient_clipping == 0.5 and mine.offload_optimizer_device == "cpu"
+    assert mine.deepspeed_config["zero_optimization"]["stage"] == 3
+
+
+def test_accelerates_deepspeed_variables_are_read_below_the_launcher(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH", "none")  # Accelerate's "unset"
+    monkeypatch.setenv("ACCELERATE_GRADIENT_CLIPPING", "auto")
+    assert resolve_config(None).stage == 3
+    with pytest.raises(
+        ConfigurationError,
+        match="DeepSpeedPlugin\\(zero_stage=1\\) in the script but 3 from environment variable "
+        "ACCELERATE_DEEPSPEED_ZERO_STAGE",
+    ):
+        resolve_config(DeepSpeedPlugin(zero_stage=1))
 
 
 def test_selecting_among_several_plugins():

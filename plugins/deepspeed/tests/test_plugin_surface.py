@@ -260,7 +260,7 @@ def test_every_accelerate_config_key_and_flag_reaches_the_plugin(tmp_path, monke
     """An Accelerate config file with the whole ``deepspeed_config`` section, overridden by flags, as
     ``drivetrain launch`` hands it to the processes."""
     import yaml
-    from drivetrain_deepspeed.selection import plugin_from_environment
+    from drivetrain_deepspeed.config import resolve_config
 
     from drivetrain.commands.launch import build_parser, environment_for, resolve_plan
 
@@ -283,7 +283,7 @@ def test_every_accelerate_config_key_and_flag_reaches_the_plugin(tmp_path, monke
     environment = environment_for(plan)
     for name in ("DRIVETRAIN_BACKEND_CONFIG", "DRIVETRAIN_BACKEND"):
         monkeypatch.setenv(name, environment[name])
-    plugin = plugin_from_environment()
+    plugin = resolve_config(None)
     assert plugin.deepspeed_config["zero_optimization"]["stage"] == 3
     assert plugin.deepspeed_config["zero_optimization"]["offload_param"] == {"device": "cpu"}
     assert plugin.deepspeed_config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True

@@ -1,16 +1,17 @@
 """``FullyShardedDataParallelPlugin``: what a user tells the fsdp backend, from code, launch flags or a
 config file.
 
-Sources: an object passed as ``Accelerator(fsdp_plugin=...)``; the JSON that ``drivetrain launch`` exports in
-``DRIVETRAIN_BACKEND_CONFIG`` (its ``--fsdp_*`` flags and the config file's ``fsdp_config`` /
-``backend_config`` section); the config file named by ``DRIVETRAIN_CONFIG_FILE`` when the script was not
-started by ``drivetrain launch``. Keys may carry Accelerate's ``fsdp_`` prefix (``fsdp_sharding_strategy``)
-and Accelerate's older names (``fsdp_offload_params``, ``fsdp_transformer_layer_cls_to_wrap``). A value
-set both in code and in the environment must agree, or construction fails naming both.
+Sources (resolved by the kernel, ``plugin_api.resolve_backend_config``): an object passed as
+``Accelerator(fsdp_plugin=...)``; the JSON that ``drivetrain launch`` exports in ``DRIVETRAIN_BACKEND_CONFIG``
+(its ``--fsdp_*`` flags and the config file's ``fsdp_config`` / ``backend_config`` section); the config file
+named by ``DRIVETRAIN_CONFIG_FILE``. Keys may carry Accelerate's ``fsdp_`` prefix (``fsdp_sharding_strategy``)
+and Accelerate's older names (``fsdp_offload_params``, ``fsdp_transformer_layer_cls_to_wrap``). A field set in
+two places must agree, or resolution fails naming both values.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import re
@@ -21,7 +22,7 @@ from typing import Any
 import attrs
 import torch
 
-from drivetrain.plugin_api import ConfigurationError, backend_settings, to_bool
+from drivetrain.plugin_api import BackendConfigReader, ConfigurationError, to_bool
 from drivetrain_fsdp.enums import (  # re-exported: users import them from here
     AutoWrapPolicy,
     BackwardPrefetch,
@@ -61,15 +62,7 @@ def _optional(converter: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 def _to_bool(field_name: str) -> Callable[[Any], bool]:
-    def convert(value: Any) -> bool:
-        try:
-            return to_bool(value)
-        except ConfigurationError:
-            raise ConfigurationError(
-                f"FullyShardedDataParallelPlugin.{field_name} must be true or false, got {value!r}"
-            ) from None
-
-    return convert
+    return lambda value: to_bool(value, f"FullyShardedDataParallelPlugin.{field_name}")
 
 
 def _to_int(field_name: str, minimum: int) -> Callable[[Any], int]:
@@ -94,12 +87,12 @@ def _reshard_after_forward(value: Any) -> bool | int | ShardingStrategy | None:
     if value is None or isinstance(value, (bool, ShardingStrategy)):
         return value
     text = str(value).strip().lower()
-    if text in ("true", "false"):
-        return text == "true"
     if text.isdigit() and int(text) >= 1:
         return int(text)
     if text.upper() in ShardingStrategy.__members__:
         return ShardingStrategy(text.upper())
+    with contextlib.suppress(ConfigurationError):
+        return to_bool(text)
     raise ConfigurationError(
         f"FullyShardedDataParallelPlugin.reshard_after_forward must be true, false, a positive number of "
         f"ranks to reshard to or a sharding strategy name, got {value!r}"
@@ -175,7 +168,10 @@ def _mixed_precision_policy(value: Any) -> Any:
             )
         kwargs = {key: _dtype(item, key) for key, item in value.items() if key != "cast_forward_inputs"}
         if "cast_forward_inputs" in value:
-            kwargs["cast_forward_inputs"] = to_bool(value["cast_forward_inputs"])
+            kwargs["cast_forward_inputs"] = to_bool(
+                value["cast_forward_inputs"],
+                "FullyShardedDataParallelPlugin.mixed_precision_policy cast_forward_inputs",
+            )
         if "buffer_dtype" in kwargs:
             return MixedPrecision(**kwargs)
         return MixedPrecisionPolicy(**kwargs)
@@ -249,7 +245,10 @@ def _fsdp_version(value: Any) -> int:
 
 
 def _env_ram_efficient_loading() -> bool:
-    return to_bool(os.environ.get(RAM_EFFICIENT_LOADING_ENV, "false"))
+    return to_bool(
+        os.environ.get(RAM_EFFICIENT_LOADING_ENV) or "false",
+        f"environment variable {RAM_EFFICIENT_LOADING_ENV}",
+    )
 
 
 @attrs.define
@@ -604,49 +603,45 @@ def _field_name(key: str, origin: str) -> str:
     return name
 
 
-def environment_settings() -> tuple[str | None, dict[str, Any]]:
-    """(where they come from, fsdp settings by field name) from the launcher's flags or the config file's
-    ``fsdp_config`` (Accelerate format) / ``backend_config`` (drivetrain format) section."""
-    origin, values = backend_settings("fsdp")
-    if origin is None:
-        return None, {}
-    return origin, {_field_name(str(key), origin): value for key, value in values.items()}
-
-
-def from_environment() -> FullyShardedDataParallelPlugin:
-    """The plugin a script gets when it passes no configuration object."""
-    origin, values = environment_settings()
-    try:
-        return FullyShardedDataParallelPlugin(**values)
-    except ConfigurationError as exc:
-        raise ConfigurationError(f"{origin}: {exc}") from None
-
-
-def merged_with_environment(config: FullyShardedDataParallelPlugin) -> FullyShardedDataParallelPlugin:
-    """``config`` with the environment's settings for fields the script left at their default; a field
-    set differently in both places is an error naming both."""
-    origin, values = environment_settings()
-    if not values:
-        return config
+def script_settings(config: FullyShardedDataParallelPlugin) -> dict[str, Any]:
+    """The fields ``config`` sets: those that differ from a default plugin's, not counting the ones it derived."""
     defaults = FullyShardedDataParallelPlugin()
-    converted = attrs.asdict(from_environment(), recurse=False)
-    changes = {}
+    return {
+        name: getattr(config, name)
+        for name in FIELD_NAMES
+        if name not in config._derived and getattr(config, name) != getattr(defaults, name)
+    }
+
+
+def parse_settings(raw: dict[str, Any], origin: str) -> dict[str, Any]:
+    """fsdp settings as the launcher's flags or a config file's ``fsdp_config`` (Accelerate format) /
+    ``backend_config`` (drivetrain format) write them, as a plugin holds them: the keys given and what they
+    changed (an FSDP1 strategy name under ``reshard_after_forward`` moves to ``sharding_strategy``)."""
+    values = {_field_name(str(key), origin): value for key, value in raw.items()}
+    built = FullyShardedDataParallelPlugin(**values)
+    settings = script_settings(built)
     for name in values:
-        ours, theirs = getattr(config, name), converted[name]
-        if ours == theirs:
-            continue
-        if ours == getattr(defaults, name):
-            changes[name] = theirs
-        else:
-            raise ConfigurationError(
-                f"conflicting fsdp setting {name!r}: FullyShardedDataParallelPlugin({name}={ours!r}) in the script "
-                f"but {theirs!r} from {origin}; remove one of them or make them agree"
-            )
-    if not changes:
-        return config
+        if name not in built._derived and getattr(built, name) is not None:
+            settings[name] = getattr(built, name)
+    return settings
+
+
+def build(
+    given: FullyShardedDataParallelPlugin | None, settings: dict[str, Any]
+) -> FullyShardedDataParallelPlugin:
+    """The script's plugin with ``settings`` (fields it leaves at their defaults) added, or a plugin of
+    ``settings`` alone. The script's own object when nothing is added."""
+    if given is None:
+        return FullyShardedDataParallelPlugin(**settings)
+    if not settings:
+        return given
     # What the script's object derived (state dict configs from its state_dict_type) is derived again.
-    changes.update({name: None for name in config._derived if name not in changes})
-    return attrs.evolve(config, **changes)
+    changes = {**settings, **{name: None for name in given._derived if name not in settings}}
+    return attrs.evolve(given, **changes)
+
+
+#: How the kernel reads this backend's configuration (``plugin_api.resolve_backend_config``).
+READER = BackendConfigReader(FullyShardedDataParallelPlugin, script_settings, parse_settings, build)
 
 
 def enable_fsdp_ram_efficient_loading() -> None:

@@ -13,13 +13,14 @@ from typing import Any
 import torch
 
 from drivetrain import hookimpl
-from drivetrain.plugin_api import Capabilities, ConfigurationError, DistributedType, PluginInfo
-from drivetrain_fsdp.config import (
-    FullyShardedDataParallelPlugin,
-    environment_settings,
-    from_environment,
-    merged_with_environment,
+from drivetrain.plugin_api import (
+    Capabilities,
+    ConfigurationError,
+    DistributedType,
+    PluginInfo,
+    resolve_backend_config,
 )
+from drivetrain_fsdp.config import READER, FullyShardedDataParallelPlugin
 
 PLUGIN_INFO = PluginInfo(
     kind="backend",
@@ -43,31 +44,13 @@ PLUGIN_INFO = PluginInfo(
     places_model=True,
 )
 
-#: Resolved configurations: (id of the script's plugin object or of None, the environment's settings) ->
-#: (that object, the resolved one). One resolution per object and environment, so that the Accelerator, its
-#: checkpoints and ``AcceleratorState().fsdp_plugin`` share it (``set_state_dict_type`` on it changes what
-#: the next save writes).
-_resolved: dict[tuple[int, str], tuple[Any, FullyShardedDataParallelPlugin]] = {}
-
 
 def resolve_config(given: Any) -> FullyShardedDataParallelPlugin:
-    """The script's FullyShardedDataParallelPlugin merged with launch flags / the config file, or the one built
-    from those alone when the script passed none."""
-    key = (id(given), repr(environment_settings()))
-    entry = _resolved.get(key)
-    if entry is not None and entry[0] is given:
-        return entry[1]
-    if given is None:
-        config = from_environment()
-    elif isinstance(given, FullyShardedDataParallelPlugin):
-        config = merged_with_environment(given)
-    else:
-        raise ConfigurationError(
-            f"the fsdp backend takes a FullyShardedDataParallelPlugin as its configuration, got "
-            f"{type(given).__name__}"
-        )
-    _resolved[key] = (given, config)
-    return config
+    """The script's FullyShardedDataParallelPlugin with the fields it leaves unset taken from launch flags / the
+    config file, or the one built from those alone when the script passed none. Resolved once per run by the
+    kernel, so that the Accelerator, its checkpoints and ``AcceleratorState().fsdp_plugin`` share it
+    (``set_state_dict_type`` on it changes what the next save writes)."""
+    return resolve_backend_config(READER, given)
 
 
 def active_config(accelerator: Any) -> FullyShardedDataParallelPlugin:
@@ -104,9 +87,14 @@ def register_extensions(registry: Any) -> None:
 
 
 @hookimpl
-def setup_process_group(device: torch.device, init_kwargs: dict[str, Any], parallelism: Any) -> Any:
+def setup_process_group(
+    device: torch.device, init_kwargs: dict[str, Any], parallelism: Any, backend_config: Any
+) -> Any:
     from drivetrain_fsdp.process_group import join
 
+    resolve_config(
+        backend_config
+    )  # a conflict with the launcher stops Accelerator(...), not its first prepare()
     return join(device, init_kwargs, parallelism)
 
 

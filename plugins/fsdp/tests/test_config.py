@@ -1,4 +1,5 @@
-"""FullyShardedDataParallelPlugin: validation, Accelerate's names, and building it from the environment."""
+"""FullyShardedDataParallelPlugin: validation, Accelerate's names, and resolving it with the launcher's settings
+and the config file (``plugin_api.resolve_backend_config``)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,9 @@ from drivetrain_fsdp.config import (
     ShardingStrategy,
     StateDictType,
     enable_fsdp_ram_efficient_loading,
-    from_environment,
-    merged_with_environment,
 )
 from drivetrain_fsdp.merge import merge_fsdp_weights
+from drivetrain_fsdp.plugin import resolve_config
 from drivetrain_fsdp.process_group import mesh_shape
 from torch.distributed.fsdp import ShardingStrategy as TorchShardingStrategy
 
@@ -131,7 +131,7 @@ def test_from_launch_environment_with_accelerate_names(monkeypatch):
             }
         ),
     )
-    plugin = from_environment()
+    plugin = resolve_config(None)
     assert plugin.sharding_strategy == ShardingStrategy.HYBRID_SHARD
     assert plugin.transformer_cls_names_to_wrap == ["BertLayer"] and plugin.activation_checkpointing is True
     assert plugin.state_dict_type == StateDictType.FULL_STATE_DICT and plugin.offloads_params is False
@@ -140,10 +140,10 @@ def test_from_launch_environment_with_accelerate_names(monkeypatch):
 def test_environment_errors_name_the_source(monkeypatch):
     monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({"fsdp_sharding_stratgy": "FULL_SHARD"}))
     with pytest.raises(ConfigurationError, match="DRIVETRAIN_BACKEND_CONFIG.*fsdp_sharding_stratgy"):
-        from_environment()
+        resolve_config(None)
     monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({"state_dict_type": "NOPE"}))
     with pytest.raises(ConfigurationError, match="DRIVETRAIN_BACKEND_CONFIG.*state_dict_type"):
-        from_environment()
+        resolve_config(None)
 
 
 def test_from_accelerate_config_file(tmp_path, monkeypatch):
@@ -154,7 +154,7 @@ def test_from_accelerate_config_file(tmp_path, monkeypatch):
         "  fsdp_sync_module_states: true\n  fsdp_use_orig_params: true\n"
     )
     monkeypatch.setenv("DRIVETRAIN_CONFIG_FILE", str(path))
-    plugin = from_environment()
+    plugin = resolve_config(None)
     assert (
         plugin.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP
         and plugin.cpu_ram_efficient_loading is True
@@ -163,11 +163,58 @@ def test_from_accelerate_config_file(tmp_path, monkeypatch):
 
 def test_script_and_environment_merge_and_conflict(monkeypatch):
     monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({"fsdp_state_dict_type": "FULL_STATE_DICT"}))
-    merged = merged_with_environment(FullyShardedDataParallelPlugin(activation_checkpointing=True))
+    merged = resolve_config(FullyShardedDataParallelPlugin(activation_checkpointing=True))
     assert merged.state_dict_type == StateDictType.FULL_STATE_DICT and merged.activation_checkpointing is True
     monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({"fsdp_sharding_strategy": "NO_SHARD"}))
     with pytest.raises(ConfigurationError, match="conflicting fsdp setting 'sharding_strategy'"):
-        merged_with_environment(FullyShardedDataParallelPlugin(sharding_strategy="SHARD_GRAD_OP"))
+        resolve_config(FullyShardedDataParallelPlugin(sharding_strategy="SHARD_GRAD_OP"))
+
+
+def test_a_launcher_setting_conflicting_with_the_scripts_plugin_raises_naming_both(monkeypatch):
+    # drivetrain launch --fsdp_sharding_strategy NO_SHARD hands its flags over in DRIVETRAIN_BACKEND_CONFIG
+    monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({"fsdp_sharding_strategy": "NO_SHARD"}))
+    with pytest.raises(ConfigurationError) as caught:
+        resolve_config(FullyShardedDataParallelPlugin(sharding_strategy="SHARD_GRAD_OP"))
+    message = str(caught.value)
+    assert message.startswith("conflicting fsdp setting 'sharding_strategy': FullyShardedDataParallelPlugin(")
+    assert "SHARD_GRAD_OP" in message and "NO_SHARD" in message and "DRIVETRAIN_BACKEND_CONFIG" in message
+
+
+def test_the_config_file_fills_what_the_script_leaves_unset_and_conflicts_name_the_file(
+    monkeypatch, tmp_path
+):
+    path = tmp_path / "config.yaml"
+    path.write_text("backend: fsdp\nbackend_config:\n  activation_checkpointing: true\n  min_num_params: 5\n")
+    monkeypatch.setenv("DRIVETRAIN_CONFIG_FILE", str(path))
+    mine = FullyShardedDataParallelPlugin(min_num_params=5, forward_prefetch=True)
+    resolved = resolve_config(mine)
+    assert resolved.activation_checkpointing and resolved.forward_prefetch and resolved.min_num_params == 5
+    assert resolve_config(mine) is resolved  # one resolution per run, kept in the process state
+    with pytest.raises(
+        ConfigurationError, match=rf"min_num_params=7\) in the script but 5 from config file {path}"
+    ):
+        resolve_config(FullyShardedDataParallelPlugin(min_num_params=7))
+
+
+def test_the_launcher_and_the_config_file_that_disagree_raise_naming_both(monkeypatch, tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("backend: fsdp\nbackend_config:\n  min_num_params: 5\n")
+    monkeypatch.setenv("DRIVETRAIN_CONFIG_FILE", str(path))
+    monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({"fsdp_min_num_params": 6}))
+    with pytest.raises(
+        ConfigurationError, match=r"'min_num_params': 6 from environment DRIVETRAIN_BACKEND_CONFIG but 5"
+    ):
+        resolve_config(None)
+
+
+def test_a_script_plugin_without_launcher_settings_is_used_as_it_is():
+    mine = FullyShardedDataParallelPlugin(sharding_strategy="SHARD_GRAD_OP")
+    assert resolve_config(mine) is mine
+    with pytest.raises(
+        ConfigurationError,
+        match="takes FullyShardedDataParallelPlugin objects as its configuration, got dict",
+    ):
+        resolve_config({})
 
 
 def test_enable_ram_efficient_loading(monkeypatch):
@@ -220,7 +267,7 @@ def test_merging_the_environment_rederives_the_state_dict_configs(monkeypatch):
     from torch.distributed.fsdp import FullStateDictConfig
 
     monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({"fsdp_state_dict_type": "FULL_STATE_DICT"}))
-    merged = merged_with_environment(FullyShardedDataParallelPlugin(min_num_params=10))
+    merged = resolve_config(FullyShardedDataParallelPlugin(min_num_params=10))
     assert isinstance(merged.state_dict_config, FullStateDictConfig)
 
 
@@ -334,7 +381,7 @@ def test_to_fsdp2_converts_accelerate_and_drivetrain_files(tmp_path, capsys):
 
     os.environ[CONFIG_FILE_ENV] = str(tmp_path / "a2.yaml")
     try:
-        plugin = from_environment()
+        plugin = resolve_config(None)
     finally:
         del os.environ[CONFIG_FILE_ENV]
     assert plugin.fsdp_version == 2 and plugin.effective_reshard_after_forward is False
@@ -432,3 +479,40 @@ def test_adapter_only_concerns_peft_models_only(tmp_path):
     peft_like.get_base_model = lambda: model
     with pytest.raises(CheckpointError, match="adapter_only=True"):
         _refuse_adapter_only(True, peft_like)
+
+
+@pytest.mark.multiprocess
+def test_a_launch_flag_conflicting_with_the_scripts_plugin_stops_the_job(tmp_path):
+    """`drivetrain launch --use_fsdp --fsdp_sharding_strategy NO_SHARD` on a script that passes its own
+    FullyShardedDataParallelPlugin(sharding_strategy="SHARD_GRAD_OP"): each process refuses, naming both."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from drivetrain import Accelerator, FullyShardedDataParallelPlugin\n"
+        "Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(sharding_strategy='SHARD_GRAD_OP'))\n"
+        "print('no conflict detected', flush=True)\n"
+    )
+    env = {
+        **{key: value for key, value in os.environ.items() if not key.startswith("DRIVETRAIN_")},
+        "OMP_NUM_THREADS": "1",
+        "TMPDIR": str(tmp_path),
+        "DRIVETRAIN_CONFIG_DIR": str(tmp_path / "no-config"),
+    }
+    flags = ["--cpu", "--num_processes", "2", "--use_fsdp", "--fsdp_sharding_strategy", "NO_SHARD"]
+    result = subprocess.run(
+        [sys.executable, "-m", "drivetrain.launch", *flags, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert result.returncode != 0 and "no conflict detected" not in result.stdout
+    assert (
+        "ConfigurationError: conflicting fsdp setting 'sharding_strategy': FullyShardedDataParallelPlugin("
+        "sharding_strategy='SHARD_GRAD_OP') in the script but 'NO_SHARD' from environment DRIVETRAIN_BACKEND_CONFIG"
+    ) in result.stderr, result.stderr[-3000:]
+    assert "process of global rank" in result.stderr.strip().splitlines()[-1]

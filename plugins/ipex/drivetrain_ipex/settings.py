@@ -16,7 +16,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from drivetrain.plugin_api import plugin_options
+from drivetrain.plugin_api import ConfigurationError, plugin_options, to_bool
 
 PLUGIN_NAME = "ipex"
 #: Accelerate's config-file section and the keys it may hold.
@@ -54,14 +54,10 @@ def add_launch_options(parser: argparse.ArgumentParser) -> None:
 
 def check_flag(value: Any) -> bool:
     """A boolean config value (``use_xpu: true``); raises ValueError saying what is valid."""
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("expected true or false")
+    try:
+        return to_bool(value)
+    except ConfigurationError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def check_section(value: Any) -> dict[str, bool]:
@@ -75,8 +71,8 @@ def check_section(value: Any) -> dict[str, bool]:
             raise ValueError(f"unknown key {key!r} (valid keys: {', '.join(SECTION_KEYS)})")
         try:
             checked[key] = check_flag(item)
-        except ValueError:
-            raise ValueError(f"{key}: expected true or false, got {item!r}") from None
+        except ValueError as exc:
+            raise ValueError(f"{key}: {exc}") from None
     return checked
 
 

@@ -115,7 +115,10 @@ def test_the_launcher_hands_flags_and_accelerate_config_to_the_plugin(tmp_path):
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ({"ipex": "maybe"}, "ipex: expected true or false, got 'maybe'"),
+        (
+            {"ipex": "maybe"},
+            "ipex: 'maybe' is not a boolean; use one of y, yes, t, true, on, 1 (true) or n, no, f, false, off, 0 (false)",
+        ),
         ({"ipx": True}, "unknown key 'ipx' (valid keys: ipex, use_xpu)"),
         ("yes", "expected a mapping with the keys ipex, use_xpu"),
     ],

@@ -1,11 +1,12 @@
 """``MegatronLMPlugin``: what a user tells the megatron backend, from code, launch flags, a config file or the
 environment.
 
-Sources, highest precedence first: the object passed as ``Accelerator(megatron_lm_plugin=...)``; what
-``drivetrain launch`` hands over (its ``--megatron_lm_*`` flags and the config file's ``megatron_lm_config``
-section, in ``DRIVETRAIN_BACKEND_CONFIG``), or the config file named by ``DRIVETRAIN_CONFIG_FILE``; Accelerate's
-``MEGATRON_LM_<FIELD>`` environment variables; the default. Keys may carry Accelerate's ``megatron_lm_``
-prefix. A field set in the script and differently by another source is an error naming both.
+Sources, highest precedence first (resolved by the kernel, ``plugin_api.resolve_backend_config``): the object
+passed as ``Accelerator(megatron_lm_plugin=...)``; what ``drivetrain launch`` hands over (its
+``--megatron_lm_*`` flags and the config file's ``megatron_lm_config`` section, in
+``DRIVETRAIN_BACKEND_CONFIG``); Accelerate's ``MEGATRON_LM_<FIELD>`` environment variables; the config file
+named by ``DRIVETRAIN_CONFIG_FILE``; the default. Keys may carry Accelerate's ``megatron_lm_`` prefix. A field
+set in two places must agree, or resolution fails naming both values.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from drivetrain.plugin_api import ConfigurationError, backend_settings, to_bool
+from drivetrain.plugin_api import BackendConfigReader, ConfigurationError, resolve_backend_config, to_bool
 
 #: Accelerate's environment prefix (``MEGATRON_LM_TP_DEGREE=2``).
 ENV_PREFIX = "MEGATRON_LM_"
@@ -54,17 +55,7 @@ def _check_float(name: str) -> Callable[[Any], float | None]:
 
 
 def _check_bool(name: str) -> Callable[[Any], bool | None]:
-    def convert(value: Any) -> bool | None:
-        if value is None:
-            return None
-        try:
-            return to_bool(value)
-        except ConfigurationError:
-            raise ConfigurationError(
-                f"MegatronLMPlugin.{name} must be true or false, got {value!r}"
-            ) from None
-
-    return convert
+    return lambda value: None if value is None else to_bool(value, f"MegatronLMPlugin.{name}")
 
 
 def _check_choice(name: str, choices: tuple[str, ...]) -> Callable[[Any], str | None]:
@@ -236,27 +227,9 @@ class MegatronLMPlugin:
         self.megatron_lm_default_args: dict[str, Any] = {}
 
     def resolved(self) -> MegatronLMPlugin:
-        """A copy with every unset field taken from the environment or its default."""
-        origin, values = environment_settings()
-        chosen: dict[str, Any] = {}
-        for field in attrs.fields(type(self)):
-            ours = getattr(self, field.name)
-            theirs = values.get(field.name)
-            if theirs is not None:
-                try:
-                    theirs = field.converter(theirs)
-                except ConfigurationError as exc:
-                    raise ConfigurationError(f"{origin[field.name]}: {exc}") from None
-            if ours is not None and theirs is not None and ours != theirs:
-                raise ConfigurationError(
-                    f"conflicting megatron setting {field.name!r}: MegatronLMPlugin({field.name}={ours!r}) in the "
-                    f"script but {theirs!r} from {origin[field.name]}; remove one of them or make them agree"
-                )
-            value = ours if ours is not None else theirs
-            chosen[field.name] = field.metadata["default"] if value is None else value
-        resolved = type(self)(**chosen)
-        resolved.check()
-        return resolved
+        """A copy with every unset field taken from the launch flags / config file / environment, else its
+        default (see :func:`resolve_config`)."""
+        return resolve_config(attrs.evolve(self))
 
     def check(self) -> None:
         """Combinations that cannot run, with what would."""
@@ -312,46 +285,67 @@ def _field_name(key: str) -> str:
     return name
 
 
-def environment_settings() -> tuple[dict[str, str], dict[str, Any]]:
-    """(field -> where it came from, field -> raw value) from ``drivetrain launch`` / the config file
-    (``megatron_lm_config``) and, below them, Accelerate's ``MEGATRON_LM_*`` variables."""
-    origins: dict[str, str] = {}
-    values: dict[str, Any] = {}
+def script_settings(config: MegatronLMPlugin) -> dict[str, Any]:
+    """The fields the script set on ``config`` (those not None; once resolved, what they were before)."""
+    recorded = getattr(config, "_script_fields", None)
+    if recorded is not None:
+        return dict(recorded)
+    return {
+        field.name: getattr(config, field.name)
+        for field in attrs.fields(MegatronLMPlugin)
+        if getattr(config, field.name) is not None
+    }
+
+
+def parse_settings(raw: dict[str, Any], origin: str) -> dict[str, Any]:
+    """Settings from ``drivetrain launch`` / the config file (``megatron_lm_config``) or a ``MEGATRON_LM_*``
+    variable, as the plugin holds them."""
+    fields = attrs.fields_dict(MegatronLMPlugin)
+    settings = {}
+    for key, value in raw.items():
+        if value is not None:
+            name = _field_name(str(key))
+            settings[name] = fields[name].converter(value)  # type: ignore[misc]
+    return settings
+
+
+def variables() -> list[tuple[str, dict[str, Any]]]:
+    """Accelerate's ``MEGATRON_LM_<FIELD>`` variables that are set, one source each."""
+    found = []
     for field in attrs.fields(MegatronLMPlugin):
         variable = ENV_PREFIX + field.name.upper()
         if field.metadata["environment"] and os.environ.get(variable):
-            values[field.name] = os.environ[variable]
-            origins[field.name] = f"environment variable {variable}"
-    origin, settings = backend_settings("megatron")
-    for key, value in settings.items():
-        if value is None:
-            continue
-        name = _field_name(str(key))
-        values[name] = value
-        origins[name] = str(origin)
-    return origins, values
+            found.append((f"environment variable {variable}", {field.name: os.environ[variable]}))
+    return found
 
 
-#: (id of the script's object or of None, the environment's settings) -> (that object, the resolved one): one
-#: resolution per object and environment, shared by the process groups, the Accelerator and its checkpoints.
-_resolved: dict[tuple[int, str], tuple[Any, MegatronLMPlugin]] = {}
+def build(given: MegatronLMPlugin | None, settings: dict[str, Any]) -> MegatronLMPlugin:
+    """Every field: the script's, else ``settings``, else the default. The script keeps its object, filled in
+    (Accelerate's scripts set fields on ``accelerator.state.megatron_lm_plugin``)."""
+    values = {**(script_settings(given) if given is not None else {}), **settings}
+    config = MegatronLMPlugin(
+        **{
+            field.name: values[field.name]
+            if values.get(field.name) is not None
+            else field.metadata["default"]
+            for field in attrs.fields(MegatronLMPlugin)
+        }
+    )
+    config.check()
+    if given is None:
+        return config
+    given._script_fields = script_settings(given)
+    for field in attrs.fields(MegatronLMPlugin):
+        setattr(given, field.name, getattr(config, field.name))
+    return given
+
+
+#: How the kernel reads this backend's configuration (``plugin_api.resolve_backend_config``).
+READER = BackendConfigReader(MegatronLMPlugin, script_settings, parse_settings, build, variables)
 
 
 def resolve_config(given: Any) -> MegatronLMPlugin:
-    """The script's MegatronLMPlugin with unset fields from launch flags / config file / environment."""
-    if given is not None and not isinstance(given, MegatronLMPlugin):
-        raise ConfigurationError(
-            f"the megatron backend takes a MegatronLMPlugin as its configuration, got {type(given).__name__}"
-        )
-    key = (id(given), repr(environment_settings()))
-    entry = _resolved.get(key)
-    if entry is not None and entry[0] is given:
-        return entry[1]
-    config = (given or MegatronLMPlugin()).resolved()
-    if given is not None:
-        # The script keeps its object (Accelerate's scripts set fields on accelerator.state.megatron_lm_plugin).
-        for field in attrs.fields(MegatronLMPlugin):
-            setattr(given, field.name, getattr(config, field.name))
-        config = given
-    _resolved[key] = (given, config)
-    return config
+    """The script's MegatronLMPlugin with unset fields from launch flags / config file / environment, else
+    their defaults; resolved once per run by the kernel (the process groups, the Accelerator and its
+    checkpoints share it)."""
+    return resolve_backend_config(READER, given)

@@ -7,7 +7,6 @@ plugins and parsing ``drivetrain launch`` flags stay fast.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
@@ -38,16 +37,9 @@ PLUGIN_INFO = PluginInfo(
 )
 
 
-#: Accelerator -> its run's configuration: resolved once, since reading the environment costs more than a step's
-#: bookkeeping (backward asks for it every step).
-_by_accelerator: weakref.WeakKeyDictionary[Any, MegatronLMPlugin] = weakref.WeakKeyDictionary()
-
-
 def active_config(accelerator: Any) -> MegatronLMPlugin:
-    config = _by_accelerator.get(accelerator)
-    if config is None:
-        config = _by_accelerator[accelerator] = resolve_config(accelerator.state.backend_config)
-    return config
+    """The configuration of the Accelerator's run (resolved once per run: backward asks for it every step)."""
+    return resolve_config(accelerator.state.backend_config)
 
 
 def _state_megatron_lm_plugin(state: Any) -> MegatronLMPlugin | None:

@@ -80,7 +80,7 @@ def test_accelerates_fields_and_defaults():
     "fields, words",
     [
         ({"tp_degree": 0}, "tp_degree must be an integer >= 1"),
-        ({"sequence_parallelism": "maybe"}, "sequence_parallelism must be true or false"),
+        ({"sequence_parallelism": "maybe"}, "MegatronLMPlugin.sequence_parallelism='maybe' is not a boolean"),
         ({"lr_decay_style": "steps"}, "lr_decay_style='steps' is not valid; choose one of"),
         ({"custom_loss_function": 3}, "custom_loss_function must be callable"),
     ],
@@ -156,6 +156,22 @@ def test_environment_variables_and_conflicts(monkeypatch):
     monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({"megatron_lm_pp_degree": "two"}))
     with pytest.raises(ConfigurationError, match="DRIVETRAIN_BACKEND_CONFIG.*pp_degree must be an integer"):
         MegatronLMPlugin().resolved()
+
+
+def test_a_launcher_setting_conflicting_with_the_scripts_plugin_raises_naming_both(monkeypatch):
+    from drivetrain_megatron.config import resolve_config
+
+    # drivetrain launch --megatron_lm_tp_degree 2 hands its flags over in DRIVETRAIN_BACKEND_CONFIG
+    monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", json.dumps({"megatron_lm_tp_degree": 2}))
+    with pytest.raises(ConfigurationError) as caught:
+        resolve_config(MegatronLMPlugin(tp_degree=4))
+    assert str(caught.value) == (
+        "conflicting megatron setting 'tp_degree': MegatronLMPlugin(tp_degree=4) in the script but 2 from "
+        "environment DRIVETRAIN_BACKEND_CONFIG; remove one of them or make them agree"
+    )
+    mine = MegatronLMPlugin(pp_degree=1)
+    assert resolve_config(mine) is mine and mine.tp_degree == 2  # filled in place, resolved once per run
+    assert resolve_config(mine) is mine
 
 
 def test_accelerate_names_are_exported():

@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from drivetrain.plugin_api import ConfigurationError, backend_settings, to_bool
+from drivetrain.plugin_api import BackendConfigReader, ConfigurationError, resolve_backend_config, to_bool
 
 
 @attrs.define
@@ -25,8 +25,8 @@ class XlaConfig:
     #: The kernel selects the backend from a configuration object's ``backend_name``.
     backend_name = "xla"
 
-    spmd: bool = attrs.field(default=False, converter=to_bool)
-    fsdp: bool = attrs.field(default=False, converter=to_bool)
+    spmd: bool = attrs.field(default=False, converter=lambda value: to_bool(value, "XlaConfig.spmd"))
+    fsdp: bool = attrs.field(default=False, converter=lambda value: to_bool(value, "XlaConfig.fsdp"))
 
     @property
     def uses_spmd(self) -> bool:
@@ -37,19 +37,20 @@ class XlaConfig:
 FIELDS = ("spmd", "fsdp")
 
 
-def resolve(backend_config: Any) -> XlaConfig:
-    """The script's ``XlaConfig``, else one built from what ``drivetrain launch`` or the config file set."""
-    if backend_config is not None:
-        if not isinstance(backend_config, XlaConfig):
-            raise ConfigurationError(
-                f"backend 'xla' takes an XlaConfig as backend_config, got {type(backend_config).__name__}"
-            )
-        return backend_config
-    origin, values = backend_settings("xla")
+def script_settings(config: XlaConfig) -> dict[str, Any]:
+    """The fields ``config`` sets (those not at their default)."""
+    defaults = XlaConfig()
+    return {
+        name: getattr(config, name) for name in FIELDS if getattr(config, name) != getattr(defaults, name)
+    }
+
+
+def parse_settings(raw: dict[str, Any], origin: str) -> dict[str, Any]:
+    """``XlaConfig`` fields from ``drivetrain launch`` (``--xla_spmd`` / ``--xla_fsdp``) or the config file's
+    ``backend_config``; the launcher's own keys (``tpu_name``, ...) are not the backend's."""
     from drivetrain_xla.launching import LAUNCH_KEYS
 
-    values = dict(values)
-    # drivetrain launch --xla_spmd / --xla_fsdp (the backend's launch options arrive in its settings)
+    values = dict(raw)
     for flag, field in (("xla_spmd", "spmd"), ("xla_fsdp", "fsdp")):
         if flag in values:
             values.setdefault(field, values.pop(flag))
@@ -58,7 +59,20 @@ def resolve(backend_config: Any) -> XlaConfig:
         raise ConfigurationError(
             f"{origin}: unknown xla setting(s) {', '.join(unknown)} (valid: {', '.join(FIELDS)})"
         )
-    try:
-        return XlaConfig(**{key: values[key] for key in FIELDS if key in values})
-    except ConfigurationError as exc:
-        raise ConfigurationError(f"{origin}: {exc}") from None
+    return {key: to_bool(values[key], f"XlaConfig.{key}") for key in FIELDS if values.get(key) is not None}
+
+
+def build(given: XlaConfig | None, settings: dict[str, Any]) -> XlaConfig:
+    if given is None:
+        return XlaConfig(**settings)
+    return attrs.evolve(given, **settings) if settings else given
+
+
+#: How the kernel reads this backend's configuration (``plugin_api.resolve_backend_config``).
+READER = BackendConfigReader(XlaConfig, script_settings, parse_settings, build)
+
+
+def resolve(backend_config: Any) -> XlaConfig:
+    """The script's ``XlaConfig`` with the fields it leaves unset from ``drivetrain launch`` or the config
+    file (a field set differently in both is an error naming both), or one built from those alone."""
+    return resolve_backend_config(READER, backend_config)

@@ -12,6 +12,8 @@ import pytest
 import torch
 from drivetrain_xla import config, device, launching, plugin, runtime
 
+from drivetrain import reset_state
+
 
 def _tpu_config(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
@@ -177,14 +179,31 @@ def test_xla_config_from_launch_settings(monkeypatch):
     assert config.resolve(config.XlaConfig(fsdp=True)).uses_spmd
     monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", '{"xla_spmd": true, "main_training_function": "main"}')
     assert config.resolve(None) == config.XlaConfig(spmd=True)
+    reset_state()  # resolved once per run: a new environment needs a new run
     monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", '{"spmd": "sometimes"}')
-    with pytest.raises(ConfigurationError, match="expected a boolean"):
+    with pytest.raises(ConfigurationError, match="XlaConfig.spmd='sometimes' is not a boolean"):
         config.resolve(None)
     monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", '{"mesh": 2}')
     with pytest.raises(ConfigurationError, match="unknown xla setting\\(s\\) mesh"):
         config.resolve(None)
-    with pytest.raises(ConfigurationError, match="takes an XlaConfig"):
+    with pytest.raises(ConfigurationError, match="takes XlaConfig objects as its configuration"):
         config.resolve(object())
+
+
+def test_a_launcher_setting_conflicting_with_the_scripts_plugin_raises_naming_both(monkeypatch):
+    from drivetrain.plugin_api import ConfigurationError
+
+    # drivetrain launch --xla_spmd false (or a config file's backend_config) against the script's XlaConfig
+    monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", '{"xla_fsdp": "no"}')
+    assert config.resolve(config.XlaConfig(spmd=True)) == config.XlaConfig(spmd=True, fsdp=False)
+    reset_state()
+    monkeypatch.setenv("DRIVETRAIN_BACKEND_CONFIG", '{"xla_spmd": false}')
+    with pytest.raises(ConfigurationError) as caught:
+        config.resolve(config.XlaConfig(spmd=True))
+    assert str(caught.value) == (
+        "conflicting xla setting 'spmd': XlaConfig(spmd=True) in the script but False from environment "
+        "DRIVETRAIN_BACKEND_CONFIG; remove one of them or make them agree"
+    )
 
 
 def test_weights_are_tied_again_by_name():
