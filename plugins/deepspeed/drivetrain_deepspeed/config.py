@@ -388,7 +388,10 @@ class DeepSpeedPlugin:
             config.setdefault("bf16", {"enabled": True})
         for dtype in ("fp16", "bf16"):
             config.setdefault(dtype, {"enabled": False})
-        enabled = {"fp16.enabled": mixed_precision == "fp16", "bf16.enabled": mixed_precision == "bf16"}
+        enabled: dict[str, Any] = {
+            "fp16.enabled": mixed_precision == "fp16",
+            "bf16.enabled": mixed_precision == "bf16",
+        }
         self.fill_match("fp16.enabled", must_match=False, **enabled)
         self.fill_match("bf16.enabled", must_match=False, **enabled)
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from drivetrain.plugin_api import ConfigurationError, backend_settings
+from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api.settings import backend_settings
 from drivetrain_deepspeed import transformers_link
 from drivetrain_deepspeed.config import DeepSpeedPlugin
 

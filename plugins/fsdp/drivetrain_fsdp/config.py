@@ -21,7 +21,8 @@ from typing import Any
 import attrs
 import torch
 
-from drivetrain.plugin_api import ConfigurationError, backend_settings, to_bool
+from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api.settings import backend_settings, to_bool
 from drivetrain_fsdp.enums import (  # re-exported: users import them from here
     AutoWrapPolicy,
     BackwardPrefetch,
@@ -173,7 +174,9 @@ def _mixed_precision_policy(value: Any) -> Any:
                 f"FullyShardedDataParallelPlugin.mixed_precision_policy has unknown key(s) {', '.join(unknown)}; "
                 f"valid keys: {', '.join(allowed)}"
             )
-        kwargs = {key: _dtype(item, key) for key, item in value.items() if key != "cast_forward_inputs"}
+        kwargs: dict[str, Any] = {
+            key: _dtype(item, key) for key, item in value.items() if key != "cast_forward_inputs"
+        }
         if "cast_forward_inputs" in value:
             kwargs["cast_forward_inputs"] = to_bool(value["cast_forward_inputs"])
         if "buffer_dtype" in kwargs:

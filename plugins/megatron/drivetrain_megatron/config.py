@@ -16,7 +16,8 @@ from typing import Any
 
 import attrs
 
-from drivetrain.plugin_api import ConfigurationError, backend_settings, to_bool
+from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api.settings import backend_settings, to_bool
 
 #: Accelerate's environment prefix (``MEGATRON_LM_TP_DEGREE=2``).
 ENV_PREFIX = "MEGATRON_LM_"

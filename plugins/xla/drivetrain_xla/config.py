@@ -7,7 +7,8 @@ from typing import Any
 
 import attrs
 
-from drivetrain.plugin_api import ConfigurationError, backend_settings, to_bool
+from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api.settings import backend_settings, to_bool
 
 
 @attrs.define
