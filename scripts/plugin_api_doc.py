@@ -133,7 +133,7 @@ def _namespaces() -> dict[str, ModuleType]:
 
 def _flat_names_table() -> list[str]:
     """Contract 1.1's flat names and where each is in 1.2 (or why it is left out)."""
-    from drivetrain.plugin_api._moved import MOVED, REMOVED
+    from drivetrain.plugin_api._moved import REMOVED, moved
 
     lines = [
         "## Contract 1.1's flat names\n",
@@ -143,7 +143,7 @@ def _flat_names_table() -> list[str]:
         "| 1.1 name | contract 1.2 |",
         "|---|---|",
     ]
-    for name, place in MOVED.items():
+    for name, place in moved().items():
         lines.append(f"| `{name}` | `drivetrain.plugin_api.{place}.{name}` |")
     for name, (_, _, advice) in REMOVED.items():
         lines.append(f"| `{name}` | left out (no plugin used it): {advice} |")

@@ -5,7 +5,7 @@ python scripts/plugin_api_migrate.py --check PATH...  # list what would change; 
 
 ``from drivetrain.plugin_api import PluginInfo, safe_load`` becomes
 ``from drivetrain.plugin_api import PluginInfo`` and ``from drivetrain.plugin_api.checkpoint import safe_load``
-(the table is ``drivetrain.plugin_api._moved.MOVED``; see docs/plugins/versioning.md). Only import statements
+(the table is ``drivetrain.plugin_api._moved.moved()``; see docs/plugins/versioning.md). Only import statements
 are rewritten; an attribute read such as ``plugin_api.safe_load(...)`` is listed for you to change. Run
 ``ruff check --fix`` (or your import sorter) afterwards to order the new lines.
 """
@@ -17,7 +17,7 @@ import ast
 import sys
 from pathlib import Path
 
-from drivetrain.plugin_api._moved import MOVED
+from drivetrain.plugin_api._moved import moved
 
 API = "drivetrain.plugin_api"
 
@@ -26,7 +26,7 @@ def _new_imports(node: ast.ImportFrom, indent: str) -> str:
     """The 1.2 import lines for one 1.1 ``from drivetrain.plugin_api import ...`` statement."""
     by_module: dict[str, list[str]] = {}
     for alias in node.names:
-        module = f"{API}.{MOVED[alias.name]}" if alias.name in MOVED else API
+        module = f"{API}.{moved()[alias.name]}" if alias.name in moved() else API
         by_module.setdefault(module, []).append(alias.name + (f" as {alias.asname}" if alias.asname else ""))
     return "".join(
         f"{indent}from {module} import {', '.join(names)}\n" for module, names in sorted(by_module.items())
@@ -41,14 +41,16 @@ def migrate(source: str) -> tuple[str, list[str]]:
     notes = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == API:
-            if any(alias.name in MOVED for alias in node.names):
+            if any(alias.name in moved() for alias in node.names):
                 first = lines[node.lineno - 1]
                 indent = first[: len(first) - len(first.lstrip())]
                 edits.append((node.lineno, node.end_lineno or node.lineno, _new_imports(node, indent)))
-        elif isinstance(node, ast.Attribute) and node.attr in MOVED:
+        elif isinstance(node, ast.Attribute) and node.attr in moved():
             base = node.value
             if isinstance(base, ast.Name) and base.id in ("plugin_api", "api"):
-                notes.append(f"{node.lineno}: {base.id}.{node.attr} -> {API}.{MOVED[node.attr]}.{node.attr}")
+                notes.append(
+                    f"{node.lineno}: {base.id}.{node.attr} -> {API}.{moved()[node.attr]}.{node.attr}"
+                )
     for start, end, text in sorted(edits, reverse=True):
         lines[start - 1 : end] = [text]
     return "".join(lines), notes

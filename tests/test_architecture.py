@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import drivetrain.plugin_api as plugin_api
-from drivetrain.plugin_api._moved import MOVED
+from drivetrain.plugin_api._moved import moved
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL = ROOT / "core" / "drivetrain"
@@ -108,7 +108,7 @@ def _plugin_import_problems(path: Path, extra_modules: set[str]) -> list[str]:
         if module in PLUGIN_API_MODULES:
             # Contract 1.1's flat names still import (with a warning); in-tree code uses their 1.2 place.
             for name in sorted(set(names) - PLUGIN_API_MODULES[module]):
-                place = MOVED.get(name)
+                place = moved().get(name)
                 hint = f"import it from drivetrain.plugin_api.{place}" if place else "it is not plugin API"
                 problems.append(f"{where}: imports {name} from {module}: {hint}")
             continue

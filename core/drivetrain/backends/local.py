@@ -23,7 +23,6 @@ from drivetrain.plugin_api import (
     environment_world_size,
     hookimpl,
 )
-from drivetrain.plugin_api.checkpoint import read_training_objects, write_training_objects
 from drivetrain.plugin_api.data import prepare_data_loader
 from drivetrain.plugin_api.training import reference_backward
 
@@ -102,6 +101,9 @@ def save_state(
     schedulers: list,
     safe_serialization: bool,
 ) -> bool:
+    # Imported when a checkpoint is written: the checkpoint namespace brings the DCP reader with it.
+    from drivetrain.plugin_api.checkpoint import write_training_objects
+
     write_training_objects(output_dir, accelerator, weights, optimizers, schedulers, safe_serialization)
     return True
 
@@ -117,6 +119,8 @@ def load_state(
     load_kwargs: dict[str, Any],
     verified: Any,
 ) -> bool:
+    from drivetrain.plugin_api.checkpoint import read_training_objects
+
     read_training_objects(
         input_dir, accelerator, models, optimizers, schedulers, map_location, load_kwargs, verified
     )

@@ -42,6 +42,7 @@ from drivetrain.operations.process_group import (
     wrap_data_parallel,
 )
 from drivetrain.operations.torch_collectives import TorchCollectives
+from drivetrain.plugin_api._moved import NAMESPACES, moved_name
 
 __all__ = [
     # the contract
@@ -76,11 +77,7 @@ __all__ = [
     "UsageError",
 ]
 
-#: The namespaces, in the order of the reference page.
-NAMESPACES = ("settings", "state", "training", "data", "checkpoint", "big_model", "tracking", "tooling")
-
 if not TYPE_CHECKING:  # contract 1.1's flat names: found at run time, invisible to type checkers
-    from drivetrain.plugin_api._moved import moved_name
 
     def __getattr__(name: str):
         return moved_name(name, globals())
