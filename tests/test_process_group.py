@@ -26,7 +26,7 @@ def _checks(stdout: str) -> set[str]:
 @pytest.mark.parametrize("ending", ["shutdown", "exit"])
 def test_two_gloo_processes_release_their_ddp_model_and_exit_0(tmp_path, ending):
     result = launch_script(SCRIPT, 2, ["--ending", ending], env={"TMPDIR": str(tmp_path)}, timeout=180)
-    names = ["environment", "nothing-to-wrap", "wrapped-once", "averaged", "released"]
+    names = ["environment", "nothing_to_wrap", "wrapped_once", "averaged", "released"]
     names += ["module"] if ending == "shutdown" else []
     assert _checks(result.stdout) == {f"{name} rank={rank}" for name in names for rank in (0, 1)}
     assert "terminate called" not in result.stderr and "shutdown at exit failed" not in result.stderr

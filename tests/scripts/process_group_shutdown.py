@@ -49,11 +49,11 @@ if (
     wrap_data_parallel(torch.nn.Linear(4, 2), accelerator, evaluation_mode=True) is None
     and wrap_data_parallel(frozen, accelerator) is None
 ):
-    print(f"CHECK nothing-to-wrap ok rank={rank}", flush=True)
+    print(f"CHECK nothing_to_wrap ok rank={rank}", flush=True)
 model = wrap_data_parallel(torch.nn.Linear(4, 2), accelerator)
 assert isinstance(model, torch.nn.parallel.DistributedDataParallel)
 if wrap_data_parallel(model, accelerator) is None:  # already wrapped: unchanged
-    print(f"CHECK wrapped-once ok rank={rank}", flush=True)
+    print(f"CHECK wrapped_once ok rank={rank}", flush=True)
 model(torch.randn(8, 4)).square().sum().backward()
 gradients = environment.collectives.all_gather(model.module.weight.grad.clone())
 if torch.equal(gradients[0], gradients[1]) and gradients[0].abs().sum() > 0:

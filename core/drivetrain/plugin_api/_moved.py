@@ -50,7 +50,7 @@ REMOVED: dict[str, tuple[str, str, str]] = {
 def moved() -> dict[str, str]:
     """1.1 flat name -> the namespace that holds it in 1.2, read from each namespace's ``__all__`` in its
     source: finding the place of one old name must not import every namespace (their services)."""
-    table = {}
+    table: dict[str, str] = {}
     for namespace in NAMESPACES:
         source = (Path(__file__).parent / f"{namespace}.py").read_text(encoding="utf-8")
         for node in ast.parse(source).body:
