@@ -211,7 +211,9 @@ def join_process_group(
 
     With one process, the environment of one process (``DistributedType.NO``) and no group, unless ``alone``:
     then a group of one all the same (an in-memory store), for libraries that need ``torch.distributed`` even
-    in one process (FSDP2's ``fully_shard``, ``torch.distributed.checkpoint``).
+    in one process (FSDP2's ``fully_shard``, ``torch.distributed.checkpoint``, DeepSpeed's engine). A library
+    that forms its own group only when none exists (``deepspeed.init_distributed``) adopts this one when
+    called after it.
     """
     import torch.distributed as dist
 
