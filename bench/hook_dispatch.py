@@ -20,7 +20,8 @@ import types
 import torch
 
 from drivetrain import Accelerator, hookimpl, reset_state
-from drivetrain.plugin_api import PluginInfo, get_plugin_manager
+from drivetrain.plugin_api import PluginInfo
+from drivetrain.plugin_api.tooling import get_plugin_manager
 
 
 class NoOpLoss:

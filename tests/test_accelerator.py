@@ -410,7 +410,7 @@ def test_a_step_replaced_in_place_after_the_scheduler_is_tracked_again():
     import types
     import warnings
 
-    from drivetrain.plugin_api import track_step_for_schedulers
+    from drivetrain.plugin_api.training import track_step_for_schedulers
 
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)

@@ -4,12 +4,16 @@ package has an import cycle. See docs/architecture.md."""
 from __future__ import annotations
 
 import ast
+import importlib
 import io
 import re
 import tokenize
 from pathlib import Path
 
 import pytest
+
+import drivetrain.plugin_api as plugin_api
+from drivetrain.plugin_api._moved import moved
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL = ROOT / "core" / "drivetrain"
@@ -95,14 +99,32 @@ def _kernel_imports(path: Path) -> list[tuple[int, str, list[str]]]:
     return found
 
 
+#: The plugin API's modules (the package and its namespaces) -> the names each declares.
+PLUGIN_API_MODULES = {
+    "drivetrain.plugin_api": set(plugin_api.__all__) | set(plugin_api.NAMESPACES),
+    **{
+        f"drivetrain.plugin_api.{name}": set(importlib.import_module(f"drivetrain.plugin_api.{name}").__all__)
+        for name in plugin_api.NAMESPACES
+    },
+}
+
+
 def _plugin_import_problems(path: Path, extra_modules: set[str]) -> list[str]:
     problems = []
     for line, module, names in _kernel_imports(path):
-        if module == "drivetrain.plugin_api" or module in extra_modules:
+        where = f"{path.relative_to(ROOT)}:{line}"
+        if module in PLUGIN_API_MODULES:
+            # Contract 1.1's flat names still import (with a warning); in-tree code uses their 1.2 place.
+            for name in sorted(set(names) - PLUGIN_API_MODULES[module]):
+                place = moved().get(name)
+                hint = f"import it from drivetrain.plugin_api.{place}" if place else "it is not plugin API"
+                problems.append(f"{where}: imports {name} from {module}: {hint}")
+            continue
+        if module in extra_modules:
             continue
         if module == "drivetrain" and names == ["hookimpl"]:
             continue
-        problems.append(f"{path.relative_to(ROOT)}:{line}: imports {module} {names or ''}".rstrip())
+        problems.append(f"{where}: imports {module} {names or ''}".rstrip())
     return problems
 
 
@@ -154,6 +176,51 @@ def _private_reads(path: Path) -> list[str]:
 def test_plugins_read_no_private_attribute_of_kernel_objects(package):
     problems = [problem for path in _python_files(package) for problem in _private_reads(path)]
     assert not problems, "plugins use documented attributes and hook arguments only:\n" + "\n".join(problems)
+
+
+def _unannotated_accelerators(path: Path) -> list[str]:
+    """Functions of ``path`` taking an ``accelerator`` not annotated with the protocol plugins see."""
+    problems = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        arguments = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+        for argument in arguments:
+            if argument.arg != "accelerator":
+                continue
+            annotation = ast.unparse(argument.annotation) if argument.annotation is not None else "nothing"
+            if annotation.replace('"', "") not in ("PluginAccelerator", "PluginAccelerator | None"):
+                problems.append(
+                    f"{path.relative_to(ROOT)}:{node.lineno}: {node.name}(accelerator: {annotation})"
+                )
+    return problems
+
+
+@pytest.mark.parametrize("package", PLUGIN_PACKAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_plugins_annotate_the_accelerator_with_the_protocol(package):
+    """``accelerator: PluginAccelerator`` lets mypy (scripts/test) check that a plugin reads only plugin API."""
+    problems = [problem for path in _python_files(package) for problem in _unannotated_accelerators(path)]
+    assert not problems, "annotate accelerator: PluginAccelerator (drivetrain.plugin_api):\n" + "\n".join(
+        problems
+    )
+
+
+def test_type_checkers_see_the_plugin_api_as_it_imports():
+    """No module ``__getattr__`` a type checker would read as "any name exists, typed Any": the one that serves
+    contract 1.1's flat names is defined under ``if not TYPE_CHECKING``."""
+    problems = []
+    for path in sorted((KERNEL / "plugin_api").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+                problems.append(
+                    f"{path.relative_to(ROOT)}:{node.lineno}: module __getattr__ seen by type checkers"
+                )
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                hidden = ast.unparse(node.test).startswith("not ")
+                if not hidden and not node.body[1:] and isinstance(node.body[0], ast.Pass):
+                    problems.append(f"{path.relative_to(ROOT)}:{node.lineno}: an empty TYPE_CHECKING block")
+    assert not problems, "\n".join(problems)
 
 
 def _code_tokens(path: Path) -> list[tuple[int, str]]:

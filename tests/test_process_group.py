@@ -1,5 +1,6 @@
-"""plugin_api.join_process_group / release_at_shutdown / shutdown_process_group: a backend's process group
-from the launcher's environment, left so that every process exits 0 (docs/plugins/tutorial.md)."""
+"""plugin_api.join_process_group / wrap_data_parallel / release_at_shutdown / shutdown_process_group: a
+backend's process group from the launcher's environment, left so that every process exits 0
+(docs/plugins/tutorial.md)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def _checks(stdout: str) -> set[str]:
 @pytest.mark.parametrize("ending", ["shutdown", "exit"])
 def test_two_gloo_processes_release_their_ddp_model_and_exit_0(tmp_path, ending):
     result = launch_script(SCRIPT, 2, ["--ending", ending], env={"TMPDIR": str(tmp_path)}, timeout=180)
-    names = ["environment", "averaged", "released"] + (["module"] if ending == "shutdown" else [])
+    names = ["environment", "nothing_to_wrap", "wrapped_once", "averaged", "released"]
+    names += ["module"] if ending == "shutdown" else []
     assert _checks(result.stdout) == {f"{name} rank={rank}" for name in names for rank in (0, 1)}
     assert "terminate called" not in result.stderr and "shutdown at exit failed" not in result.stderr
 

@@ -39,7 +39,8 @@ class ConformanceNet(torch.nn.Module):
 
 def reference_loader(dataloader: Any, accelerator: Any) -> Any:
     """``dataloader`` sharded the way the reference backend shards it (not through the backend under test)."""
-    from drivetrain.plugin_api import ShardingOptions, prepare_data_loader
+    from drivetrain.plugin_api import ShardingOptions
+    from drivetrain.plugin_api.data import prepare_data_loader
 
     options = ShardingOptions(
         device=accelerator.device,
@@ -73,7 +74,7 @@ class Context:
         target_id: str = "",
         oracle_checkpoints: str | None = None,
     ) -> None:
-        from drivetrain.plugin_api import PartialState
+        from drivetrain.plugin_api.state import PartialState
 
         state = PartialState(cpu=True, backend=backend)
         self.backend = backend
@@ -91,7 +92,7 @@ class Context:
         self.x, self.y = make_data()
 
     def accelerator(self, **kwargs: Any) -> Any:
-        from drivetrain.plugin_api import Accelerator
+        from drivetrain.plugin_api.tooling import Accelerator
 
         return Accelerator(backend=self.backend, cpu=True, plugins=list(self.plugins), **kwargs)
 

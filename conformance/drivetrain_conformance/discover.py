@@ -8,7 +8,8 @@ from pathlib import Path
 
 import tomllib
 
-from drivetrain.plugin_api import PluginError, check_requirements, get_plugin_manager
+from drivetrain.plugin_api import PluginError
+from drivetrain.plugin_api.tooling import check_requirements, get_plugin_manager
 
 
 def repository_backends(

@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.processes < 1:
         raise UsageError(f"conformance: --processes must be 1 or more, got {args.processes}")
-    from drivetrain.plugin_api import PluginError, get_plugin_manager
+    from drivetrain.plugin_api import PluginError
+    from drivetrain.plugin_api.tooling import get_plugin_manager
     from drivetrain_conformance.targets import is_file_target
 
     manager = get_plugin_manager()

@@ -96,7 +96,7 @@ class Layout:
 
     def __init__(self, backend: str, sizes: dict[str, int], workdir: str) -> None:
         from drivetrain import Accelerator
-        from drivetrain.plugin_api import reset_state
+        from drivetrain.plugin_api.state import reset_state
         from drivetrain.utils import ParallelismConfig, TorchTensorParallelConfig
 
         reset_state()
@@ -219,7 +219,8 @@ CHECKS = {
 def undeclared_dimension_refused(backend: str, dimension: str, processes: int) -> str:
     """A dimension the backend does not declare is refused, with an error naming the size and the backend."""
     from drivetrain import Accelerator
-    from drivetrain.plugin_api import ConfigurationError, reset_state
+    from drivetrain.plugin_api import ConfigurationError
+    from drivetrain.plugin_api.state import reset_state
     from drivetrain.utils import ParallelismConfig
 
     reset_state()
@@ -285,7 +286,7 @@ def main() -> None:
             "nd_undeclared_dimension_refused",
             lambda: undeclared_dimension_refused(args.backend, args.undeclared, processes),
         )
-    from drivetrain.plugin_api import reset_state
+    from drivetrain.plugin_api.state import reset_state
 
     reset_state(destroy_process_group=True)
     with open(path, "a") as stream:

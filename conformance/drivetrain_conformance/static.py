@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from drivetrain.plugin_api import HOOK_SPECS, PluginError, PluginInfo, PrecisionType, hook_implementations
+from drivetrain.plugin_api import PluginError, PluginInfo, PrecisionType
+from drivetrain.plugin_api.tooling import HOOK_SPECS, hook_implementations
 from drivetrain_conformance.targets import load_target
 
 

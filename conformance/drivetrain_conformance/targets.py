@@ -7,7 +7,8 @@ import importlib.util
 import os
 from typing import Any
 
-from drivetrain.plugin_api import PluginError, get_plugin_manager
+from drivetrain.plugin_api import PluginError
+from drivetrain.plugin_api.tooling import get_plugin_manager
 
 
 def is_file_target(spec: str) -> bool:

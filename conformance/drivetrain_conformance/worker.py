@@ -37,7 +37,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from drivetrain.plugin_api import PartialState, reset_state
+    from drivetrain.plugin_api.state import PartialState, reset_state
     from drivetrain_conformance import checks
     from drivetrain_conformance.properties import WORKER_PROPERTIES, not_applicable
     from drivetrain_conformance.targets import load_target

@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import functools
 import math
-import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -20,9 +19,9 @@ from typing import Any
 
 import torch
 
-from drivetrain.config import process_env, sources
+from drivetrain.bootstrap import bootstrap, fit_parallelism, join_process_group, report_backend
+from drivetrain.config import sources
 from drivetrain.config.enums import DistributedType, PrecisionType
-from drivetrain.config.parallelism import DATA_PARALLEL_DIMENSIONS, ParallelismConfig, warn_unused_handlers
 from drivetrain.contract.calling import PluginStack
 from drivetrain.contract.environment import Collectives, DistributedEnvironment, environment_world_size
 from drivetrain.contract.info import PluginInfo
@@ -33,7 +32,7 @@ from drivetrain.contract.selection import (
     precision_plugin,
     select_backend,
 )
-from drivetrain.errors import ConfigurationError, PluginError
+from drivetrain.errors import ConfigurationError
 
 __all__ = [
     "AcceleratorState",
@@ -52,10 +51,6 @@ def _shared_state_object(cls: Any) -> Any:
     state = cls.__new__(cls)
     state.__dict__ = cls._shared_state  # type: ignore[attr-defined]
     return state
-
-
-def _cuda_forbidden_is_set() -> bool:
-    return sources.to_bool(os.environ.get("DRIVETRAIN_CPU", "0"))
 
 
 #: What ``PartialState.__init__`` sets up (and ``_reset_state`` forgets).
@@ -109,57 +104,25 @@ class PartialState:
         if self.initialized:
             self._check_compatible(backend, backend_config, cpu, parallelism)
             return
-        place = process_env.process_place()  # the launcher's variables, checked before anything is set up
-        manager = get_plugin_manager()
-        selection = select_backend(manager, backend, backend_config)
-        if parallelism is None:
-            parallelism = ParallelismConfig.from_environment()
-        if parallelism is not None:
-            _fit_parallelism(parallelism, selection.value, manager.info(selection.value))
-        cpu_setting = sources.resolve(
-            "cpu", True if cpu else None, script_source="cpu=True", default=False, convert=sources.to_bool
-        )
-        device_plugins = manager.device_plugins()
-        process_stack = manager.stack([*device_plugins, selection.value])
-        local_rank = place.local_rank
-        if sources.env_flag("DRIVETRAIN_CPU_AFFINITY", "ACCELERATE_CPU_AFFINITY"):
-            from drivetrain.affinity import set_numa_affinity  # drivetrain launch --enable_cpu_affinity
-
-            set_numa_affinity(local_rank)
-        device = _device_override() or process_stack.call(
-            "detect_device", local_process_index=local_rank, cpu=cpu_setting.value
-        )
-        if selection.source.startswith(AUTOMATIC_SOURCES):
-            selection = _backend_for_device(manager, selection, torch.device(device).type)
-            process_stack = manager.stack([*device_plugins, selection.value])
-        environment = process_stack.call(
-            "setup_process_group",
-            device=device,
-            init_kwargs=dict(init_kwargs),
-            parallelism=parallelism,
+        setup = bootstrap(
+            cpu=cpu,
+            backend=backend,
             backend_config=backend_config,
+            init_kwargs=init_kwargs,
+            parallelism=parallelism,
         )
-        if environment is None:
-            raise PluginError(f"backend {selection.value!r} returned nothing from setup_process_group")
-        if parallelism is not None:
-            parallelism.check_world_size(environment.num_processes)
-            parallelism.device_mesh = environment.device_mesh
-        self.backend_name: str = selection.value
+        self.backend_name: str = setup.backend_name
         #: the backend's PluginInfo (what it declares: places_model, manages_precision, ...)
-        self.backend_info: PluginInfo = manager.info(selection.value)
-        self.backend_source: str = selection.source
+        self.backend_info: PluginInfo = setup.backend_info
+        self.backend_source: str = setup.backend_source
         self.backend_config: Any = backend_config
-        self.parallelism_config: Any = parallelism
-        self.device_plugins: list[str] = device_plugins
-        self.cpu: bool = cpu_setting.value
-        self.device: torch.device = torch.device(device)
-        self.environment: DistributedEnvironment = environment
+        self.parallelism_config: Any = setup.parallelism_config
+        self.device_plugins: list[str] = setup.device_plugins
+        self.cpu: bool = setup.cpu
+        self.device: torch.device = setup.device
+        self.environment: DistributedEnvironment = setup.environment
         self.debug: bool = sources.resolve("debug_mode", default=False, convert=sources.to_bool).value
         self.fork_launched: bool = sources.env_flag("FORK_LAUNCHED")
-        _report_backend(self.backend_name, self.backend_source, environment.process_index)
-        from drivetrain import failure_report
-
-        failure_report.install(environment.process_index, environment.num_processes)
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     @property
@@ -200,7 +163,7 @@ class PartialState:
         if parallelism is not None and parallelism is not self.parallelism_config:
             # The mesh is built once per process; a new Accelerator may bring its own config object (handlers,
             # a tensor-parallel plan) as long as its sizes are the ones the mesh was built for.
-            _fit_parallelism(parallelism, self.backend_name, self.backend_info)
+            fit_parallelism(parallelism, self.backend_name, self.backend_info)
             ours = self.parallelism_config.sizes() if self.parallelism_config is not None else "none"
             if parallelism.sizes() != ours:
                 raise ConfigurationError(
@@ -221,21 +184,15 @@ class PartialState:
         manager = get_plugin_manager()
         selection = select_backend(manager, backend, backend_config)
         stack = manager.stack([*self.device_plugins, selection.value])
-        environment = stack.call(
-            "setup_process_group",
-            device=self.device,
-            init_kwargs={},
-            parallelism=self.parallelism_config,
-            backend_config=backend_config,
+        environment = join_process_group(
+            stack, selection.value, self.device, {}, self.parallelism_config, backend_config
         )
-        if environment is None:
-            raise PluginError(f"backend {selection.value!r} returned nothing from setup_process_group")
         self.backend_name = selection.value
         self.backend_info = manager.info(selection.value)
         self.backend_source = f"{selection.source}, after {self.backend_source}"
         self.backend_config = backend_config
         self.environment = environment
-        _report_backend(self.backend_name, self.backend_source, environment.process_index)
+        report_backend(self.backend_name, self.backend_source, environment)
 
     @classmethod
     def _reset_state(cls, destroy_process_group: bool = False) -> None:
@@ -384,28 +341,6 @@ class PartialState:
         """``print`` once per machine (on the local main process)."""
         if self.is_local_main_process:
             print(*args, **kwargs)
-
-
-def _backend_for_device(manager: Any, selection: sources.Setting, device_type: str) -> sources.Setting:
-    """The backend that runs ``device_type`` when none was asked for: the automatic choice if it declares the
-    device, else a backend that asks for it (``PluginInfo.select_for_devices``, an XLA device's backend)."""
-    if device_type in manager.info(selection.value).capabilities.devices:
-        return selection
-    backend = manager.backend_for_device(device_type)
-    if backend is None:
-        return selection
-    return sources.Setting(backend, f"automatic (device {device_type})")
-
-
-def _fit_parallelism(parallelism: ParallelismConfig, backend: str, info: PluginInfo) -> None:
-    """Before the process group: a ``ParallelismConfig()`` of all ones takes every process in the backend's
-    first data-parallel dimension, and a dimension the backend does not declare is refused, naming both."""
-    supported = info.capabilities.mesh_dimensions
-    data_parallel = [name for name in supported or () if name in DATA_PARALLEL_DIMENSIONS]
-    parallelism.fill_world(environment_world_size(), data_parallel[0] if data_parallel else "dp_replicate")
-    if supported is not None:
-        parallelism.check_dimensions(backend, supported)
-    warn_unused_handlers(parallelism)
 
 
 def _only_if(function: Callable, condition: Callable[[], bool]) -> Callable:
@@ -665,18 +600,6 @@ def reset_state(destroy_process_group: bool = False) -> None:
     PartialState._reset_state(destroy_process_group=destroy_process_group)
 
 
-def _report_backend(name: str, source: str, process_index: int) -> None:
-    """Tell ``drivetrain launch`` which backend the script used (its banner could only guess before the
-    script ran): process 0 writes it to the file the launcher named."""
-    report = os.environ.get(sources.BACKEND_REPORT_ENV)
-    if report and process_index == 0:
-        try:
-            with open(report, "w") as stream:
-                stream.write(f"{name}\t{source}")
-        except OSError:
-            pass  # the launcher's own folder went away: the report is a courtesy
-
-
 def is_initialized() -> bool:
     """Whether an ``AcceleratorState`` has been created in this process (Accelerate's ``state.is_initialized``)."""
     return bool(AcceleratorState._shared_state)
@@ -712,26 +635,3 @@ def __getattr__(name: str) -> Any:
         # drivetrain.logging reads this module's state: imported by name so the two do not import each other
         return importlib.import_module("drivetrain.logging").get_logger(__name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-#: Variables that pin this process's device (``cuda:3``), overriding what the device plugins detect;
-#: Accelerate's name is honoured for scripts and launchers written for it.
-DEVICE_OVERRIDE_ENV = ("DRIVETRAIN_TORCH_DEVICE", "ACCELERATE_TORCH_DEVICE")
-
-
-def _device_override() -> torch.device | None:
-    for variable in DEVICE_OVERRIDE_ENV:
-        value = os.environ.get(variable, "").strip()
-        if not value:
-            continue
-        try:
-            device = torch.device(value)
-        except RuntimeError:
-            raise ConfigurationError(
-                f"{variable}={value!r} is not a torch device; use a name like 'cpu', 'cuda' or 'cuda:1'"
-            ) from None
-        set_device = getattr(getattr(torch, device.type, None), "set_device", None)
-        if device.index is not None and set_device is not None:
-            set_device(device)
-        return device
-    return None

@@ -1,17 +1,18 @@
-"""A backend's process group through plugin_api alone: join_process_group, a DDP model registered with
-release_at_shutdown, one training step, then either the environment's shutdown (``--ending shutdown``) or
-nothing (``--ending exit``: the exit handler must release the model and leave the group). Launched by tests/test_process_group.py;
-prints ``CHECK <name> ok`` per check."""
+"""A backend's process group through plugin_api alone: join_process_group, a DDP model from
+wrap_data_parallel (registered with release_at_shutdown), one training step, then either the environment's
+shutdown (``--ending shutdown``) or nothing (``--ending exit``: the exit handler must release the model and
+leave the group). Launched by tests/test_process_group.py; prints ``CHECK <name> ok`` per check."""
 
 from __future__ import annotations
 
 import argparse
 import atexit
+import types
 
 import torch
 import torch.distributed as dist
 
-from drivetrain.plugin_api import DistributedType, join_process_group, release_at_shutdown
+from drivetrain.plugin_api import DistributedType, join_process_group, wrap_data_parallel
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--ending", choices=("shutdown", "exit"), required=True)
@@ -41,7 +42,18 @@ if (
     print(f"CHECK environment ok rank={rank}", flush=True)
 
 torch.manual_seed(rank)  # different inputs per rank; DDP broadcasts rank 0's weights at wrap time
-model = release_at_shutdown(torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2)))
+# What wrap_data_parallel reads of the Accelerator a hook receives.
+accelerator = types.SimpleNamespace(num_processes=environment.num_processes, device=torch.device("cpu"))
+frozen = torch.nn.Linear(4, 2).requires_grad_(False)
+if (
+    wrap_data_parallel(torch.nn.Linear(4, 2), accelerator, evaluation_mode=True) is None
+    and wrap_data_parallel(frozen, accelerator) is None
+):
+    print(f"CHECK nothing_to_wrap ok rank={rank}", flush=True)
+model = wrap_data_parallel(torch.nn.Linear(4, 2), accelerator)
+assert isinstance(model, torch.nn.parallel.DistributedDataParallel)
+if wrap_data_parallel(model, accelerator) is None:  # already wrapped: unchanged
+    print(f"CHECK wrapped_once ok rank={rank}", flush=True)
 model(torch.randn(8, 4)).square().sum().backward()
 gradients = environment.collectives.all_gather(model.module.weight.grad.clone())
 if torch.equal(gradients[0], gradients[1]) and gradients[0].abs().sum() > 0:

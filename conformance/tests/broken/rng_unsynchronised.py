@@ -2,7 +2,7 @@
 differently shuffle differently (samples repeated and lost)."""
 
 from drivetrain import hookimpl
-from drivetrain.plugin_api import prepare_data_loader
+from drivetrain.plugin_api.data import prepare_data_loader
 from drivetrain_ddp.plugin import PLUGIN_INFO, setup_process_group, wrap_model  # noqa: F401
 
 

@@ -8,7 +8,8 @@ import torch.distributed as dist
 from drivetrain_zero1.plugin import setup_process_group, wrap_model, wrap_optimizer  # noqa: F401
 
 from drivetrain import hookimpl
-from drivetrain.plugin_api import Capabilities, PluginInfo, read_training_objects, write_training_objects
+from drivetrain.plugin_api import Capabilities, PluginInfo
+from drivetrain.plugin_api.checkpoint import read_training_objects, write_training_objects
 
 PLUGIN_INFO = PluginInfo(
     kind="backend", capabilities=Capabilities(multi_process=True, sharded_state=True, precisions=("no",))

@@ -4,7 +4,7 @@ process's shard (ZeRO's inner optimizer) as if it were the whole state, instead 
 from drivetrain_zero1.plugin import PLUGIN_INFO, setup_process_group, wrap_model, wrap_optimizer  # noqa: F401
 
 from drivetrain import hookimpl
-from drivetrain.plugin_api import write_training_objects
+from drivetrain.plugin_api.checkpoint import write_training_objects
 
 
 class ShardOnly:

@@ -1,7 +1,7 @@
 """Breaks dataloader_modes: every process iterates the whole data set."""
 
 from drivetrain import hookimpl
-from drivetrain.plugin_api import prepare_data_loader
+from drivetrain.plugin_api.data import prepare_data_loader
 from drivetrain_ddp.plugin import PLUGIN_INFO, setup_process_group, wrap_model  # noqa: F401
 
 

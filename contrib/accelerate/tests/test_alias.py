@@ -141,15 +141,22 @@ def test_python_dash_m_accelerate_commands_runs_drivetrains_launcher(tmp_path):
 
 
 def test_the_switch_leaves_accelerate_to_the_rest_of_the_path(tmp_path):
-    # DRIVETRAIN_ACCELERATE=0: the finder is not installed for the process; no real Accelerate is installed in
-    # the project's environment, so nothing answers `import accelerate`.
-    code = "import importlib.util, sys; print(importlib.util.find_spec('accelerate') is None)"
+    # DRIVETRAIN_ACCELERATE=0: the finder is not installed for the process, so `import accelerate` is whatever the
+    # rest of the path holds: nothing, or the real Accelerate's files when pip installed them beside ours (peft
+    # depends on accelerate, so a fresh environment installing requirements-dev.txt first has them). Never
+    # drivetrain.
+    code = (
+        "import importlib.util, sys; spec = importlib.util.find_spec('accelerate'); "
+        "print(any(type(f).__name__ == 'AccelerateFinder' for f in sys.meta_path), "
+        "'absent' if spec is None else ('drivetrain' if 'drivetrain' in (spec.origin or '') else 'other'))"
+    )
     env = {**os.environ, "DRIVETRAIN_ACCELERATE": "0"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert done.stdout.strip() == "True", done.stderr
+    finder, served = done.stdout.split()
+    assert finder == "False" and served in ("absent", "other"), done.stdout + done.stderr
     env["DRIVETRAIN_ACCELERATE"] = "1"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert done.stdout.strip() == "False", done.stderr
+    assert done.stdout.split() == ["True", "drivetrain"], done.stdout + done.stderr
 
 
 def test_start_up_imports_only_the_standard_library():

@@ -17,14 +17,15 @@ from drivetrain import hookimpl
 from drivetrain.plugin_api import (
     Capabilities,
     DistributedEnvironment,
+    PluginAccelerator,
     PluginInfo,
     join_process_group,
-    release_at_shutdown,
+    wrap_data_parallel,
 )
 
 PLUGIN_INFO = PluginInfo(
     kind="backend",
-    contract="1.1",
+    contract="1.2",
     description="data parallel; all-reduces bf16-compressed gradients under mixed_precision='bf16'",
     capabilities=Capabilities(
         multi_process=True, precisions=("no", "bf16"), devices=("cpu", "cuda"), portable_checkpoints=True
@@ -55,12 +56,10 @@ def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> Di
 
 
 @hookimpl
-def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) -> torch.nn.Module | None:
-    if evaluation_mode or accelerator.num_processes == 1:
-        return None
-    device = accelerator.device
-    device_ids = [device.index] if device.type == "cuda" else None
-    wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
-    if accelerator.mixed_precision == "bf16":
+def wrap_model(
+    model: torch.nn.Module, accelerator: PluginAccelerator, evaluation_mode: bool
+) -> torch.nn.Module | None:
+    wrapped = wrap_data_parallel(model, accelerator, evaluation_mode)
+    if wrapped is not None and accelerator.mixed_precision == "bf16":
         wrapped.register_comm_hook(None, bf16_compressed_allreduce)
-    return release_at_shutdown(wrapped)
+    return wrapped

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from drivetrain.plugin_api import GeneralTracker, on_main_process
+from drivetrain.plugin_api.tracking import GeneralTracker, on_main_process
 
 
 class AimTracker(GeneralTracker):

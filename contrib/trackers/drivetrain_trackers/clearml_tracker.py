@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from drivetrain.plugin_api import GeneralTracker, on_main_process
+from drivetrain.plugin_api.tracking import GeneralTracker, on_main_process
 from drivetrain_trackers._values import is_number, warn_skipped
 
 _SERIES_PREFIXES = ("train", "eval", "test")
@@ -38,7 +38,7 @@ class ClearMLTracker(GeneralTracker):
         super().__init__()
         from clearml import Task
 
-        current = Task.current_task()
+        current: Any = Task.current_task()
         # A task the user started is theirs to close.
         self._owns_task = current is None
         if current is not None:
@@ -95,7 +95,7 @@ class ClearMLTracker(GeneralTracker):
         """A table from ``columns`` and ``data`` rows, or a pandas ``dataframe``."""
         if dataframe is None and data is None:
             raise ValueError("ClearMLTracker.log_table needs `data` (rows) or `dataframe`")
-        table = dataframe if dataframe is not None else ([columns, *data] if columns else data)
+        table = dataframe if dataframe is not None else ([columns, *(data or [])] if columns else data)
         title, series = title_and_series(table_name)
         self.task.get_logger().report_table(
             title=title, series=series, table_plot=table, iteration=step, **kwargs

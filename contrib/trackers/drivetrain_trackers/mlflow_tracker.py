@@ -7,7 +7,8 @@ import json
 import os
 from typing import Any
 
-from drivetrain.plugin_api import GeneralTracker, on_main_process, to_bool
+from drivetrain.plugin_api.settings import to_bool
+from drivetrain.plugin_api.tracking import GeneralTracker, on_main_process
 from drivetrain_trackers._values import flat_params, is_number, warn_skipped
 
 # MLflow accepts at most this many parameters per call.

@@ -3,9 +3,9 @@ the run to disk for a later ``wandb sync``."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from drivetrain.plugin_api import GeneralTracker, on_main_process
+from drivetrain.plugin_api.tracking import GeneralTracker, on_main_process
 
 
 class WandBTracker(GeneralTracker):
@@ -64,7 +64,7 @@ class WandBTracker(GeneralTracker):
         """Log a ``wandb.Table`` built from ``columns`` and ``data`` rows, or from a pandas ``dataframe``."""
         import wandb
 
-        table = wandb.Table(columns=columns, data=data, dataframe=dataframe)
+        table = wandb.Table(columns=cast(Any, columns), data=data, dataframe=dataframe)
         self.run.log({table_name: table}, step=step, **kwargs)
 
     @on_main_process

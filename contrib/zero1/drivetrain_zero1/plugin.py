@@ -16,14 +16,15 @@ from drivetrain import hookimpl
 from drivetrain.plugin_api import (
     Capabilities,
     DistributedEnvironment,
+    PluginAccelerator,
     PluginInfo,
     join_process_group,
-    release_at_shutdown,
+    wrap_data_parallel,
 )
 
 PLUGIN_INFO = PluginInfo(
     kind="backend",
-    contract="1.1",
+    contract="1.2",
     description="data parallel with the optimizer state sharded across processes (ZeRO stage 1)",
     capabilities=Capabilities(
         multi_process=True,
@@ -43,20 +44,18 @@ def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> Di
 
 
 @hookimpl
-def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) -> torch.nn.Module | None:
-    if evaluation_mode or accelerator.num_processes == 1:
-        return None
-    device = accelerator.device
-    wrapped = torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None
-    )
-    return release_at_shutdown(wrapped)
+def wrap_model(
+    model: torch.nn.Module, accelerator: PluginAccelerator, evaluation_mode: bool
+) -> torch.nn.Module | None:
+    return wrap_data_parallel(model, accelerator, evaluation_mode)
 
 
 @hookimpl
-def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.optim.Optimizer | None:
+def wrap_optimizer(
+    optimizer: torch.optim.Optimizer, accelerator: PluginAccelerator
+) -> torch.optim.Optimizer | None:
     """Replace the user's optimizer by a ZeroRedundancyOptimizer of the same class and settings. The kernel
-    rebinds the user's LR schedulers to the returned optimizer (plugin_api.rebind_scheduler); ZeRO copies
+    rebinds the user's LR schedulers to the returned optimizer (plugin_api.training.rebind_scheduler); ZeRO copies
     the learning rate of its own param_groups into the shard's optimizer on every step, so they follow."""
     # Imported here: torch.distributed.optim pulls in sympy (about 600 modules), and the plugin module is
     # imported whenever the kernel lists plugins, in runs that never use this backend.
@@ -72,7 +71,7 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.
 
 
 @hookimpl
-def save_state(accelerator: Any, optimizers: list) -> None:
+def save_state(accelerator: PluginAccelerator, optimizers: list) -> None:
     """Gather every ZeRO optimizer's shards on the process that writes the checkpoint, then return None:
     the reference backend writes the files (optimizer.state_dict() is the whole state there)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer

@@ -17,14 +17,14 @@ from drivetrain.plugin_api import (
     Capabilities,
     DistributedEnvironment,
     DistributedType,
+    PluginAccelerator,
     PluginInfo,
     ShardingOptions,
     environment_world_size,
     hookimpl,
-    prepare_data_loader,
-    read_training_objects,
-    write_training_objects,
 )
+from drivetrain.plugin_api.data import prepare_data_loader
+from drivetrain.plugin_api.training import reference_backward
 
 PLUGIN_INFO = PluginInfo(
     kind="backend",
@@ -72,7 +72,9 @@ _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @hookimpl
-def autocast(accelerator: Any, autocast_kwargs: dict[str, Any]) -> contextlib.AbstractContextManager:
+def autocast(
+    accelerator: PluginAccelerator, autocast_kwargs: dict[str, Any]
+) -> contextlib.AbstractContextManager:
     dtype = _AUTOCAST_DTYPES.get(accelerator.mixed_precision)
     if dtype is None:
         return contextlib.nullcontext()
@@ -80,11 +82,8 @@ def autocast(accelerator: Any, autocast_kwargs: dict[str, Any]) -> contextlib.Ab
 
 
 @hookimpl
-def backward(loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, Any]) -> bool:
-    scaler = accelerator.scaler
-    if scaler is not None:
-        loss = scaler.scale(loss)
-    loss.backward(**backward_kwargs)
+def backward(loss: torch.Tensor, accelerator: PluginAccelerator, backward_kwargs: dict[str, Any]) -> bool:
+    reference_backward(loss, accelerator, backward_kwargs)
     return True
 
 
@@ -96,12 +95,15 @@ def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float, norm_t
 @hookimpl
 def save_state(
     output_dir: str,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     weights: list,
     optimizers: list,
     schedulers: list,
     safe_serialization: bool,
 ) -> bool:
+    # Imported when a checkpoint is written: the checkpoint namespace brings the DCP reader with it.
+    from drivetrain.plugin_api.checkpoint import write_training_objects
+
     write_training_objects(output_dir, accelerator, weights, optimizers, schedulers, safe_serialization)
     return True
 
@@ -109,7 +111,7 @@ def save_state(
 @hookimpl
 def load_state(
     input_dir: str,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     models: list,
     optimizers: list,
     schedulers: list,
@@ -117,6 +119,8 @@ def load_state(
     load_kwargs: dict[str, Any],
     verified: Any,
 ) -> bool:
+    from drivetrain.plugin_api.checkpoint import read_training_objects
+
     read_training_objects(
         input_dir, accelerator, models, optimizers, schedulers, map_location, load_kwargs, verified
     )

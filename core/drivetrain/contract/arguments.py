@@ -1,4 +1,5 @@
-"""Objects the kernel hands to hooks besides the Accelerator: part of the plugin API (contract 1.1)."""
+"""What hooks receive: the Accelerator as plugins see it (``PluginAccelerator``) and the objects the kernel
+hands them besides it. Part of the plugin API (see docs/plugins/api.md)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import dataclasses
 from typing import Any, Protocol
 
 import torch
+
+from drivetrain.config.enums import DistributedType
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +83,10 @@ class PluginAccelerator(Protocol):
     def num_processes(self) -> int: ...
 
     @property
+    def distributed_type(self) -> DistributedType:
+        """What the backend's ``setup_process_group`` reported (``DistributedType.MULTI_CPU``, ...)"""
+
+    @property
     def process_index(self) -> int: ...
 
     @property
@@ -103,6 +110,11 @@ class PluginAccelerator(Protocol):
 
     @property
     def gradient_accumulation_steps(self) -> int: ...
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        """A backend whose own configuration sets the accumulation steps (DeepSpeed's config) hands them to
+        the Accelerator, as Accelerate does."""
 
     @property
     def requested_plugins(self) -> tuple[str, ...]:
@@ -151,7 +163,13 @@ class PluginAccelerator(Protocol):
     def unwrap_model(
         self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
     ) -> torch.nn.Module:
-        """The user's module inside whatever the plugins wrapped it in."""
+        """The user's module inside whatever the plugins wrapped it in.
+
+        The rule a wrapper follows: none. ``prepare`` records, on the model that the ``wrap_model`` chain
+        returns, the module the script passed in, so a backend's wrapper needs no ``module`` attribute and
+        no base class; ``unwrap_model`` follows that record (through ``torch.compile`` too). Outside
+        ``prepare`` only torch's ``DistributedDataParallel`` and ``DataParallel`` are peeled (their
+        ``module``)."""
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The full state dict of a prepared model."""

@@ -153,8 +153,8 @@ class ExtensionRegistry:
 
     def add_launch_options(self, add_arguments: Callable) -> None:
         """``add_arguments(parser)`` adds options to ``drivetrain launch``, shown under the plugin's name.
-        The values the user sets reach the processes: ``plugin_api.plugin_options(name)`` (a backend's also
-        merge into ``plugin_api.launched_backend_config()``)."""
+        The values the user sets reach the processes: ``plugin_api.settings.plugin_options(name)`` (a
+        backend's also merge into ``plugin_api.settings.backend_settings(name)``)."""
         self.launch_options.append((self.current_plugin, add_arguments))
 
     def add_launcher(self, backend: str, launcher: Callable) -> None:
@@ -180,7 +180,7 @@ class ExtensionRegistry:
         normalised value, or None for a value that states no choice (one Accelerate writes into every config
         file, such as ``tpu_use_sudo: false``: it is left out), or raises ValueError saying what is valid; the
         launcher hands the values to the processes with the plugin's launch options
-        (``plugin_api.plugin_options(name)``)."""
+        (``plugin_api.settings.plugin_options(name)``)."""
         for key, check in keys.items():
             self._claim(self.config_keys, key, "config key")
             self.config_keys[key] = (self.current_plugin, check)

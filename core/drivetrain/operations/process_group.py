@@ -1,9 +1,10 @@
 """Joining the torch process group the launcher describes, and leaving it so that every process exits 0.
 
 For backends built on ``torch.distributed`` (exported by ``plugin_api``): ``join_process_group`` is a whole
-``setup_process_group`` for data parallelism, ``release_at_shutdown`` registers a ``DistributedDataParallel``
-wrapper, and ``shutdown_process_group`` (the environment's ``shutdown``) meets the other ranks, releases the
-registered wrappers and destroys the group.
+``setup_process_group`` for data parallelism, ``wrap_data_parallel`` a whole ``wrap_model``,
+``release_at_shutdown`` registers a ``DistributedDataParallel`` wrapper built otherwise, and
+``shutdown_process_group`` (the environment's ``shutdown``) meets the other ranks, releases the registered
+wrappers and destroys the group.
 """
 
 from __future__ import annotations
@@ -14,21 +15,25 @@ import gc
 import os
 import sys
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
 from drivetrain.config.enums import DistributedType
+from drivetrain.contract.arguments import PluginAccelerator
 from drivetrain.contract.environment import DistributedEnvironment
 
 #: Seconds a process waits at exit for the other ranks before leaving the group alone.
 EXIT_TIMEOUT_VARIABLE = "DRIVETRAIN_EXIT_TIMEOUT"
 
+ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
+
 #: The wrappers registered with :func:`release_at_shutdown`.
 _wrapped_models: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
-def release_at_shutdown(model: torch.nn.Module) -> torch.nn.Module:
+def release_at_shutdown(model: ModuleT) -> ModuleT:
     """Register a ``DistributedDataParallel`` wrapper (or a subclass) this backend built, so that
     :func:`shutdown_process_group` releases it before destroying the process group; returns ``model``.
 
@@ -39,6 +44,37 @@ def release_at_shutdown(model: torch.nn.Module) -> torch.nn.Module:
     """
     _wrapped_models.add(model)
     return model
+
+
+def wrap_data_parallel(
+    model: torch.nn.Module,
+    accelerator: PluginAccelerator,
+    evaluation_mode: bool = False,
+    *,
+    wrapper: Callable[..., torch.nn.parallel.DistributedDataParallel] | None = None,
+    **wrapper_kwargs: Any,
+) -> torch.nn.parallel.DistributedDataParallel | None:
+    """A whole ``wrap_model`` for data parallelism: torch's ``DistributedDataParallel`` (or ``wrapper``, a
+    subclass of it) around ``model``, registered with :func:`release_at_shutdown`. ``wrapper_kwargs`` go to the
+    wrapper; on an accelerator with an index, ``device_ids`` and ``output_device`` default to
+    ``accelerator.device``'s.
+
+    Returns ``None`` (the model unchanged, as ``wrap_model`` means it) in evaluation mode, in a run of one
+    process, for a model that is already a ``DistributedDataParallel``, and for one without a parameter that
+    requires a gradient (a frozen teacher: nothing to synchronise, and DDP refuses it).
+    """
+    if evaluation_mode or accelerator.num_processes <= 1:
+        return None
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return None
+    if not any(parameter.requires_grad for parameter in model.parameters()):
+        return None
+    device = accelerator.device
+    if device.type != "cpu" and device.index is not None:
+        wrapper_kwargs.setdefault("device_ids", [device.index])
+        wrapper_kwargs.setdefault("output_device", device.index)
+    build = wrapper or torch.nn.parallel.DistributedDataParallel
+    return release_at_shutdown(build(model, **wrapper_kwargs))
 
 
 def _release_wrapped_models() -> None:
@@ -175,7 +211,9 @@ def join_process_group(
 
     With one process, the environment of one process (``DistributedType.NO``) and no group, unless ``alone``:
     then a group of one all the same (an in-memory store), for libraries that need ``torch.distributed`` even
-    in one process (FSDP2's ``fully_shard``, ``torch.distributed.checkpoint``).
+    in one process (FSDP2's ``fully_shard``, ``torch.distributed.checkpoint``, DeepSpeed's engine). A library
+    that forms its own group only when none exists (``deepspeed.init_distributed``) adopts this one when
+    called after it.
     """
     import torch.distributed as dist
 
@@ -190,9 +228,9 @@ def join_process_group(
         timeout = datetime.timedelta(seconds=timeout)
     if timeout is not None:
         kwargs["timeout"] = timeout
+    if device.type == "cuda" and (dist.is_initialized() or world_size > 1 or alone):
+        torch.cuda.set_device(device)  # this process's GPU, also for a group the script initialised itself
     if not dist.is_initialized() and (world_size > 1 or alone):
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
         if world_size == 1:
             kwargs["store"] = dist.HashStore()
         else:

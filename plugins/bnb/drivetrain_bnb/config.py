@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from drivetrain.plugin_api import ConfigurationError, CustomDtype
+from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api.big_model import CustomDtype
 
 #: The dtype names the string-valued dtype fields accept.
 DTYPE_NAMES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

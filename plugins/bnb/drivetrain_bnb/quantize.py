@@ -15,11 +15,11 @@ import importlib.metadata as importlib_metadata
 import logging
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from drivetrain.plugin_api import (
+from drivetrain.plugin_api.big_model import (
     device_for,
     dispatch_model,
     find_tied_parameters,
@@ -184,7 +184,7 @@ def _quantize_layers(model: torch.nn.Module, device_of: Any) -> None:
     for name, module in model.named_modules():
         if not isinstance(module, _bnb_layers(bnb)):
             continue
-        weight = module.weight
+        weight: Any = cast(Any, module).weight
         if weight.device.type == "meta":
             continue
         target = torch.device(device_of(name))
@@ -207,8 +207,9 @@ def _accept_int8_state(layers: list[torch.nn.Module]) -> None:
     """Give each 8-bit layer empty non-persistent buffers for ``INT8_STATE``: the kernel's loader fills them from
     a checkpoint saved from a quantized model and, being non-persistent, does not miss them in another one."""
     for layer in layers:
+        out_features = cast(int, layer.out_features)
         layer.register_buffer(
-            "SCB", torch.empty(layer.out_features, dtype=torch.float32, device="meta"), persistent=False
+            "SCB", torch.empty(out_features, dtype=torch.float32, device="meta"), persistent=False
         )
         layer.register_buffer(
             "weight_format", torch.empty((), dtype=torch.uint8, device="meta"), persistent=False
@@ -221,7 +222,7 @@ def _take_int8_state(named_layers: list[tuple[str, torch.nn.Module]], checkpoint
         scales = layer.SCB
         for buffer in INT8_STATE:
             delattr(layer, buffer)
-        weight = layer.weight
+        weight: Any = layer.weight
         if weight.dtype != torch.int8:
             continue  # a full-precision weight, quantized when it is placed
         if scales.device.type == "meta":
@@ -329,8 +330,8 @@ def load_and_quantize_model(
         )
     modules_to_not_convert = [*config.skip_modules, *config.keep_in_fp32_modules]
     # read by PEFT and transformers to tell a quantized model
-    model.is_loaded_in_4bit = config.load_in_4bit
-    model.is_loaded_in_8bit = config.load_in_8bit
+    setattr(model, "is_loaded_in_4bit", config.load_in_4bit)  # noqa: B010 (attributes torch's type lacks)
+    setattr(model, "is_loaded_in_8bit", config.load_in_8bit)  # noqa: B010
 
     if get_parameter_device(model).type != "meta":
         if weights_location is not None:
@@ -419,7 +420,7 @@ def get_quantized_model_device_map(
         special_dtypes.update(
             {name: torch.float32 for name, _ in model.named_parameters() if names_module(name, keep_fp32)}
         )
-        device_map = resolve_device_map(
+        resolved = resolve_device_map(
             model,
             device_map,
             max_memory=max_memory,
@@ -427,6 +428,8 @@ def get_quantized_model_device_map(
             dtype=config.target_dtype,
             special_dtypes=special_dtypes,
         )
+        assert resolved is not None  # a strategy name always resolves to a map
+        device_map = resolved
     offloaded = _offload_devices(device_map)
     quantized_offloaded = [
         key
@@ -463,6 +466,7 @@ def quantize_and_offload_8bit(
         set_module_tensor_to_device(model, param_name, "cpu", dtype=new_dtype, value=param)
         owner = model.get_submodule(param_name.rpartition(".")[0])
         quantized = owner._parameters[param_name.rpartition(".")[2]]
+        assert quantized is not None  # set_module_tensor_to_device just put it there
         quantized.requires_grad = False
         offload_weight(quantized, param_name, offload_folder, index=offload_index)
         statistics = getattr(quantized, "SCB", None)

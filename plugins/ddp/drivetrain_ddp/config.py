@@ -8,11 +8,13 @@ they choose a gradient communication hook that :func:`register_comm_hook` instal
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
-from drivetrain.plugin_api import ConfigurationError, KwargsHandler
+from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api.settings import KwargsHandler
 
 
 class DDPCommunicationHookType(str, enum.Enum):
@@ -171,13 +173,13 @@ def register_comm_hook(
         repair_batched_power_sgd,
     )
 
-    hooks = {
+    hooks: dict[DDPCommunicationHookType, Callable[..., Any]] = {
         DDPCommunicationHookType.FP16: default_hooks.fp16_compress_hook,
         DDPCommunicationHookType.BF16: default_hooks.bf16_compress_hook,
         DDPCommunicationHookType.POWER_SGD: powerSGD_hook.powerSGD_hook,
         DDPCommunicationHookType.BATCHED_POWER_SGD: powerSGD_hook.batched_powerSGD_hook,
     }
-    wrappers = {
+    wrappers: dict[DDPCommunicationHookType, Callable[..., Any]] = {
         DDPCommunicationHookType.FP16: default_hooks.fp16_compress_wrapper,
         DDPCommunicationHookType.BF16: default_hooks.bf16_compress_wrapper,
     }

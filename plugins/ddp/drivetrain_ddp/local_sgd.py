@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.plugin_api import DistributedType
+from drivetrain.plugin_api import DistributedType, PluginAccelerator
 
 #: Where a model is a plain replica per process whose parameters can be averaged with an all-reduce.
 SUPPORTED_TYPES = (
@@ -30,7 +30,13 @@ class LocalSGD:
     the block keeps working: gradients accumulate locally and the optimizer steps at the usual boundaries.
     """
 
-    def __init__(self, accelerator: Any, model: torch.nn.Module, local_sgd_steps: int, enabled: bool = True):
+    def __init__(
+        self,
+        accelerator: PluginAccelerator,
+        model: torch.nn.Module,
+        local_sgd_steps: int,
+        enabled: bool = True,
+    ):
         if accelerator.distributed_type not in SUPPORTED_TYPES:
             raise NotImplementedError(
                 f"LocalSGD averages plain per-process replicas (ddp backend); it does not support "

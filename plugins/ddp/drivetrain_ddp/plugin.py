@@ -13,7 +13,15 @@ from typing import Any
 import torch
 
 from drivetrain import hookimpl
-from drivetrain.plugin_api import Capabilities, PluginInfo, join_process_group, release_at_shutdown
+from drivetrain.plugin_api import (
+    Capabilities,
+    DistributedEnvironment,
+    ParallelismConfig,
+    PluginAccelerator,
+    PluginInfo,
+    join_process_group,
+    wrap_data_parallel,
+)
 from drivetrain_ddp.wrapper import DrivetrainDDP
 
 PLUGIN_INFO = PluginInfo(
@@ -33,7 +41,9 @@ PLUGIN_INFO = PluginInfo(
 
 
 @hookimpl
-def setup_process_group(device: torch.device, init_kwargs: dict[str, Any], parallelism: Any):
+def setup_process_group(
+    device: torch.device, init_kwargs: dict[str, Any], parallelism: ParallelismConfig | None
+) -> DistributedEnvironment:
     environment = join_process_group(device, init_kwargs)
     if (
         parallelism is None
@@ -45,7 +55,7 @@ def setup_process_group(device: torch.device, init_kwargs: dict[str, Any], paral
     return dataclasses.replace(environment, device_mesh=parallelism.build_device_mesh(device.type))
 
 
-def ddp_kwargs_handler(accelerator: Any) -> Any:
+def ddp_kwargs_handler(accelerator: PluginAccelerator) -> Any:
     """The user's ``DistributedDataParallelKwargs`` from ``Accelerator(kwargs_handlers=[...])``, or None."""
     from drivetrain_ddp.config import DistributedDataParallelKwargs
 
@@ -56,21 +66,12 @@ def ddp_kwargs_handler(accelerator: Any) -> Any:
 
 
 @hookimpl
-def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) -> torch.nn.Module | None:
-    if evaluation_mode or accelerator.num_processes <= 1:
-        return None
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return None
-    if not any(parameter.requires_grad for parameter in model.parameters()):
-        # Nothing to synchronise (a frozen teacher model, say); DDP would refuse such a module.
-        return None
+def wrap_model(
+    model: torch.nn.Module, accelerator: PluginAccelerator, evaluation_mode: bool
+) -> torch.nn.Module | None:
     handler = ddp_kwargs_handler(accelerator)
     kwargs = handler.to_kwargs() if handler is not None else {}
-    device = accelerator.device
-    if device.type != "cpu" and device.index is not None:
-        kwargs.setdefault("device_ids", [device.index])
-        kwargs.setdefault("output_device", device.index)
-    wrapped = DrivetrainDDP(model, **kwargs)
-    if handler is not None:
+    wrapped = wrap_data_parallel(model, accelerator, evaluation_mode, wrapper=DrivetrainDDP, **kwargs)
+    if wrapped is not None and handler is not None:
         handler.register_comm_hook(wrapped)
-    return release_at_shutdown(wrapped)
+    return wrapped

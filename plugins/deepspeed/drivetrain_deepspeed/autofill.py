@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api import ConfigurationError, PluginAccelerator
 from drivetrain_deepspeed.dummies import DummyOptim, DummyScheduler
 from drivetrain_deepspeed.paths import get_path, set_path
 
@@ -42,11 +42,11 @@ def _batch_size(loader: Any) -> int | None:
     return size if isinstance(size, int) else None
 
 
-def loader_batch_sizes(accelerator: Any) -> list[int]:
+def loader_batch_sizes(accelerator: PluginAccelerator) -> list[int]:
     """Per-process batch sizes of the data loaders of this ``prepare`` call, else of those prepared before
     (which report their per-process batch size already)."""
-    pending = [_batch_size(loader) for loader in accelerator.prepared.pending_dataloaders]
-    pending = [size for size in pending if size is not None]
+    sizes = [_batch_size(loader) for loader in accelerator.prepared.pending_dataloaders]
+    pending = [size for size in sizes if size is not None]
     if pending:
         if accelerator.split_batches:
             return [size // accelerator.num_processes for size in pending]
@@ -58,7 +58,7 @@ def loader_batch_sizes(accelerator: Any) -> list[int]:
     return []
 
 
-def micro_batch_size(accelerator: Any, is_train_batch_min: bool = True) -> int | None:
+def micro_batch_size(accelerator: PluginAccelerator, is_train_batch_min: bool = True) -> int | None:
     """The micro batch size "auto" becomes: with a training and an evaluation loader in one ``prepare`` call,
     the smaller of their batch sizes (``DeepSpeedPlugin.is_train_batch_min``, the default) or the larger."""
     sizes = loader_batch_sizes(accelerator)
@@ -111,7 +111,7 @@ def resolve_precision(config: dict[str, Any], mixed_precision: str) -> str:
 
 def fill_config(
     base: dict[str, Any],
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
     training: bool,

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from drivetrain.plugin_api import (
-    CheckpointError,
+from drivetrain.plugin_api import CheckpointError, PluginAccelerator
+from drivetrain.plugin_api.checkpoint import (
     safe_load,
     scheduler_file_name,
     torch_save_into_checkpoint,
@@ -62,7 +62,7 @@ def _user_schedulers(schedulers: list[Any]) -> list[tuple[int, Any]]:
 
 def save_state(
     output_dir: str,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     models: list[Any],
     schedulers: list[Any],
     save_model_func_kwargs: dict[str, Any],
@@ -139,7 +139,7 @@ def _refuse_unsafe_files(folder: str) -> None:
 
 def load_state(
     input_dir: str,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     models: list[Any],
     schedulers: list[Any],
     map_location: Any,

@@ -19,7 +19,8 @@ from typing import Any, ClassVar
 
 import attrs
 
-from drivetrain.plugin_api import BackendConfigReader, ConfigurationError, resolve_backend_config, to_bool
+from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api.settings import BackendConfigReader, resolve_backend_config, to_bool
 from drivetrain_deepspeed.hf_config import HfDeepSpeedConfig, load_config
 from drivetrain_deepspeed.paths import get_path, set_path
 
@@ -399,7 +400,10 @@ class DeepSpeedPlugin:
             config.setdefault("bf16", {"enabled": True})
         for dtype in ("fp16", "bf16"):
             config.setdefault(dtype, {"enabled": False})
-        enabled = {"fp16.enabled": mixed_precision == "fp16", "bf16.enabled": mixed_precision == "bf16"}
+        enabled: dict[str, Any] = {
+            "fp16.enabled": mixed_precision == "fp16",
+            "bf16.enabled": mixed_precision == "bf16",
+        }
         self.fill_match("fp16.enabled", must_match=False, **enabled)
         self.fill_match("bf16.enabled", must_match=False, **enabled)
 

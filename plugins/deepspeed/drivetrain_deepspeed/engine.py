@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 import torch
 
-from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api import ConfigurationError, PluginAccelerator
 from drivetrain_deepspeed.autofill import fill_config, resolve_precision
 from drivetrain_deepspeed.config import DeepSpeedPlugin
 from drivetrain_deepspeed.dummies import DummyOptim
@@ -46,7 +46,7 @@ _engines_by_accelerator: weakref.WeakKeyDictionary[Any, list[EngineRecord]] = we
 _engine_of_optimizer: dict[int, EngineRecord] = {}
 
 
-def records_of(accelerator: Any) -> list[EngineRecord]:
+def records_of(accelerator: PluginAccelerator) -> list[EngineRecord]:
     return _engines_by_accelerator.setdefault(accelerator, [])
 
 
@@ -58,7 +58,7 @@ def record_of_engine(engine: Any) -> EngineRecord | None:
     return None
 
 
-def training_record(accelerator: Any) -> EngineRecord:
+def training_record(accelerator: PluginAccelerator) -> EngineRecord:
     """The engine ``accelerator.backward`` drives: the last one prepared with an optimizer (as Accelerate;
     train disjoint models with one Accelerator each)."""
     for record in reversed(records_of(accelerator)):
@@ -86,7 +86,7 @@ def _optimizer_for(model: torch.nn.Module, pending: list[Any]) -> Any:
     return matches[0] if matches else None
 
 
-def build_engine(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) -> Any:
+def build_engine(model: torch.nn.Module, accelerator: PluginAccelerator, evaluation_mode: bool) -> Any:
     """Create the engine for ``model`` from the active plugin, the optimizer of the same prepare() call and,
     for a DummyOptim, its DummyScheduler."""
     deepspeed = import_deepspeed(accelerator.device.type)
@@ -149,7 +149,8 @@ def _partition_for_nvme(deepspeed: Any, model: torch.nn.Module, config: dict[str
         deepspeed.zero.Init(module=model, config_dict_or_path=config)
 
 
-def get_nested(node: dict[str, Any], *keys: str) -> Any:
+def get_nested(node: Any, *keys: str) -> Any:
+    """``node[keys[0]][keys[1]]...``, or None where a level is missing or not a dict."""
     for key in keys:
         node = node.get(key) if isinstance(node, dict) else None
     return node
@@ -177,7 +178,7 @@ class _NormRecordingWrapper(DeepSpeedEngineWrapper):
             self.record.last_grad_norm = _local_full_grad_norm(self.engine.module)
 
 
-def backward(loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, Any]) -> None:
+def backward(loss: torch.Tensor, accelerator: PluginAccelerator, backward_kwargs: dict[str, Any]) -> None:
     """One micro step through the engine (see DeepSpeedEngineWrapper)."""
     record = training_record(accelerator)
     # The kernel already divided the loss by the accumulation steps: the engine must not divide again.
@@ -203,7 +204,7 @@ def _local_full_grad_norm(module: torch.nn.Module) -> torch.Tensor:
     return torch.nn.utils.get_total_norm(grads, 2.0)
 
 
-def grad_norm(accelerator: Any, max_norm: float) -> torch.Tensor:
+def grad_norm(accelerator: PluginAccelerator, max_norm: float) -> torch.Tensor:
     """The global gradient norm of the last optimizer step (before clipping). Clipping itself happens inside
     the engine, by the config's ``gradient_clipping``."""
     record = training_record(accelerator)
@@ -238,7 +239,7 @@ def _warn_clipping_once(configured: Any, max_norm: float) -> None:
     )
 
 
-def engine_precision(accelerator: Any) -> str:
+def engine_precision(accelerator: PluginAccelerator) -> str:
     """The precision the active configuration trains in ("no", "bf16", "fp16")."""
     records = records_of(accelerator)
     if records:
@@ -292,7 +293,7 @@ def zero3_init(plugin_or_accelerator: Any = None, enabled: bool = True) -> Itera
         plugin = plugin_or_accelerator
         mixed_precision = "no"
     else:
-        from drivetrain.plugin_api import AcceleratorState
+        from drivetrain.plugin_api.state import AcceleratorState
 
         state = plugin_or_accelerator.state if plugin_or_accelerator is not None else AcceleratorState()
         plugin = get_active_deepspeed_plugin(state)

@@ -17,7 +17,8 @@ import sys
 import tempfile
 from typing import Any
 
-from drivetrain.plugin_api import ConfigurationError, backend_settings, to_bool
+from drivetrain.plugin_api import ConfigurationError, free_port
+from drivetrain.plugin_api.settings import backend_settings, to_bool
 
 #: ``--deepspeed_multinode_launcher`` values: DeepSpeed runner's launchers, plus Accelerate's "standard" (torch's
 #: launcher, hostfile unused) and "nossh" (DeepSpeed's runner on each machine, started by the user).
@@ -84,12 +85,6 @@ def _setting(args: Any, name: str) -> Any:
     return backend_settings("deepspeed")[1].get(name)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _only_this_machine(hostfile: str) -> bool:
     local = {"localhost", "127.0.0.1", socket.gethostname()}
     with open(hostfile, encoding="utf-8") as handle:
@@ -132,7 +127,7 @@ def runner_command(args: Any, script_argv: list[str], env_file: str) -> list[str
     if exclude:
         command += ["--exclude", str(exclude)]
     address = getattr(args, "main_process_ip", None) or ("127.0.0.1" if local else None)
-    port = getattr(args, "main_process_port", None) or (_free_port() if local else None)
+    port = getattr(args, "main_process_port", None) or (free_port() if local else None)
     if address:
         command += ["--master_addr", str(address)]
     if port:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from drivetrain import hookimpl
-from drivetrain.plugin_api import Capabilities, PluginInfo
+from drivetrain.plugin_api import Capabilities, PluginAccelerator, PluginInfo
 
 PLUGIN_INFO = PluginInfo(
     kind="backend",
@@ -67,7 +67,7 @@ def setup_process_group(device: torch.device, init_kwargs: dict[str, Any], backe
 
 
 @hookimpl
-def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) -> Any:
+def wrap_model(model: torch.nn.Module, accelerator: PluginAccelerator, evaluation_mode: bool) -> Any:
     from drivetrain_deepspeed.engine import build_engine, engine_precision, record_of_engine
 
     if record_of_engine(model) is not None:
@@ -76,21 +76,21 @@ def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) 
     if accelerator.mixed_precision == "no" and engine_precision(accelerator) != "no":
         # The DeepSpeed config alone asked for 16-bit: the module's weights are 16-bit now, so its forward
         # must run under autocast (the kernel patches forward only when mixed_precision is set).
-        from drivetrain.plugin_api import patch_forward_with_autocast
+        from drivetrain.plugin_api.training import patch_forward_with_autocast
 
         patch_forward_with_autocast(model, accelerator.autocast)
     return engine
 
 
 @hookimpl
-def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> Any:
+def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: PluginAccelerator) -> Any:
     from drivetrain_deepspeed.engine import engine_optimizer
 
     return engine_optimizer(optimizer)
 
 
 @hookimpl
-def backward(loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, Any]) -> bool:
+def backward(loss: torch.Tensor, accelerator: PluginAccelerator, backward_kwargs: dict[str, Any]) -> bool:
     from drivetrain_deepspeed.engine import backward as engine_backward
 
     engine_backward(loss, accelerator, backward_kwargs)
@@ -98,7 +98,9 @@ def backward(loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, An
 
 
 @hookimpl
-def clip_grad_norm(parameters: list, max_norm: float, norm_type: float, accelerator: Any) -> torch.Tensor:
+def clip_grad_norm(
+    parameters: list, max_norm: float, norm_type: float, accelerator: PluginAccelerator
+) -> torch.Tensor:
     from drivetrain_deepspeed.engine import grad_norm
 
     return grad_norm(accelerator, max_norm)
@@ -108,7 +110,7 @@ _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @hookimpl
-def autocast(accelerator: Any, autocast_kwargs: dict[str, Any]) -> Any:
+def autocast(accelerator: PluginAccelerator, autocast_kwargs: dict[str, Any]) -> Any:
     from drivetrain_deepspeed.engine import engine_precision
 
     dtype = _AUTOCAST_DTYPES.get(engine_precision(accelerator))
@@ -120,7 +122,11 @@ def autocast(accelerator: Any, autocast_kwargs: dict[str, Any]) -> Any:
 
 @hookimpl
 def save_state(
-    output_dir: str, accelerator: Any, models: list, schedulers: list, save_kwargs: dict[str, Any]
+    output_dir: str,
+    accelerator: PluginAccelerator,
+    models: list,
+    schedulers: list,
+    save_kwargs: dict[str, Any],
 ) -> bool:
     from drivetrain_deepspeed.checkpoint import save_state as save
 
@@ -131,7 +137,7 @@ def save_state(
 @hookimpl
 def load_state(
     input_dir: str,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     models: list,
     schedulers: list,
     map_location: Any,

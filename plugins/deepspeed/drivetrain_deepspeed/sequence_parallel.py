@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from drivetrain.plugin_api import to_bool
+from drivetrain.plugin_api.settings import to_bool
 
 #: attention implementations Ulysses wraps; a Hub kernel (``owner/name``) is accepted as well
 BUILTIN_ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa")

@@ -16,7 +16,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from drivetrain.plugin_api import ConfigurationError, initialized_accelerator_state
+from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api.state import initialized_accelerator_state
 
 
 def running_mixed_precision() -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drivetrain.plugin_api import AcceleratedOptimizer, AcceleratedScheduler
+from drivetrain.plugin_api.training import AcceleratedOptimizer, AcceleratedScheduler
 
 
 class DeepSpeedEngineWrapper:

@@ -18,7 +18,7 @@ def zero_init_config(plugin: Any, mixed_precision: str) -> dict[str, Any]:
     whole config but reads only the ZeRO section and the dtype)."""
     config = copy.deepcopy(plugin.deepspeed_config)
     precision = resolve_precision(config, mixed_precision)
-    init_config = {
+    init_config: dict[str, Any] = {
         "zero_optimization": {
             key: value for key, value in config.get("zero_optimization", {}).items() if value != "auto"
         },

@@ -172,3 +172,6 @@ def test_drivetrain_launch_with_deepspeed_options(launch_env, tmp_path):
     )
     assert "CHECK launched_stage_1 ok" in result.stdout
     assert "CHECK launched_by_deepspeed_runner ok" in result.stdout
+    # The script did not call end_training(): the kernel's exit handler (the backend joins through
+    # join_process_group) met the other rank and destroyed the group.
+    assert "CHECK launched_left_group_at_exit ok" in result.stdout

@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from drivetrain.plugin_api import plugin_options, to_bool
+from drivetrain.plugin_api.settings import plugin_options, to_bool
 from drivetrain_fp8.backends import BY_NAME
 
 PLUGIN_NAME = "fp8"
@@ -174,7 +174,7 @@ def check_fp8_config(section: Any) -> dict[str, Any]:
         raise ValueError(f"fp8_config must be a mapping of fp8 settings, got {type(section).__name__}")
     normalised: dict[str, Any] = {}
     for key, value in section.items():
-        field = CONFIG_ALIASES.get(key, key)
+        field = CONFIG_ALIASES.get(key) or key
         field = field[4:] if field.startswith("fp8_") and field[4:] in NORMALISERS else field
         if field not in NORMALISERS:
             raise ValueError(

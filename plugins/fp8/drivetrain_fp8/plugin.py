@@ -16,14 +16,8 @@ from typing import Any
 import attrs
 import torch
 
-from drivetrain.plugin_api import (
-    AcceleratedOptimizer,
-    Capabilities,
-    ConfigurationError,
-    PluginInfo,
-    hookimpl,
-    patch_forward_with_autocast,
-)
+from drivetrain.plugin_api import Capabilities, ConfigurationError, PluginAccelerator, PluginInfo, hookimpl
+from drivetrain.plugin_api.training import AcceleratedOptimizer, patch_forward_with_autocast
 from drivetrain_fp8 import options
 from drivetrain_fp8.selection import Choice, check_composition, choose
 
@@ -70,7 +64,7 @@ class Fp8Run:
 _runs: weakref.WeakKeyDictionary[Any, Fp8Run] = weakref.WeakKeyDictionary()
 
 
-def fp8_run(accelerator: Any) -> Fp8Run:
+def fp8_run(accelerator: PluginAccelerator) -> Fp8Run:
     """The fp8 decisions for ``accelerator``, made on first use and checked against its backend and device."""
     run = _runs.get(accelerator)
     if run is None:
@@ -92,7 +86,9 @@ def register_extensions(registry: Any) -> None:
 
 
 @hookimpl
-def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) -> torch.nn.Module | None:
+def wrap_model(
+    model: torch.nn.Module, accelerator: PluginAccelerator, evaluation_mode: bool
+) -> torch.nn.Module | None:
     run = fp8_run(accelerator)
     if run.backend in SELF_MANAGED_BACKENDS:
         return None
@@ -136,7 +132,9 @@ def _convert_te(model: torch.nn.Module, run: Fp8Run) -> None:
     run.replaced.update(replaced_by(model, lambda: convert_model(model)))
 
 
-def _initialize_msamp(model: torch.nn.Module, run: Fp8Run, accelerator: Any, evaluation_mode: bool) -> Any:
+def _initialize_msamp(
+    model: torch.nn.Module, run: Fp8Run, accelerator: PluginAccelerator, evaluation_mode: bool
+) -> Any:
     from drivetrain_fp8 import msamp
 
     optimizer = msamp.the_optimizer_of(list(accelerator.prepared.pending_optimizers), evaluation_mode)
@@ -147,7 +145,7 @@ def _initialize_msamp(model: torch.nn.Module, run: Fp8Run, accelerator: Any, eva
 
 
 @hookimpl
-def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> Any:
+def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: PluginAccelerator) -> Any:
     run = fp8_run(accelerator)
     if run.backend in SELF_MANAGED_BACKENDS:
         return None
@@ -176,13 +174,17 @@ def _msamp_optimizer(optimizer: torch.optim.Optimizer, run: Fp8Run) -> Any:
 
 
 @hookimpl
-def autocast(accelerator: Any, autocast_kwargs: dict[str, Any]) -> contextlib.AbstractContextManager | None:
+def autocast(
+    accelerator: PluginAccelerator, autocast_kwargs: dict[str, Any]
+) -> contextlib.AbstractContextManager | None:
     # Accelerate runs fp8 models under bf16 autocast: what is not fp8 computes in bf16.
     return torch.autocast(device_type=accelerator.device.type, dtype=torch.bfloat16, **autocast_kwargs)
 
 
 @hookimpl
-def backward(loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, Any]) -> bool | None:
+def backward(
+    loss: torch.Tensor, accelerator: PluginAccelerator, backward_kwargs: dict[str, Any]
+) -> bool | None:
     run = fp8_run(accelerator)
     if run.scaler is None:
         return None
@@ -191,7 +193,7 @@ def backward(loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, An
 
 
 @hookimpl
-def clip_grad_norm(accelerator: Any) -> None:
+def clip_grad_norm(accelerator: PluginAccelerator) -> None:
     # MS-AMP: gradients are scaled until unscaled; clipping must see their true values. The next plugin
     # (the distribution backend or local) then clips.
     run = fp8_run(accelerator)

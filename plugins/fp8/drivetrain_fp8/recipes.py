@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 
 import attrs
 
-from drivetrain.plugin_api import ConfigurationError, KwargsHandler
+from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api.settings import KwargsHandler
 from drivetrain_fp8 import options
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from drivetrain.plugin_api import (
-    CheckpointError,
+from drivetrain.plugin_api import CheckpointError, PluginAccelerator
+from drivetrain.plugin_api.checkpoint import (
     model_file_name,
     optimizer_file_name,
     safe_dcp_load,
@@ -51,7 +51,7 @@ def _options(full: bool, **kwargs: Any) -> Any:
     return StateDictOptions(full_state_dict=full, **kwargs)
 
 
-def _module(model: torch.nn.Module, accelerator: Any) -> torch.nn.Module:
+def _module(model: torch.nn.Module, accelerator: PluginAccelerator) -> torch.nn.Module:
     """The sharded module itself: fully_shard works in place (torch.compile wraps it); FSDP1's wrapper is
     the module torch's state-dict functions take."""
     from drivetrain_fsdp.fsdp1 import is_fsdp1
@@ -86,7 +86,7 @@ def _config(
 
 def save(
     output_dir: str,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     models: list,
     optimizers: list,
     schedulers: list,
@@ -105,7 +105,7 @@ def save(
             dcp.save({MODEL_KEY: get_model_state_dict(module)}, checkpoint_id=model_folder(output_dir, index))
         else:
             offload = offload_to_cpu(module, _config(module, config))
-            state = get_model_state_dict(module, options=_options(True, cpu_offload=offload))
+            state: Any = get_model_state_dict(module, options=_options(True, cpu_offload=offload))
             if writer:
                 write_model_weights(
                     state,
@@ -146,7 +146,7 @@ def _full_model_file(input_dir: str, index: int) -> str | None:
 
 def load(
     input_dir: str,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     models: list,
     optimizers: list,
     schedulers: list,
@@ -178,7 +178,7 @@ def load(
                 f"{input_dir} holds no weights for model {index} (neither {os.path.basename(folder)}/ nor "
                 f"{model_file_name(index, True)}); was it saved with the same number of prepared models?"
             )
-        full: dict[str, torch.Tensor] = {}
+        full: dict[str, Any] = {}
         if is_rank0:
             if path.endswith(".safetensors"):
                 from safetensors.torch import load_file
@@ -197,9 +197,9 @@ def load(
             load_sharded_optimizer_state(module, inner, folder, OPTIMIZER_KEY)
             continue
         if os.path.isdir(folder):
-            state = {OPTIMIZER_KEY: get_optimizer_state_dict(module, inner)}
-            safe_dcp_load(state, folder)
-            set_optimizer_state_dict(module, inner, state[OPTIMIZER_KEY])
+            loaded: dict[str, Any] = {OPTIMIZER_KEY: get_optimizer_state_dict(module, inner)}
+            safe_dcp_load(loaded, folder)
+            set_optimizer_state_dict(module, inner, loaded[OPTIMIZER_KEY])
             continue
         path = os.path.join(input_dir, optimizer_file_name(index))
         if not os.path.isfile(path):

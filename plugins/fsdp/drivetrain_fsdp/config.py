@@ -22,7 +22,8 @@ from typing import Any
 import attrs
 import torch
 
-from drivetrain.plugin_api import BackendConfigReader, ConfigurationError, to_bool
+from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api.settings import BackendConfigReader, to_bool
 from drivetrain_fsdp.enums import (  # re-exported: users import them from here
     AutoWrapPolicy,
     BackwardPrefetch,
@@ -166,7 +167,9 @@ def _mixed_precision_policy(value: Any) -> Any:
                 f"FullyShardedDataParallelPlugin.mixed_precision_policy has unknown key(s) {', '.join(unknown)}; "
                 f"valid keys: {', '.join(allowed)}"
             )
-        kwargs = {key: _dtype(item, key) for key, item in value.items() if key != "cast_forward_inputs"}
+        kwargs: dict[str, Any] = {
+            key: _dtype(item, key) for key, item in value.items() if key != "cast_forward_inputs"
+        }
         if "cast_forward_inputs" in value:
             kwargs["cast_forward_inputs"] = to_bool(
                 value["cast_forward_inputs"],

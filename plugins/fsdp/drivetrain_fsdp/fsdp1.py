@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from drivetrain.plugin_api import ConfigurationError, safe_dcp_load
+from drivetrain.plugin_api import ConfigurationError, PluginAccelerator
+from drivetrain.plugin_api.checkpoint import safe_dcp_load
 from drivetrain_fsdp.config import BackwardPrefetch, FullyShardedDataParallelPlugin
 
 
@@ -25,7 +26,7 @@ def is_fsdp1(model: Any) -> bool:
 
 
 def wrap_fsdp1(
-    model: torch.nn.Module, config: FullyShardedDataParallelPlugin, accelerator: Any
+    model: torch.nn.Module, config: FullyShardedDataParallelPlugin, accelerator: PluginAccelerator
 ) -> torch.nn.Module:
     """``FullyShardedDataParallel(model, ...)`` with the plugin's settings; returns the wrapper (its
     ``.module`` is the user's model, which ``accelerator.unwrap_model`` returns)."""
@@ -133,7 +134,7 @@ class _FullStateDict:
 
         offload = self.compute_device.type != "cpu"  # type: ignore[attr-defined]
         options = StateDictOptions(full_state_dict=True, cpu_offload=offload)
-        state = get_model_state_dict(self, options=options)  # type: ignore[arg-type]
+        state: Any = get_model_state_dict(self, options=options)  # type: ignore[arg-type]
         import torch.distributed as dist
 
         return state if dist.get_rank() == 0 else {}

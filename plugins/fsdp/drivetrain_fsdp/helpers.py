@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from drivetrain.plugin_api import CheckpointError, safe_dcp_load, safe_load
+from drivetrain.plugin_api import CheckpointError, PluginAccelerator
+from drivetrain.plugin_api.checkpoint import safe_dcp_load, safe_load
 from drivetrain_fsdp.checkpoint import MODEL_FOLDER, MODEL_KEY, OPTIMIZER_FOLDER, OPTIMIZER_KEY
 from drivetrain_fsdp.config import FullyShardedDataParallelPlugin, StateDictType
 
@@ -78,7 +79,7 @@ def _folder(directory: str | os.PathLike, name: str) -> Path:
 
 def save_fsdp_model(
     fsdp_plugin: FullyShardedDataParallelPlugin,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     model: torch.nn.Module,
     output_dir: str | os.PathLike,
     model_index: int = 0,
@@ -107,7 +108,7 @@ def save_fsdp_model(
 
 def load_fsdp_model(
     fsdp_plugin: FullyShardedDataParallelPlugin,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     model: torch.nn.Module,
     input_dir: str | os.PathLike,
     model_index: int = 0,
@@ -147,7 +148,7 @@ def load_fsdp_model(
 
 def save_fsdp_optimizer(
     fsdp_plugin: FullyShardedDataParallelPlugin,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     optimizer: torch.optim.Optimizer,
     model: torch.nn.Module,
     output_dir: str | os.PathLike,
@@ -181,7 +182,7 @@ def save_fsdp_optimizer(
 
 def load_fsdp_optimizer(
     fsdp_plugin: FullyShardedDataParallelPlugin,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     optimizer: torch.optim.Optimizer,
     model: torch.nn.Module,
     input_dir: str | os.PathLike,
@@ -223,7 +224,7 @@ def load_fsdp_optimizer(
     _barrier()
 
 
-def fsdp2_prepare_model(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+def fsdp2_prepare_model(accelerator: PluginAccelerator, model: torch.nn.Module) -> torch.nn.Module:
     """Shard ``model`` in place with the run's FSDP configuration (what ``prepare`` does to a model) and
     return it; a model sharded already is returned as it is."""
     from torch.distributed.fsdp import FSDPModule
@@ -237,7 +238,10 @@ def fsdp2_prepare_model(accelerator: Any, model: torch.nn.Module) -> torch.nn.Mo
 
 
 def fsdp2_load_full_state_dict(
-    accelerator: Any, model: torch.nn.Module, full_sd: dict[str, torch.Tensor], cpu_offload: bool = False
+    accelerator: PluginAccelerator,
+    model: torch.nn.Module,
+    full_sd: dict[str, torch.Tensor],
+    cpu_offload: bool = False,
 ) -> torch.nn.Module:
     """Load a full state dict held by rank 0 (the other ranks may pass ``{}``) into the sharded ``model``:
     each rank receives only its shards. Parameters still on the meta device are allocated first."""
@@ -281,7 +285,7 @@ def fsdp2_prepare_auto_wrap_policy(
     return lambda module: id(getattr(module, "_checkpoint_wrapped_module", module)) in chosen
 
 
-def fsdp2_apply_ac(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+def fsdp2_apply_ac(accelerator: PluginAccelerator, model: torch.nn.Module) -> torch.nn.Module:
     """Activation checkpointing on the units the run's wrap policy picks (composable: parameter names do
     not change); returns ``model``."""
     from torch.distributed._composable import checkpoint

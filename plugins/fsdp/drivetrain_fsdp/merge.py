@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from drivetrain.plugin_api import CheckpointError, read_dcp_metadata, safe_dcp_load
+from drivetrain.plugin_api import CheckpointError
+from drivetrain.plugin_api.checkpoint import read_dcp_metadata, safe_dcp_load
 
 METADATA_FILE = ".metadata"
 
@@ -74,7 +75,7 @@ def merge_fsdp_weights(
     Called by every process of a distributed run, only the main process merges (the others return an empty
     list) and all return once the files are written.
     """
-    from drivetrain.plugin_api import write_model_files
+    from drivetrain.plugin_api.checkpoint import write_model_files
 
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     written: list[str] = []

@@ -8,7 +8,7 @@ whole model to rank 0 on CPU.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -17,9 +17,10 @@ from drivetrain.plugin_api import (
     Capabilities,
     ConfigurationError,
     DistributedType,
+    PluginAccelerator,
     PluginInfo,
-    resolve_backend_config,
 )
+from drivetrain.plugin_api.settings import resolve_backend_config
 from drivetrain_fsdp.config import READER, FullyShardedDataParallelPlugin
 
 PLUGIN_INFO = PluginInfo(
@@ -53,7 +54,7 @@ def resolve_config(given: Any) -> FullyShardedDataParallelPlugin:
     return resolve_backend_config(READER, given)
 
 
-def active_config(accelerator: Any) -> FullyShardedDataParallelPlugin:
+def active_config(accelerator: PluginAccelerator) -> FullyShardedDataParallelPlugin:
     """The configuration of the Accelerator's run (see :func:`resolve_config`)."""
     return resolve_config(accelerator.state.backend_config)
 
@@ -99,7 +100,9 @@ def setup_process_group(
 
 
 @hookimpl
-def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) -> torch.nn.Module | None:
+def wrap_model(
+    model: torch.nn.Module, accelerator: PluginAccelerator, evaluation_mode: bool
+) -> torch.nn.Module | None:
     # evaluation_mode shards too: FSDP is about fitting the model in memory, which inference needs as well.
     from torch.distributed.fsdp import FSDPModule
 
@@ -118,7 +121,9 @@ def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) 
 
 
 @hookimpl
-def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.optim.Optimizer | None:
+def wrap_optimizer(
+    optimizer: torch.optim.Optimizer, accelerator: PluginAccelerator
+) -> torch.optim.Optimizer | None:
     from drivetrain_fsdp.training import rebind_optimizer
 
     rebind_optimizer(optimizer)
@@ -127,7 +132,7 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.
 
 @hookimpl
 def clip_grad_norm(
-    parameters: list, max_norm: float, norm_type: float, accelerator: Any
+    parameters: list, max_norm: float, norm_type: float, accelerator: PluginAccelerator
 ) -> torch.Tensor | None:
     from drivetrain_fsdp.fsdp1 import is_fsdp1
     from drivetrain_fsdp.training import clip_grad_norm as clip
@@ -137,12 +142,12 @@ def clip_grad_norm(
         inner = getattr(model, "_orig_mod", model)
         if is_fsdp1(inner) and wanted & {id(p) for p in inner.parameters()}:
             # FSDP1 keeps flat shards: only the root wrapper knows the norm across them.
-            return inner.clip_grad_norm_(max_norm, norm_type)
+            return cast(Any, inner).clip_grad_norm_(max_norm, norm_type)
     return clip(parameters, max_norm, norm_type)
 
 
 @hookimpl
-def autocast(accelerator: Any) -> contextlib.AbstractContextManager | None:
+def autocast(accelerator: PluginAccelerator) -> contextlib.AbstractContextManager | None:
     # With a mixed precision policy FSDP2 already runs every unit in param_dtype (module-level casting);
     # op-level autocast on top would only add casts. Without one, the reference autocast applies.
     policy = active_config(accelerator).mixed_precision_policy
@@ -154,7 +159,7 @@ def autocast(accelerator: Any) -> contextlib.AbstractContextManager | None:
 @hookimpl
 def save_state(
     output_dir: str,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     models: list,
     optimizers: list,
     schedulers: list,
@@ -177,7 +182,7 @@ def save_state(
 @hookimpl
 def load_state(
     input_dir: str,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     models: list,
     optimizers: list,
     schedulers: list,

@@ -11,6 +11,7 @@ from drivetrain.plugin_api import (
     ConfigurationError,
     DistributedEnvironment,
     DistributedType,
+    PluginAccelerator,
     join_process_group,
     shutdown_process_group,
 )
@@ -75,7 +76,7 @@ def mesh_shape(
     return (world_size // shard, shard)
 
 
-def device_mesh(config: FullyShardedDataParallelPlugin, accelerator: Any) -> Any:
+def device_mesh(config: FullyShardedDataParallelPlugin, accelerator: PluginAccelerator) -> Any:
     """The DeviceMesh a model is sharded over (built once per shape; every rank builds it in the same order)."""
     from torch.distributed.device_mesh import init_device_mesh
 

@@ -109,9 +109,9 @@ def apply_tensor_parallel(model: torch.nn.Module, mesh: Any, handler: Any) -> No
         plan, where = resolve_plan(user_plan, "TorchTensorParallelConfig.tp_plan"), "tp_plan"
     elif is_tensor_parallel(model):
         return
-    elif model_plan(model) is not None:
+    elif (own_plan := model_plan(model)) is not None:
         plan, where = (
-            resolve_plan(model_plan(model), f"{type(model).__name__}.tp_plan"),
+            resolve_plan(own_plan, f"{type(model).__name__}.tp_plan"),
             "the model's tp_plan",
         )
     else:

@@ -4,7 +4,7 @@ clipping by the norm across shards."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -64,12 +64,12 @@ def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float, norm_type: f
     norm_type = float(norm_type)
     groups: dict[Any, list[torch.Tensor]] = {}
     for grad in grads:
-        key = grad.device_mesh if _is_dtensor(grad) else None
+        key = cast(Any, grad).device_mesh if _is_dtensor(grad) else None
         groups.setdefault(key, []).append(grad)
     norms = []
     for key, members in groups.items():
         norm = torch.nn.utils.get_total_norm(members, norm_type)
-        norms.append(norm.full_tensor() if key is not None else norm)
+        norms.append(cast(Any, norm).full_tensor() if key is not None else norm)
     stacked = torch.stack([norm.to(norms[0].device, torch.float32) for norm in norms])
     total = stacked.max() if math.isinf(norm_type) else stacked.pow(norm_type).sum().pow(1.0 / norm_type)
     coefficient = float(max_norm) / (float(total) + 1e-6)

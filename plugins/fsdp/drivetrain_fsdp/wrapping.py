@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api import ConfigurationError, PluginAccelerator
 from drivetrain_fsdp.bookkeeping import CONFIG_ATTRIBUTE, replaced_parameters
 from drivetrain_fsdp.config import (
     BackwardPrefetch,
@@ -59,7 +59,8 @@ class DrivetrainFSDPModule:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(self, options=options)  # type: ignore[arg-type]
+        state: Any = get_model_state_dict(self, options=options)  # type: ignore[arg-type]
+        return state
 
 
 _mixed_classes: dict[type, type] = {}
@@ -103,7 +104,9 @@ def _set_prefetching(units: list[torch.nn.Module], config: FullyShardedDataParal
             unit.set_modules_to_backward_prefetch([])  # type: ignore[operator]
 
 
-def data_parallel_layout(config: FullyShardedDataParallelPlugin, accelerator: Any) -> tuple[str | None, Any]:
+def data_parallel_layout(
+    config: FullyShardedDataParallelPlugin, accelerator: PluginAccelerator
+) -> tuple[str | None, Any]:
     """How the model is spread over the data-parallel processes: ``("shard", mesh)`` (FSDP, or HSDP over a
     2-D mesh), ``("replicate", mesh)`` (full copies, gradients all-reduced) or ``(None, None)`` (no
     data-parallel dimension: tensor parallelism alone).
@@ -129,7 +132,7 @@ def data_parallel_layout(config: FullyShardedDataParallelPlugin, accelerator: An
 
 
 def shard_model(
-    model: torch.nn.Module, config: FullyShardedDataParallelPlugin, accelerator: Any
+    model: torch.nn.Module, config: FullyShardedDataParallelPlugin, accelerator: PluginAccelerator
 ) -> torch.nn.Module:
     """Apply ``config`` (and the run's ``ParallelismConfig``) to ``model`` in place and return it: tensor
     parallelism over ``tp``, then FSDP2 over the data-parallel dimensions (an ``FSDPModule``)."""
@@ -255,7 +258,7 @@ def _broadcast_from_rank0(
             if any(t.is_meta for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]):
                 param_init_fn(module)
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, state, options=options)
+    set_model_state_dict(model, cast(Any, state), options=options)
     # Non-persistent buffers (rotary tables, masks) are not in the state dict; they are not sharded either.
     with torch.no_grad():
         for name, buffer in model.named_buffers():

@@ -29,12 +29,8 @@ from typing import Any
 
 import torch
 
-from drivetrain.plugin_api import (
-    AcceleratedOptimizer,
-    ConfigurationError,
-    PluginError,
-    track_step_for_schedulers,
-)
+from drivetrain.plugin_api import ConfigurationError, PluginAccelerator, PluginError
+from drivetrain.plugin_api.training import AcceleratedOptimizer, track_step_for_schedulers
 from drivetrain_ipex.settings import Request
 
 #: The distribution and the torch it was built for (IPEX's last release; the project is end-of-life).
@@ -85,7 +81,7 @@ def load_ipex(request: Request) -> Any:
     return ipex
 
 
-def ipex_for(request: Request, accelerator: Any) -> Any:
+def ipex_for(request: Request, accelerator: PluginAccelerator) -> Any:
     """IPEX, when it can optimise on this run's device; None when only Accelerate's ``use_xpu`` asked and the
     installed IPEX cannot (a notice says so). IPEX's PyPI wheels are CPU builds; its XPU builds come from
     Intel's package index (``_C._has_xpu()``)."""
@@ -119,7 +115,7 @@ def bf16_prepack_supported() -> bool:
     return torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
-def notice(message: str, accelerator: Any) -> None:
+def notice(message: str, accelerator: PluginAccelerator) -> None:
     """One line on stderr, once per process, from each machine's first process."""
     if message in _noticed or not accelerator.is_local_main_process:
         return
@@ -145,7 +141,7 @@ def _quiet_deprecation_notes() -> Iterator[None]:
         ipex_logger.removeFilter(note_filter)
 
 
-def optimize_options(accelerator: Any, training: bool) -> dict[str, Any]:
+def optimize_options(accelerator: PluginAccelerator, training: bool) -> dict[str, Any]:
     """ipex.optimize's keyword arguments for this run (besides model and optimizer)."""
     options: dict[str, Any] = {"inplace": True, "level": "O1"}
     # bf16 converts the weights (fp32 master copies in the optimizer); fp16 keeps fp32 weights under the
@@ -182,7 +178,9 @@ def _converted_in_place(model: torch.nn.Module, result: torch.nn.Module) -> torc
     return result
 
 
-def _optimise(ipex: Any, model: torch.nn.Module, optimizer: Any, accelerator: Any) -> torch.nn.Module:
+def _optimise(
+    ipex: Any, model: torch.nn.Module, optimizer: Any, accelerator: PluginAccelerator
+) -> torch.nn.Module:
     training = optimizer is not None
     options = optimize_options(accelerator, training)
     was_training = model.training
@@ -236,7 +234,9 @@ def optimizer_for(model: torch.nn.Module, optimizers: list[Any]) -> Any:
     return found[0] if found else None
 
 
-def wrap_model(model: torch.nn.Module, accelerator: Any, request: Request) -> torch.nn.Module | None:
+def wrap_model(
+    model: torch.nn.Module, accelerator: PluginAccelerator, request: Request
+) -> torch.nn.Module | None:
     if model in _optimised_models:
         return None  # prepared again
     ipex = ipex_for(request, accelerator)  # a missing IPEX is reported now, whatever comes next
@@ -252,14 +252,14 @@ def wrap_model(model: torch.nn.Module, accelerator: Any, request: Request) -> to
     return None
 
 
-def _wrapped_by_another_plugin(model: torch.nn.Module, accelerator: Any) -> bool:
+def _wrapped_by_another_plugin(model: torch.nn.Module, accelerator: PluginAccelerator) -> bool:
     return any(
         prepared is not model and accelerator.unwrap_model(prepared) is model
         for prepared in accelerator.prepared.models
     )
 
 
-def wrap_optimizer(optimizer: Any, accelerator: Any, request: Request) -> None:
+def wrap_optimizer(optimizer: Any, accelerator: PluginAccelerator, request: Request) -> None:
     if optimizer in _optimised_optimizers:
         return
     for model in list(_waiting.get(accelerator, ())):

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from drivetrain import hookimpl
-from drivetrain.plugin_api import Capabilities, PluginInfo, environment_world_size
+from drivetrain.plugin_api import Capabilities, PluginAccelerator, PluginInfo, environment_world_size
 from drivetrain_ipex import optimize, settings, xpu
 
 PLUGIN_INFO = PluginInfo(
@@ -50,7 +50,7 @@ def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> No
 
 
 @hookimpl
-def wrap_model(model: torch.nn.Module, accelerator: Any) -> torch.nn.Module | None:
+def wrap_model(model: torch.nn.Module, accelerator: PluginAccelerator) -> torch.nn.Module | None:
     # evaluation_mode is not needed: what ipex does follows the module's own mode and its optimizer
     request = settings.request(accelerator)
     if not optimize.wants_ipex(request):
@@ -59,7 +59,7 @@ def wrap_model(model: torch.nn.Module, accelerator: Any) -> torch.nn.Module | No
 
 
 @hookimpl
-def wrap_optimizer(optimizer: Any, accelerator: Any) -> None:
+def wrap_optimizer(optimizer: Any, accelerator: PluginAccelerator) -> None:
     request = settings.request(accelerator)
     if optimize.wants_ipex(request):
         optimize.wrap_optimizer(optimizer, accelerator, request)

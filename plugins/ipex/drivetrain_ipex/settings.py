@@ -16,7 +16,8 @@ import argparse
 import dataclasses
 from typing import Any
 
-from drivetrain.plugin_api import ConfigurationError, plugin_options, to_bool
+from drivetrain.plugin_api import ConfigurationError, PluginAccelerator
+from drivetrain.plugin_api.settings import plugin_options, to_bool
 
 PLUGIN_NAME = "ipex"
 #: Accelerate's config-file section and the keys it may hold.
@@ -90,7 +91,7 @@ def process_request() -> Request:
     return Request()
 
 
-def request(accelerator: Any) -> Request:
+def request(accelerator: PluginAccelerator) -> Request:
     """What this Accelerator's run asked of this plugin: the script's ``plugins=[...]`` first, then launch."""
     launched = process_request()
     if PLUGIN_NAME in accelerator.requested_plugins:

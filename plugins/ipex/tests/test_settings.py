@@ -12,7 +12,9 @@ from drivetrain_ipex import optimize, settings, xpu
 from drivetrain_ipex import plugin as ipex_plugin
 
 from drivetrain import Accelerator, InitProcessGroupKwargs
-from drivetrain.plugin_api import ConfigurationError, PartialState, PluginError, get_plugin_manager
+from drivetrain.plugin_api import ConfigurationError, PluginError
+from drivetrain.plugin_api.state import PartialState
+from drivetrain.plugin_api.tooling import get_plugin_manager
 
 
 def _launched_options(monkeypatch, options: dict) -> None:

@@ -9,7 +9,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from drivetrain.plugin_api import CheckpointError, safe_load, torch_save_into_checkpoint
+from drivetrain.plugin_api import CheckpointError, PluginAccelerator
+from drivetrain.plugin_api.checkpoint import safe_load, torch_save_into_checkpoint
 from drivetrain_megatron.config import MegatronLMPlugin
 from drivetrain_megatron.process_group import layout
 
@@ -22,13 +23,13 @@ def shard_folder(root: str, tp_rank: int, pp_rank: int) -> str:
     return os.path.join(root, FOLDER, f"mp_rank_{tp_rank:02d}_{pp_rank:03d}")
 
 
-def _unwrapped(accelerator: Any, model: Any) -> Any:
+def _unwrapped(accelerator: PluginAccelerator, model: Any) -> Any:
     return accelerator.unwrap_model(model, keep_torch_compile=False)
 
 
 def save(
     output_dir: str,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     models: list,
     optimizers: list,
     schedulers: list,
@@ -83,7 +84,7 @@ def _check_layout(input_dir: str) -> None:
 
 def load(
     input_dir: str,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     models: list,
     optimizers: list,
     schedulers: list,

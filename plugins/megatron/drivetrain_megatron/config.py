@@ -17,7 +17,8 @@ from typing import Any
 
 import attrs
 
-from drivetrain.plugin_api import BackendConfigReader, ConfigurationError, resolve_backend_config, to_bool
+from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api.settings import BackendConfigReader, resolve_backend_config, to_bool
 
 #: Accelerate's environment prefix (``MEGATRON_LM_TP_DEGREE=2``).
 ENV_PREFIX = "MEGATRON_LM_"
@@ -305,7 +306,8 @@ def parse_settings(raw: dict[str, Any], origin: str) -> dict[str, Any]:
     for key, value in raw.items():
         if value is not None:
             name = _field_name(str(key))
-            settings[name] = fields[name].converter(value)  # type: ignore[misc]
+            convert: Any = fields[name].converter
+            settings[name] = convert(value)
     return settings
 
 
@@ -334,7 +336,8 @@ def build(given: MegatronLMPlugin | None, settings: dict[str, Any]) -> MegatronL
     config.check()
     if given is None:
         return config
-    given._script_fields = script_settings(given)
+    # what the script set, kept for script_settings: filling in the fields below hides it
+    setattr(given, "_script_fields", script_settings(given))  # noqa: B010 (an attribute of ours, not a field)
     for field in attrs.fields(MegatronLMPlugin):
         setattr(given, field.name, getattr(config, field.name))
     return given

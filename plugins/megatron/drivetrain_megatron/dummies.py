@@ -4,16 +4,16 @@ loaders built from Megatron dataset arguments)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api import ConfigurationError, PluginAccelerator
 from drivetrain_megatron.config import MegatronLMPlugin, resolve_config
 
 
 def _active_config() -> MegatronLMPlugin:
-    from drivetrain.plugin_api import initialized_accelerator_state
+    from drivetrain.plugin_api.state import initialized_accelerator_state
 
     state = initialized_accelerator_state()
     return resolve_config(state.backend_config if state is not None else None)
@@ -47,7 +47,7 @@ class MegatronLMDummyScheduler:
         self._schedule: Any = None
         #: what AcceleratedScheduler counts while gradients accumulate (adjust_scheduler)
         self._step_count = 0
-        from drivetrain.plugin_api import initialized_accelerator_state
+        from drivetrain.plugin_api.state import initialized_accelerator_state
 
         if initialized_accelerator_state() is not None:
             # Built now, so that the first optimizer step already runs at the warm-up's first rate (0).
@@ -133,13 +133,13 @@ class MegatronLMDummyDataLoader(torch.utils.data.DataLoader):
 
     def __init__(self, **dataset_kwargs: Any) -> None:
         # A data loader of nothing until prepared, so that Accelerator.prepare hands it to the backend.
-        super().__init__([])
+        super().__init__(cast(Any, []))
         self.dataset_args = dataset_kwargs
         self._datasets: tuple[Any, Any, Any] | None = None
         self._served = 0
 
-    def build(self, accelerator: Any, config: MegatronLMPlugin, options: Any) -> Any:
-        from drivetrain.plugin_api import prepare_data_loader
+    def build(self, accelerator: PluginAccelerator, config: MegatronLMPlugin, options: Any) -> Any:
+        from drivetrain.plugin_api.data import prepare_data_loader
 
         config.megatron_dataset_flag = True
         micro_batch_size = int(self.dataset_args.get("micro_batch_size", 1))

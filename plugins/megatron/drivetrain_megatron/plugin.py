@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from drivetrain import hookimpl
-from drivetrain.plugin_api import Capabilities, DistributedType, PluginInfo
+from drivetrain.plugin_api import Capabilities, DistributedType, PluginAccelerator, PluginInfo
 from drivetrain_megatron.config import MegatronLMPlugin, resolve_config
 
 PLUGIN_INFO = PluginInfo(
@@ -37,7 +37,7 @@ PLUGIN_INFO = PluginInfo(
 )
 
 
-def active_config(accelerator: Any) -> MegatronLMPlugin:
+def active_config(accelerator: PluginAccelerator) -> MegatronLMPlugin:
     """The configuration of the Accelerator's run (resolved once per run: backward asks for it every step)."""
     return resolve_config(accelerator.state.backend_config)
 
@@ -65,14 +65,16 @@ def setup_process_group(device: torch.device, init_kwargs: dict[str, Any], backe
 
 
 @hookimpl
-def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) -> torch.nn.Module | None:
+def wrap_model(
+    model: torch.nn.Module, accelerator: PluginAccelerator, evaluation_mode: bool
+) -> torch.nn.Module | None:
     from drivetrain_megatron.training import wrap_for_data_parallel
 
     return wrap_for_data_parallel(model, accelerator, active_config(accelerator), evaluation_mode)
 
 
 @hookimpl
-def shard_dataloader(dataloader: Any, accelerator: Any, options: Any) -> Any:
+def shard_dataloader(dataloader: Any, accelerator: PluginAccelerator, options: Any) -> Any:
     from drivetrain_megatron.dummies import MegatronLMDummyDataLoader
     from drivetrain_megatron.training import record_batch_sizes
 
@@ -83,14 +85,16 @@ def shard_dataloader(dataloader: Any, accelerator: Any, options: Any) -> Any:
 
 
 @hookimpl
-def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.optim.Optimizer | None:
+def wrap_optimizer(
+    optimizer: torch.optim.Optimizer, accelerator: PluginAccelerator
+) -> torch.optim.Optimizer | None:
     from drivetrain_megatron.training import prepare_optimizer
 
     return prepare_optimizer(optimizer, accelerator, active_config(accelerator))
 
 
 @hookimpl
-def backward(loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, Any]) -> bool:
+def backward(loss: torch.Tensor, accelerator: PluginAccelerator, backward_kwargs: dict[str, Any]) -> bool:
     from drivetrain_megatron.training import run_backward
 
     run_backward(loss, accelerator, backward_kwargs, active_config(accelerator))
@@ -99,7 +103,7 @@ def backward(loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, An
 
 @hookimpl
 def clip_grad_norm(
-    parameters: list, max_norm: float, norm_type: float, accelerator: Any
+    parameters: list, max_norm: float, norm_type: float, accelerator: PluginAccelerator
 ) -> torch.Tensor | None:
     from drivetrain_megatron.training import clip_grad_norm as clip
 
@@ -109,7 +113,7 @@ def clip_grad_norm(
 @hookimpl
 def save_state(
     output_dir: str,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     models: list,
     optimizers: list,
     schedulers: list,
@@ -123,7 +127,7 @@ def save_state(
 @hookimpl
 def load_state(
     input_dir: str,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     models: list,
     optimizers: list,
     schedulers: list,

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api import ConfigurationError, PluginAccelerator
 from drivetrain_megatron.config import MegatronLMPlugin
 
 #: Marks a prepared model whose forward runs megatron-core's schedule.
@@ -102,7 +102,7 @@ def prepare_stage(model: torch.nn.Module, config: MegatronLMPlugin) -> None:
                 "activations of shape (seq_length, micro_batch, hidden_size); set MegatronLMPlugin(seq_length=...)"
             )
     elif not hasattr(model, "set_input_tensor"):
-        model.set_input_tensor = lambda tensors: None
+        setattr(model, "set_input_tensor", lambda tensors: None)  # noqa: B010 (megatron-core calls it)
     defaults = {
         "model_type": ModelType.encoder_or_decoder,
         "pre_process": parallel_state.is_pipeline_first_stage(),
@@ -118,14 +118,17 @@ class ScheduledModel(torch.nn.Module):
     """A model whose training forward is one step of megatron-core's schedule (see the module docstring);
     ``module`` is megatron-core's ``DistributedDataParallel`` around the user's stage."""
 
-    def __init__(self, module: torch.nn.Module, accelerator: Any, config: MegatronLMPlugin) -> None:
+    def __init__(
+        self, module: torch.nn.Module, accelerator: PluginAccelerator, config: MegatronLMPlugin
+    ) -> None:
         super().__init__()
-        self.module = module
+        #: megatron-core's DistributedDataParallel (its methods are not torch's)
+        self.module: Any = module
         self.__dict__[SCHEDULED_ATTRIBUTE] = True
         self._accelerator = weakref.ref(accelerator)
         self._config = config
         self._train_step: Any = None
-        stage_config = module.config
+        stage_config: Any = module.config
         stage_config.finalize_model_grads_func = self._finalize_gradients
         stage_config.grad_scale_func = self._scale_loss
 
@@ -171,7 +174,7 @@ class ScheduledModel(torch.nn.Module):
         config = self._config
         parts = config.num_micro_batches
         micro_batches = _split(batch, parts)
-        stage = self.module.module
+        stage: torch.nn.Module = self.module.module
         parameters = [parameter for parameter in stage.parameters() if parameter.requires_grad]
         if not forward_only:
             self._start_gradients(parameters)
@@ -189,7 +192,7 @@ class ScheduledModel(torch.nn.Module):
         if not forward_only:
             # the finished gradients (views of megatron-core's buffer) where torch optimizers read them
             for parameter in parameters:
-                parameter.grad = parameter.main_grad
+                parameter.grad = parameter.main_grad  # type: ignore[attr-defined]  # megatron-core's buffer view
         losses: dict[str, torch.Tensor] = {}
         for key in loss_dicts[0] if loss_dicts else ():
             values = [entry[key] for entry in loss_dicts]
@@ -198,7 +201,9 @@ class ScheduledModel(torch.nn.Module):
             else:
                 losses[key] = torch.cat(values)
         # on the accelerator's device: the stages without a loss take part in the broadcast (NCCL on CUDA)
-        device = self._accelerator().device
+        accelerator = self._accelerator()
+        assert accelerator is not None  # the Accelerator outlives the models it prepared
+        device = accelerator.device
         loss = sum((value for value in losses.values() if value.dim() == 0), torch.zeros((), device=device))
         loss = loss.detach().float().reshape(())
         if parallel_state.get_pipeline_model_parallel_world_size() > 1:
@@ -242,7 +247,7 @@ def _transformer_config(config: Any) -> Any:
     return TransformerConfig(**values, num_layers=1, hidden_size=1, num_attention_heads=1)
 
 
-def wrap(model: torch.nn.Module, accelerator: Any, config: MegatronLMPlugin) -> ScheduledModel:
+def wrap(model: torch.nn.Module, accelerator: PluginAccelerator, config: MegatronLMPlugin) -> ScheduledModel:
     """``model`` (one pipeline stage) in megatron-core's ``DistributedDataParallel`` and the schedule."""
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -264,7 +269,7 @@ def wrap(model: torch.nn.Module, accelerator: Any, config: MegatronLMPlugin) -> 
     return ScheduledModel(ddp, accelerator, config)
 
 
-def is_scheduled_loss(loss: torch.Tensor, accelerator: Any) -> bool:
+def is_scheduled_loss(loss: torch.Tensor, accelerator: PluginAccelerator) -> bool:
     """A loss returned by a scheduled step (already back-propagated by the schedule): it carries no graph and
     a scheduled model is prepared."""
     if loss.requires_grad:

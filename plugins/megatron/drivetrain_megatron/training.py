@@ -5,11 +5,11 @@ weights are split across tensor-parallel ranks."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from drivetrain.plugin_api import ConfigurationError, release_at_shutdown
+from drivetrain.plugin_api import ConfigurationError, PluginAccelerator, release_at_shutdown
 from drivetrain_megatron import optimizer as megatron_optimizer
 from drivetrain_megatron import schedule
 from drivetrain_megatron.config import MegatronLMPlugin
@@ -22,7 +22,7 @@ CLIPS_ATTRIBUTE = "_drivetrain_megatron_clips"
 
 
 def wrap_for_data_parallel(
-    model: torch.nn.Module, accelerator: Any, config: MegatronLMPlugin, evaluation_mode: bool
+    model: torch.nn.Module, accelerator: PluginAccelerator, config: MegatronLMPlugin, evaluation_mode: bool
 ) -> torch.nn.Module | None:
     """With megatron-core's schedule (``pp_degree > 1``, ``num_micro_batches > 1`` or
     ``use_distributed_optimizer=True``): the model in
@@ -86,7 +86,9 @@ def refuse_distributed_optimizer_off_cuda(device: torch.device, config: Megatron
         raise ConfigurationError(DISTRIBUTED_OPTIMIZER_NEEDS_CUDA.format(device=device.type))
 
 
-def _scheduled_chunk(optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.nn.Module | None:
+def _scheduled_chunk(
+    optimizer: torch.optim.Optimizer, accelerator: PluginAccelerator
+) -> torch.nn.Module | None:
     """megatron-core's DistributedDataParallel of the prepared scheduled model whose parameters
     ``optimizer`` updates, if any."""
     wanted = {id(parameter) for group in optimizer.param_groups for parameter in group["params"]}
@@ -95,19 +97,19 @@ def _scheduled_chunk(optimizer: torch.optim.Optimizer, accelerator: Any) -> torc
         if not model.__dict__.get(schedule.SCHEDULED_ATTRIBUTE):
             continue
         if any(id(parameter) in wanted for parameter in model.parameters()):
-            return model.module
+            return cast(torch.nn.Module, model.module)
     return None
 
 
 def prepare_optimizer(
-    optimizer: torch.optim.Optimizer, accelerator: Any, config: MegatronLMPlugin
+    optimizer: torch.optim.Optimizer, accelerator: PluginAccelerator, config: MegatronLMPlugin
 ) -> Any | None:
     """On CUDA, for a model in megatron-core's DistributedDataParallel (the schedule path, always taken with
     ``use_distributed_optimizer=True``): megatron-core's optimizer with the settings of ``optimizer``
     (optimizer.py), which clips to ``gradient_clipping`` itself. Otherwise ``optimizer`` itself, its ``step``
     first clipping the gradients to ``gradient_clipping`` over the whole model (as Megatron-LM's optimizer step
     does), where the gradients are final: the kernel calls ``step`` only at synchronisation steps."""
-    from drivetrain.plugin_api import track_step_for_schedulers
+    from drivetrain.plugin_api.training import track_step_for_schedulers
 
     device = accelerator.device
     refuse_distributed_optimizer_off_cuda(device, config)
@@ -140,7 +142,10 @@ def prepare_optimizer(
 
 
 def run_backward(
-    loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, Any], config: MegatronLMPlugin
+    loss: torch.Tensor,
+    accelerator: PluginAccelerator,
+    backward_kwargs: dict[str, Any],
+    config: MegatronLMPlugin,
 ) -> None:
     """backward; at a synchronisation step the gradients are final afterwards (DDP averaged them over the
     data-parallel group during backward), and those of sequence-parallel weights are summed over the

@@ -8,12 +8,16 @@ checks first that the precision is one mps autocast supports, since torch itself
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from drivetrain import hookimpl
-from drivetrain.plugin_api import Capabilities, ConfigurationError, PluginInfo, environment_world_size
+from drivetrain.plugin_api import (
+    Capabilities,
+    ConfigurationError,
+    PluginAccelerator,
+    PluginInfo,
+    environment_world_size,
+)
 
 PLUGIN_INFO = PluginInfo(
     kind="device",
@@ -30,7 +34,7 @@ def mps_available() -> bool:
     return bool(mps is not None and mps.is_available())
 
 
-def check_precision(accelerator: Any) -> None:
+def check_precision(accelerator: PluginAccelerator) -> None:
     """A one-line error for a precision the mps device cannot run (torch would warn and run in fp32)."""
     if accelerator.device.type != "mps":
         return
@@ -67,10 +71,10 @@ def setup_process_group(device: torch.device) -> None:
 
 
 @hookimpl
-def wrap_model(accelerator: Any) -> None:
+def wrap_model(accelerator: PluginAccelerator) -> None:
     check_precision(accelerator)  # at prepare(), before the first forward pass
 
 
 @hookimpl
-def autocast(accelerator: Any) -> None:
+def autocast(accelerator: PluginAccelerator) -> None:
     check_precision(accelerator)  # then the reference backend's torch.autocast("mps", dtype) answers

@@ -18,7 +18,9 @@ import torch
 from drivetrain_mps import plugin as mps_plugin
 
 from drivetrain import Accelerator
-from drivetrain.plugin_api import ConfigurationError, PartialState, PluginInfo, get_plugin_manager
+from drivetrain.plugin_api import ConfigurationError, PluginInfo
+from drivetrain.plugin_api.state import PartialState
+from drivetrain.plugin_api.tooling import get_plugin_manager
 
 ON_A_MAC_WITH_MPS = torch.backends.mps.is_available()
 
@@ -51,7 +53,7 @@ def test_mps_is_chosen_automatically_when_present(fake_mps):
 
 def test_the_cpu_wins_when_forced(fake_mps, monkeypatch):
     assert PartialState(cpu=True).device == torch.device("cpu")
-    from drivetrain.plugin_api import reset_state
+    from drivetrain.plugin_api.state import reset_state
 
     reset_state()
     monkeypatch.setenv("DRIVETRAIN_CPU", "1")  # `drivetrain launch --cpu`

@@ -54,7 +54,7 @@ def attach_align_device_hook(
     come from ``weights_map`` (full names under ``module_name``) at each forward. Modules of
     ``preload_module_classes`` get one hook for their whole subtree. Returns the hooks, in module order."""
     hooks: list[AlignDevicesHook] = []
-    preload = bool(preload_module_classes) and type(module).__name__ in preload_module_classes
+    preload = preload_module_classes is not None and type(module).__name__ in preload_module_classes
     if _has_direct_tensors(module) or preload:
         prefix = f"{module_name}." if module_name else ""
         hook = AlignDevicesHook(
@@ -169,7 +169,7 @@ def attach_align_device_hook_on_blocks(
         prefetcher = Prefetcher(offloading)
         for hook in offloading:
             hook.prefetcher = prefetcher
-        module._drivetrain_prefetcher = prefetcher
+        setattr(module, "_drivetrain_prefetcher", prefetcher)  # noqa: B010 (an attribute torch's type lacks)
     return offloading
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.plugin_api import device_for, find_tied_parameters, normalize_device
+from drivetrain.plugin_api.big_model import device_for, find_tied_parameters, normalize_device
 from drivetrain_offload.attach import attach_align_device_hook_on_blocks
 from drivetrain_offload.module_hooks import AlignDevicesHook, add_hook_to_module
 from drivetrain_offload.offload import as_device, write_model_to_folder
@@ -34,7 +34,7 @@ def dispatch(
 
     devices = {normalize_device(device) for device in device_map.values()}
     weights = OffloadedWeights(in_memory=state_dict, index=options.get("offload_index"), folder=offload_dir)
-    tensors = dict(model.named_parameters(remove_duplicate=False))
+    tensors: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
     groups = {name: group for group in find_tied_parameters(model) for name in group}
     to_write: list[str] = []
@@ -58,9 +58,10 @@ def dispatch(
             continue
         twin = next((other for other in groups.get(name, []) if other in weights), None)
         if twin is not None:
-            (weights.in_memory if twin in weights.in_memory else weights.index)[name] = (
-                weights.in_memory[twin] if twin in weights.in_memory else weights.index[twin]
-            )
+            if twin in weights.in_memory:
+                weights.in_memory[name] = weights.in_memory[twin]
+            else:
+                weights.index[name] = weights.index[twin]
             continue
         if tensor.device.type == "meta":
             raise ValueError(
@@ -117,8 +118,8 @@ def _set_data(model: torch.nn.Module, name: str, value: torch.Tensor) -> None:
     """Move a tensor in place (``.data``), so that tied parameters stay one object."""
     owner_name, _, attr = name.rpartition(".")
     owner = model.get_submodule(owner_name) if owner_name else model
-    if attr in owner._parameters:
-        param = owner._parameters[attr]
+    param = owner._parameters.get(attr)
+    if param is not None:
         if param.device.type == "meta":
             owner._parameters[attr] = torch.nn.Parameter(value, requires_grad=param.requires_grad)
         else:

@@ -27,9 +27,11 @@ def align_module_device(
     if hooks:
         hook = hooks[0]
         device = execution_device if execution_device is not None else hook.execution_device
+        weights = hook.weights_map
+        assert weights is not None  # an offloading hook reads its weights from this map
         names = [name for name, _ in module.named_parameters(recurse=False)]
         for name in names:
-            set_tensor(module, name, hook.weights_map[name].to(device))
+            set_tensor(module, name, weights[name].to(device))
         try:
             yield
         finally:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.plugin_api import find_device, send_to_device
+from drivetrain.plugin_api.data import find_device, send_to_device
 from drivetrain_offload.weights import (
     OffloadedWeights,
     get_tensor,
@@ -81,8 +81,9 @@ def hooks_of(module: torch.nn.Module) -> list[ModelHook]:
     return list(hook.hooks) if isinstance(hook, SequentialHook) else [hook]
 
 
-def add_hook_to_module(module: torch.nn.Module, hook: ModelHook, append: bool = False) -> torch.nn.Module:
-    """Attach ``hook`` to ``module`` (replacing its hook, or after it with ``append=True``)."""
+def add_hook_to_module(module: Any, hook: ModelHook, append: bool = False) -> torch.nn.Module:
+    """Attach ``hook`` to ``module`` (replacing its hook, or after it with ``append=True``). ``module`` is a
+    ``torch.nn.Module``, typed ``Any``: the hook lives in attributes torch's type does not declare."""
     if append and getattr(module, "_hf_hook", None) is not None:
         previous = module._hf_hook
         remove_hook_from_module(module)
@@ -111,7 +112,7 @@ def add_hook_to_module(module: torch.nn.Module, hook: ModelHook, append: bool = 
     return module
 
 
-def remove_hook_from_module(module: torch.nn.Module, recurse: bool = False) -> torch.nn.Module:
+def remove_hook_from_module(module: Any, recurse: bool = False) -> torch.nn.Module:
     """Detach the module hook of ``module`` (and of its submodules with ``recurse``), restoring forward."""
     if hasattr(module, "_hf_hook"):
         module._hf_hook.detach_hook(module)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.plugin_api import (
+from drivetrain.plugin_api.big_model import (
     INDEX_FILE,
     find_tied_parameters,
     save_offload_index,
@@ -55,7 +55,7 @@ def _attach_offload(
         prefetcher = Prefetcher(hooks)
         for hook in hooks:
             hook.prefetcher = prefetcher
-        model._drivetrain_prefetcher = prefetcher
+        setattr(model, "_drivetrain_prefetcher", prefetcher)  # noqa: B010 (an attribute torch's type lacks)
     return model
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from drivetrain.plugin_api import (
-    CheckpointError,
+from drivetrain.plugin_api import CheckpointError
+from drivetrain.plugin_api.big_model import (
     TensorRecord,
     can_map,
     load_offload_index,
@@ -217,7 +217,9 @@ def set_tensor(module: torch.nn.Module, name: str, value: torch.Tensor) -> torch
 def get_tensor(module: torch.nn.Module, name: str) -> torch.Tensor:
     owner_name, _, attr = name.rpartition(".")
     owner = module.get_submodule(owner_name) if owner_name else module
-    return owner._parameters[attr] if attr in owner._parameters else owner._buffers[attr]
+    tensor = owner._parameters[attr] if attr in owner._parameters else owner._buffers[attr]
+    assert tensor is not None, f"{name} is declared but holds no tensor"  # torch's slots may hold None
+    return tensor
 
 
 def to_meta(tensor: torch.Tensor) -> torch.Tensor:

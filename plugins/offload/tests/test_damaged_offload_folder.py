@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from drivetrain.plugin_api import CheckpointError, load_offload_index
+from drivetrain.plugin_api import CheckpointError
+from drivetrain.plugin_api.big_model import load_offload_index
 from drivetrain_offload.weights import OffloadedWeights
 
 

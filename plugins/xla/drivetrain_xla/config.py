@@ -7,7 +7,8 @@ from typing import Any
 
 import attrs
 
-from drivetrain.plugin_api import BackendConfigReader, ConfigurationError, resolve_backend_config, to_bool
+from drivetrain.plugin_api import ConfigurationError
+from drivetrain.plugin_api.settings import BackendConfigReader, resolve_backend_config, to_bool
 
 
 @attrs.define

@@ -10,12 +10,11 @@ so the kernel then runs it instead of ``local``. With the backend named explicit
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import torch
 
 from drivetrain import hookimpl
-from drivetrain.plugin_api import Capabilities, ConfigurationError, PluginInfo
+from drivetrain.plugin_api import Capabilities, ConfigurationError, PluginAccelerator, PluginInfo
 from drivetrain_xla import runtime
 
 PLUGIN_INFO = PluginInfo(
@@ -52,7 +51,7 @@ def detect_device(cpu: bool) -> torch.device | None:
 
 
 @hookimpl
-def wrap_model(accelerator: Any) -> None:
+def wrap_model(accelerator: PluginAccelerator) -> None:
     if accelerator.device.type == "xla" and accelerator.backend != "xla":
         raise ConfigurationError(
             f"the XLA device trains only with backend 'xla' (this run uses backend {accelerator.backend!r}): "

@@ -25,13 +25,9 @@ import subprocess
 import sys
 from typing import Any
 
-from drivetrain.plugin_api import (
-    ConfigurationError,
-    UsageError,
-    get_plugin_manager,
-    plugin_options,
-    to_bool,
-)
+from drivetrain.plugin_api import ConfigurationError, UsageError
+from drivetrain.plugin_api.settings import plugin_options, to_bool
+from drivetrain.plugin_api.tooling import get_plugin_manager
 
 PLUGIN = "xla"
 

@@ -30,15 +30,15 @@ from drivetrain.plugin_api import (
     ConfigurationError,
     DistributedEnvironment,
     DistributedType,
+    PluginAccelerator,
     PluginInfo,
     environment_world_size,
-    find_tied_parameters,
-    prepare_data_loader,
-    read_training_objects,
-    register_rng_type,
-    track_step_for_schedulers,
-    write_training_objects,
 )
+from drivetrain.plugin_api.big_model import find_tied_parameters
+from drivetrain.plugin_api.checkpoint import read_training_objects, write_training_objects
+from drivetrain.plugin_api.data import prepare_data_loader
+from drivetrain.plugin_api.state import register_rng_type
+from drivetrain.plugin_api.training import track_step_for_schedulers
 from drivetrain_xla import config as xla_config
 from drivetrain_xla import launching, runtime
 from drivetrain_xla.collectives import XlaCollectives
@@ -148,7 +148,7 @@ def setup_process_group(device: torch.device, backend_config: Any) -> Distribute
 
 
 # -- preparing ---------------------------------------------------------------------------------------------------
-def _check_precision(accelerator: Any) -> None:
+def _check_precision(accelerator: PluginAccelerator) -> None:
     if accelerator.mixed_precision not in PLUGIN_INFO.capabilities.precisions:
         raise ConfigurationError(
             f"mixed_precision={accelerator.mixed_precision!r} is not supported by backend 'xla' (valid: "
@@ -212,7 +212,9 @@ def _moved(parameter: Any) -> Any:
 
 
 @hookimpl
-def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) -> torch.nn.Module:
+def wrap_model(
+    model: torch.nn.Module, accelerator: PluginAccelerator, evaluation_mode: bool
+) -> torch.nn.Module:
     _check_precision(accelerator)
     tied = find_tied_parameters(model)
     before = dict(model.named_parameters(remove_duplicate=False))
@@ -248,7 +250,7 @@ def rebind_to_moved_parameters(optimizer: Any) -> None:
 
 
 @hookimpl
-def wrap_optimizer(optimizer: Any, accelerator: Any) -> None:
+def wrap_optimizer(optimizer: Any, accelerator: PluginAccelerator) -> None:
     rebind_to_moved_parameters(optimizer)
     step = optimizer.step
 
@@ -268,7 +270,9 @@ def wrap_optimizer(optimizer: Any, accelerator: Any) -> None:
 
 
 @hookimpl
-def shard_dataloader(dataloader: Any, accelerator: Any, device_placement: bool, options: Any) -> Any:
+def shard_dataloader(
+    dataloader: Any, accelerator: PluginAccelerator, device_placement: bool, options: Any
+) -> Any:
     import dataclasses
 
     prepared = prepare_data_loader(
@@ -284,7 +288,7 @@ def shard_dataloader(dataloader: Any, accelerator: Any, device_placement: bool, 
 
 # -- the step ----------------------------------------------------------------------------------------------------
 @hookimpl
-def autocast(accelerator: Any, autocast_kwargs: dict[str, Any]) -> Any:
+def autocast(accelerator: PluginAccelerator, autocast_kwargs: dict[str, Any]) -> Any:
     _check_precision(accelerator)
     if accelerator.mixed_precision != "bf16":
         return None  # local's null context
@@ -293,7 +297,7 @@ def autocast(accelerator: Any, autocast_kwargs: dict[str, Any]) -> Any:
 
 
 @hookimpl
-def backward(loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, Any]) -> bool:
+def backward(loss: torch.Tensor, accelerator: PluginAccelerator, backward_kwargs: dict[str, Any]) -> bool:
     loss.backward(**backward_kwargs)
     if not accelerator.sync_gradients and not graph_cut_by_loader():
         # A micro-step of gradient accumulation outside a prepared loader: no step will cut the graph.
@@ -303,7 +307,7 @@ def backward(loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, An
 
 @hookimpl
 def clip_grad_norm(
-    parameters: list[torch.nn.Parameter], max_norm: float, norm_type: float, accelerator: Any
+    parameters: list[torch.nn.Parameter], max_norm: float, norm_type: float, accelerator: PluginAccelerator
 ) -> torch.Tensor:
     if _Run.world_size > 1:
         # Clip the all-reduced gradients (what the step will apply), and do not reduce them again there.
@@ -329,7 +333,7 @@ class _OnCpu:
 @hookimpl
 def save_state(
     output_dir: str,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     weights: list[dict[str, torch.Tensor]],
     optimizers: list[Any],
     schedulers: list[Any],
@@ -347,7 +351,7 @@ def save_state(
 @hookimpl
 def load_state(
     input_dir: str,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     models: list,
     optimizers: list,
     schedulers: list,

@@ -126,7 +126,8 @@ def test_bf16_launch_variables():
 
 
 def test_config_keys_are_checked_with_the_key_named(tmp_path, monkeypatch):
-    from drivetrain.plugin_api import ConfigurationError, plugin_options
+    from drivetrain.plugin_api import ConfigurationError
+    from drivetrain.plugin_api.settings import plugin_options
 
     launching.file_options()  # loads the plugin, which claims its keys
     config_file = tmp_path / "config.yaml"

@@ -1,9 +1,10 @@
 """The backend's hook implementations.
 
 As rendered, this is a working data-parallel backend (torch DistributedDataParallel over gloo or nccl) that
-passes the conformance suite with one and with several processes: change it from here. Every other hook is
-stubbed to return ``None``, which means "not mine": drivetrain then asks the next plugin and finally the
-reference backend ``local``. A hook may also do a side effect and return ``None`` to reuse the reference
+passes the conformance suite with one and with several processes: change it from here. ``backward`` runs the
+reference backward where your backend's own step would follow it; every other hook is stubbed to return
+``None``, which means "not mine": drivetrain then asks the next plugin and finally the reference backend
+``local``. A hook may also do a side effect and return ``None`` to reuse the reference
 behaviour after it (``save_state`` consolidating a sharded optimizer, then letting ``local`` write the files).
 Replace a stub where your backend differs; delete the ones you never need. The full contract, with each
 hook's arguments and calling rule, is docs/hooks.md; everything else a plugin may import from drivetrain is
@@ -20,15 +21,19 @@ import torch
 from drivetrain import hookimpl
 from drivetrain.plugin_api import (
     Capabilities,
+    DistributedEnvironment,
+    PluginAccelerator,
     PluginInfo,
+    ShardingOptions,
     join_process_group,
-    release_at_shutdown,
+    wrap_data_parallel,
 )
+from drivetrain.plugin_api.training import reference_backward
 
 PLUGIN_INFO = PluginInfo(
     kind="backend",
     # The contract version this plugin implements; drivetrain refuses a different major version.
-    contract="1.1",
+    contract="1.2",
     description="{{ cookiecutter.description }}",
     # What the conformance suite holds you to; properties outside these are reported "n/a".
     capabilities=Capabilities(
@@ -46,58 +51,70 @@ PLUGIN_INFO = PluginInfo(
 
 
 @hookimpl
-def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> Any:
-    """Join the process group; return a ``plugin_api.DistributedEnvironment`` (ranks, world size,
-    distributed type, collectives, shutdown). ``init_kwargs`` holds the script's
-    ``InitProcessGroupKwargs`` (``backend``, ``init_method``, ``timeout``) that are not None.
-    ``join_process_group`` joins the group the launcher describes (gloo on CPU, nccl on CUDA) and shuts it
-    down at ``accelerator.end_training()``; ``dataclasses.replace`` its result to change what it reports."""
+def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> DistributedEnvironment:
+    """Join the process group; return a ``DistributedEnvironment`` (ranks, world size, distributed type,
+    collectives, shutdown). ``init_kwargs`` holds the script's ``InitProcessGroupKwargs`` (``backend``,
+    ``init_method``, ``timeout``) that are not None. ``join_process_group`` joins the group the launcher
+    describes (gloo on CPU, nccl on CUDA), shuts it down at ``accelerator.end_training()`` or at exit, and
+    releases what ``wrap_data_parallel`` built first; ``dataclasses.replace`` its result to change what it
+    reports."""
     return join_process_group(device, init_kwargs)
 
 
 @hookimpl
-def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) -> torch.nn.Module | None:
+def wrap_model(
+    model: torch.nn.Module, accelerator: PluginAccelerator, evaluation_mode: bool
+) -> torch.nn.Module | None:
     """Wrap or convert a model for training (chain: return the new model, or ``None`` for unchanged). The
-    wrapper's ``no_sync()`` is what the kernel enters between gradient accumulation boundaries."""
-    if evaluation_mode or accelerator.num_processes == 1:
-        return None
-    device = accelerator.device
-    wrapped = torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None
-    )
-    return release_at_shutdown(wrapped)
+    wrapper's ``no_sync()`` is what the kernel enters between gradient accumulation boundaries, and
+    ``accelerator.unwrap_model`` finds the user's module inside whatever you return (the kernel records it).
+    ``wrap_data_parallel`` is torch's DistributedDataParallel (``None`` where there is nothing to wrap)."""
+    return wrap_data_parallel(model, accelerator, evaluation_mode)
 
 
 @hookimpl
-def wrap_optimizer(optimizer: torch.optim.Optimizer, accelerator: Any) -> torch.optim.Optimizer | None:
+def wrap_optimizer(
+    optimizer: torch.optim.Optimizer, accelerator: PluginAccelerator
+) -> torch.optim.Optimizer | None:
     """Rebind or replace an optimizer (chain). ``None``: unchanged. When you return another optimizer, the
-    kernel rebinds the user's LR schedulers to it (``plugin_api.rebind_scheduler``): its ``param_groups``
+    kernel rebinds the user's LR schedulers to it (``plugin_api.training.rebind_scheduler``): its ``param_groups``
     must be the ones its ``step()`` uses."""
     return None
 
 
 @hookimpl
-def shard_dataloader(dataloader: Any, accelerator: Any, device_placement: bool, options: Any) -> Any:
-    """Return a loader yielding this process's share of every batch (``options`` is a
-    ``plugin_api.ShardingOptions``). ``None``: drivetrain's reference sharding (all data loader modes)."""
+def shard_dataloader(
+    dataloader: Any, accelerator: PluginAccelerator, device_placement: bool, options: ShardingOptions
+) -> Any:
+    """Return a loader yielding this process's share of every batch. ``None``: drivetrain's reference
+    sharding (all data loader modes)."""
     return None
 
 
 @hookimpl
-def autocast(accelerator: Any, autocast_kwargs: dict[str, Any]) -> contextlib.AbstractContextManager | None:
+def autocast(
+    accelerator: PluginAccelerator, autocast_kwargs: dict[str, Any]
+) -> contextlib.AbstractContextManager | None:
     """The context forward passes run under for ``accelerator.mixed_precision``. ``None``: torch.autocast."""
     return None
 
 
 @hookimpl
-def backward(loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, Any]) -> bool | None:
-    """Run the backward pass and return True. ``None``: ``loss.backward()`` (with the fp16 GradScaler)."""
-    return None
+def backward(
+    loss: torch.Tensor, accelerator: PluginAccelerator, backward_kwargs: dict[str, Any]
+) -> bool | None:
+    """Run the backward pass and return True (``None``: the reference backward). ``reference_backward`` is the
+    reference: the loss scaled by the fp16 GradScaler, then ``loss.backward(**backward_kwargs)``. Add your
+    backend's own step after it; gradients must be synchronised by the end of a backward where
+    ``accelerator.sync_gradients`` is true, because clipping reads them next (DistributedDataParallel does it
+    inside ``loss.backward()``)."""
+    reference_backward(loss, accelerator, backward_kwargs)
+    return True
 
 
 @hookimpl
 def clip_grad_norm(
-    parameters: list, max_norm: float, norm_type: float, accelerator: Any
+    parameters: list, max_norm: float, norm_type: float, accelerator: PluginAccelerator
 ) -> torch.Tensor | None:
     """Clip by the global norm and return it. ``None``: torch.nn.utils.clip_grad_norm_."""
     return None
@@ -106,7 +123,7 @@ def clip_grad_norm(
 @hookimpl
 def save_state(
     output_dir: str,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     models: list,
     weights: list,
     optimizers: list,
@@ -121,7 +138,7 @@ def save_state(
 @hookimpl
 def load_state(
     input_dir: str,
-    accelerator: Any,
+    accelerator: PluginAccelerator,
     models: list,
     optimizers: list,
     schedulers: list,

@@ -2,16 +2,19 @@
 
 Argument: JSON of what must hold: ``stage`` (the engine's ZeRO stage), ``config`` (dotted keys of the
 engine's DeepSpeed config -> value), ``plugin`` (attributes of ``accelerator.deepspeed_plugin`` -> value),
-``moe_leaf`` (a class name whose modules must be ZeRO-3 leaf modules).
+``moe_leaf`` (a class name whose modules must be ZeRO-3 leaf modules). Under DeepSpeed's own launcher the
+script ends without ``end_training()``: the kernel's exit handler must leave the process group.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
 
 import torch
+import torch.distributed as dist
 from drivetrain_deepspeed.engine import record_of_engine
 from drivetrain_deepspeed.paths import get_path
 
@@ -36,6 +39,13 @@ class Experts(torch.nn.Module):
         return x + self.inner(x)
 
 
+def left_group_at_exit() -> None:
+    """Registered before the group exists, so it runs after the exit handler that join_process_group installs."""
+    if not dist.is_initialized() and int(os.environ.get("RANK", "0")) == 0:
+        print("CHECK launched_left_group_at_exit ok", flush=True)
+
+
+atexit.register(left_group_at_exit)
 expected = json.loads(sys.argv[1])
 accelerator = Accelerator()
 check("launched_deepspeed", accelerator.distributed_type == "DEEPSPEED" and accelerator.num_processes == 2)
@@ -78,5 +88,6 @@ for _ in range(3):
 check("launched_trains", mean_loss() < before)
 # DeepSpeed's launcher (deepspeed.launcher.launch) sets CROSS_RANK; torch's elastic launcher does not.
 if "CROSS_RANK" in os.environ:
-    check("launched_by_deepspeed_runner", True)
-accelerator.end_training()
+    check("launched_by_deepspeed_runner", True)  # and no end_training(): the exit handler leaves the group
+else:
+    accelerator.end_training()
