@@ -8,6 +8,7 @@ the notebook's globals. CUDA cannot survive a fork: if it was initialised before
 from __future__ import annotations
 
 import functools
+import os
 import socket
 import sys
 from collections.abc import Callable
@@ -17,7 +18,12 @@ from drivetrain.environment import patch_environment
 from drivetrain.errors import DrivetrainError
 
 
-def _run_in_child(function: Callable, args: tuple) -> Any:
+def _run_in_child(launcher_pid: int, function: Callable, args: tuple) -> Any:
+    from drivetrain import rank_guard
+
+    # A forked process dies with the notebook (or script) that launched it, even one killed with SIGKILL.
+    if not rank_guard.die_with_parent(launcher_pid):
+        os._exit(1)
     # The parent's shared state (a PartialState built in a notebook cell) describes one process; the child
     # must build its own from the launcher's environment.
     from drivetrain.contract.manager import reset_plugin_manager
@@ -42,6 +48,7 @@ def _fork_launch(
     monitor_interval: float,
     env: dict[str, str],
 ) -> dict[int, Any]:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -57,12 +64,14 @@ def _fork_launch(
         max_restarts=max_restarts,
         monitor_interval=monitor_interval,
         start_method="fork",
+        # torch's default makes a log folder in the temporary folder and leaves it there: no log files
+        logs_specs=DefaultLogsSpecs(log_dir=os.devnull),
     )
     with patch_environment(
         **{"FORK_LAUNCHED": "1", "MASTER_ADDR": master_addr, "MASTER_PORT": str(port), **env}
     ):
         try:
-            return elastic_launch(config, _run_in_child)(function, args)
+            return elastic_launch(config, _run_in_child)(os.getpid(), function, args)
         except ChildFailedError as exc:
             rank, failure = exc.get_first_failure()
             message = f"process of rank {rank} failed (exit code {failure.exitcode}): {failure.message}"

@@ -623,14 +623,11 @@ def reset_state(destroy_process_group: bool = False) -> None:
 
 def _report_backend(name: str, source: str, process_index: int) -> None:
     """Tell ``drivetrain launch`` which backend the script used (its banner could only guess before the
-    script ran): process 0 writes it to the file the launcher named."""
-    report = os.environ.get(sources.BACKEND_REPORT_ENV)
-    if report and process_index == 0:
-        try:
-            with open(report, "w") as stream:
-                stream.write(f"{name}\t{source}")
-        except OSError:
-            pass  # the launcher's own folder went away: the report is a courtesy
+    script ran): process 0 sends it on the launcher's channel. A courtesy: without a launcher, nothing."""
+    if process_index == 0:
+        from drivetrain import launch_channel
+
+        launch_channel.send({"kind": "backend", "name": name, "source": source})
 
 
 def is_initialized() -> bool:
