@@ -58,7 +58,10 @@ def build_parser(plugin_errors: list[str] | None = None, plugin_commands: bool =
         sub = subparsers.add_parser(
             command, help=module.HELP, description=getattr(module, "DESCRIPTION", module.HELP)
         )
-        module.register_parser(sub)
+        if module_name == "launch":  # its parser holds every plugin's launch options, unless told not to
+            module.register_parser(sub, plugin_options=plugin_commands)
+        else:
+            module.register_parser(sub)
         sub.set_defaults(_run=module.run)
     errors = plugin_errors if plugin_errors is not None else []
     added = _plugin_commands(errors) if plugin_commands else {}

@@ -9,7 +9,8 @@ and its record sent after, as JSON lines on a pipe. A child that stops answering
 importing is listed as broken with what happened; a new child then lists the plugins after it. The
 listing process itself imports no plugin.
 
-Run as ``python -m drivetrain.commands.plugin_probe FD [--all] [NAME...]`` by :func:`probe_records`.
+Run as ``python -m drivetrain.commands.plugin_probe FD PARENT_PID [--all] [NAME...]`` by
+:func:`probe_records`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 #: Seconds the listing waits past the import time limit for the child's own report of a hang (it reports
 #: a plugin that hangs in Python itself, and goes on with the next plugin without a restart).
-GRACE = 5.0
+GRACE = 2.0
 TIMEOUT_ENV = "DRIVETRAIN_PLUGIN_IMPORT_TIMEOUT"
 
 
@@ -76,7 +77,15 @@ def _run_child(
     """Run one child over ``names``: (records it sent, the plugin it was importing when it hung or ended
     before finishing, or None, and what happened). ``limit``: seconds one import may take (0: no limit)."""
     read_end, write_end = os.pipe()
-    command = [sys.executable, "-m", __name__, str(write_end), *(["--all"] if detailed else []), *names]
+    command = [
+        sys.executable,
+        "-m",
+        __name__,
+        str(write_end),
+        str(os.getpid()),
+        *(["--all"] if detailed else []),
+        *names,
+    ]
     try:
         child = subprocess.Popen(
             command,
@@ -87,38 +96,50 @@ def _run_child(
         )
     finally:
         os.close(write_end)
-    found: dict[str, dict[str, Any]] = {}
-    current: str | None = None
-    started = time.monotonic()
-    buffer = b""
     with os.fdopen(read_end, "rb", buffering=0) as pipe, selectors.DefaultSelector() as selector:
         selector.register(pipe, selectors.EVENT_READ)
-        while True:
-            wait = None if limit <= 0 else limit + GRACE - (time.monotonic() - started)
-            if wait is not None and wait <= 0:
+        try:
+            return _follow(child, pipe, selector, limit)
+        finally:
+            if child.poll() is None:  # interrupted (Ctrl-C): a hung child must not outlive the listing
                 _stop(child)
-                return found, current, f"it did not finish importing within {limit:g} s ({TIMEOUT_ENV})"
-            if not selector.select(wait):
-                continue
-            chunk = pipe.read(65536)
-            if not chunk:  # the child ended
-                code = child.wait()
-                if current is None and code == 0:
-                    return found, None, ""
-                return found, current, _how_it_ended(code)
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            try:
-                for line in lines:
-                    message = json.loads(line)
-                    if "start" in message:
-                        current, started = str(message["start"]), time.monotonic()
-                    else:
-                        found[message["record"]["name"]] = message["record"]
-                        current = None
-            except (ValueError, KeyError, TypeError):  # something else wrote on the pipe
-                _stop(child)
-                return found, current, "the process wrote something else than the listing while importing it"
+
+
+def _follow(
+    child: subprocess.Popen, pipe: Any, selector: selectors.BaseSelector, limit: float
+) -> tuple[dict[str, dict[str, Any]], str | None, str]:
+    """Read the child's messages until it ends or its current import runs past the limit."""
+    found: dict[str, dict[str, Any]] = {}
+    current: str | None = None
+    started = 0.0
+    buffer = b""
+    while True:
+        # the clock runs only during a plugin's import: the child's own start (torch) is not a plugin's
+        wait = None if limit <= 0 or current is None else limit + GRACE - (time.monotonic() - started)
+        if wait is not None and wait <= 0:
+            _stop(child)
+            return found, current, f"it did not finish importing within {limit:g} s ({TIMEOUT_ENV})"
+        if not selector.select(wait):
+            continue
+        chunk = pipe.read(65536)
+        if not chunk:  # the child ended
+            code = child.wait()
+            if current is None and code == 0:
+                return found, None, ""
+            return found, current, _how_it_ended(code)
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        try:
+            for line in lines:
+                message = json.loads(line)
+                if "start" in message:
+                    current, started = str(message["start"]), time.monotonic()
+                else:
+                    found[message["record"]["name"]] = message["record"]
+                    current = None
+        except (ValueError, KeyError, TypeError):  # something else wrote on the pipe
+            _stop(child)
+            return found, current, "the process wrote something else than the listing while importing it"
 
 
 def _how_it_ended(code: int) -> str:
@@ -141,13 +162,18 @@ def _stop(child: subprocess.Popen) -> None:
 
 def main(argv: list[str]) -> int:
     """The child: import each named plugin and send its record (see the module docstring)."""
+    import torch  # noqa: F401  the kernel's own dependency: its import time is not a plugin's
+
+    from drivetrain import rank_guard
     from drivetrain.commands.plugins import plugin_record
     from drivetrain.contract.manager import get_plugin_manager
 
     out = os.fdopen(int(argv[0]), "w", buffering=1, encoding="utf-8")
-    detailed = "--all" in argv[1:]
+    if not rank_guard.die_with_parent(int(argv[1])):  # a listing killed outright takes this child with it
+        return 1
+    detailed = "--all" in argv[2:]
     manager = get_plugin_manager()
-    for name in [arg for arg in argv[1:] if arg != "--all"]:
+    for name in [arg for arg in argv[2:] if arg != "--all"]:
         out.write(json.dumps({"start": name}) + "\n")
         out.write(json.dumps({"record": plugin_record(manager, name, detailed)}, default=str) + "\n")
     out.close()
