@@ -91,8 +91,18 @@ def test_the_banner_names_the_automatic_backend_importing_plugins_only_up_to_it(
 
 
 def test_one_process_imports_no_plugin_module(tmp_path):
-    report, err = probe("--cpu", "noop.py", tmp_path=tmp_path)
+    report, err = probe("--cpu", "-m", "package.train", "--epochs", "1", tmp_path=tmp_path)
     assert report["code"] == 0 and "backend local (automatic), 1 process on 1 machine" in err
+    # a module runs as torchrun runs one (python -u -m), behind the rank guard
+    assert report["given"]["command"][5:] == [
+        "--",
+        sys.executable,
+        "-u",
+        "-m",
+        "package.train",
+        "--epochs",
+        "1",
+    ]
     imported = set(report["modules"])
     assert sorted(module for module in plugin_modules().values() if module in imported) == []
 

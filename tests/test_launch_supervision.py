@@ -109,6 +109,30 @@ def test_the_channel_answers_first_once_per_attempt_and_keeps_every_traceback(mo
     assert send({"kind": "backend"}) is None  # no launcher: nothing to tell, nothing raised
 
 
+def test_an_error_before_the_accelerator_is_reported_and_printed_once(tmp_path, monkeypatch):
+    """From ``import drivetrain`` on, a launched process reports its uncaught error: here rank 1 of 2 fails
+    reading its data after rank 0 already reported the same failure, so it prints nothing and exits with 1."""
+    from drivetrain.failure_report import report_failure
+    from drivetrain.launch_channel import LaunchChannel
+
+    script = "import drivetrain\nopen('missing-dataset.csv')\n"
+    with LaunchChannel() as channel:
+        for variable, value in channel.environment.items():
+            monkeypatch.setenv(variable, value)
+        assert report_failure(0, FileNotFoundError("missing-dataset.csv"), "Traceback 0\n") == {"first": True}
+        env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+        )
+        assert done.returncode == 1 and done.stderr == "", done.stderr
+        second = channel.failures[1]
+        assert (second["rank"], second["error"]) == (
+            1,
+            "FileNotFoundError: [Errno 2] No such file or directory: 'missing-dataset.csv'",
+        )
+        assert second["traceback"].startswith("Traceback (most recent call last):")
+
+
 def test_sigint_to_the_launcher_prints_no_rank_traceback(tmp_path):
     launcher, pids = stress.start_job(tmp_path)
     stress.wait_for(lambda: (pids / "step_rank1.txt").exists(), 240, "both processes to train", launcher)

@@ -55,8 +55,8 @@ def report_failure(rank: int, error: BaseException, traceback_text: str = "") ->
 
 
 def install(rank: int, num_processes: int) -> None:
-    """Report an uncaught exception of this process (see the module docstring); called once the process
-    knows its rank."""
+    """Report an uncaught exception of this process (see the module docstring); called when drivetrain is
+    imported in a launched process, and again (without effect) once the process state knows its rank."""
     global _installed
     if _installed or not os.environ.get(launch_channel.CHANNEL_ENV):
         return
@@ -77,6 +77,17 @@ def install(rank: int, num_processes: int) -> None:
             os._exit(1)
 
     sys.excepthook = hook
+
+
+def install_from_environment() -> None:
+    """Install the hook when drivetrain is imported in a process of ``drivetrain launch`` (its rank and the
+    job's size are torchrun's ``RANK`` and ``WORLD_SIZE``), so that an error before the script builds its
+    Accelerator (reading its arguments or data, on every rank) is reported, and printed once, too."""
+    try:
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return  # the process state reports its own problem with these; it installs the hook then
+    install(rank, world_size)
 
 
 def _print_traceback(answer: dict[str, Any] | None, error: BaseException, num_processes: int) -> bool:

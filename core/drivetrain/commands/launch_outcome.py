@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from typing import Any
@@ -23,8 +24,6 @@ def run_job(torchrun_argv: list[str], *, debug: bool, announced: str | None) -> 
     """Run the job that ``torchrun_argv`` describes (torchrun's own command line) and return the exit code.
     ``announced`` is the backend the banner named (None when no banner was printed): when process 0 used
     another, a line after the run says so."""
-    import os
-
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
