@@ -1,4 +1,5 @@
-"""Importing the installed plugins for ``drivetrain plugins`` where none of them can take the listing down.
+"""What ``drivetrain plugins`` shows of each plugin (:func:`plugin_record`), built where no plugin can take the
+listing down.
 
 The kernel imports a plugin module on a helper thread with a time limit (contract/manager.py), which stops
 a plugin that raises, exits or sleeps. It cannot stop one that hangs in C code holding the GIL (the waiting
@@ -31,7 +32,7 @@ TIMEOUT_ENV = "DRIVETRAIN_PLUGIN_IMPORT_TIMEOUT"
 
 
 def probe_records(names: list[str], detailed: bool) -> dict[str, dict[str, Any]]:
-    """Records (as ``drivetrain.commands.plugins.plugin_record`` builds them) of the entry-point plugins
+    """Records (as :func:`plugin_record` builds them) of the entry-point plugins
     ``names``, each imported in a child process. A plugin that hangs or ends that process is recorded as
     broken."""
     from drivetrain.contract.manager import import_time_limit
@@ -51,6 +52,56 @@ def probe_records(names: list[str], detailed: bool) -> dict[str, dict[str, Any]]
             raise PluginError(
                 f"could not list the plugins: the listing process failed before any import ({problem})"
             )
+
+
+def plugin_record(manager: Any, name: str, detailed: bool) -> dict[str, Any]:
+    """What the listing shows of plugin ``name`` (importing it in this process)."""
+    from drivetrain.contract.manager import check_requirements, missing_library
+    from drivetrain.errors import PluginError
+
+    record = manager.discovered()[name]
+    entry: dict[str, Any] = {
+        "name": name,
+        "distribution": record.distribution,
+        "version": record.version,
+        "module": record.value,
+    }
+    try:
+        manager.load(name)
+    except PluginError as exc:
+        entry.update(kind=None, hooks=[], available=False, broken=True, problem=str(exc))
+        return entry
+    info = manager.info(name)
+    problem = check_requirements(info)
+    entry.update(
+        kind=info.kind,
+        hooks=manager.hooks_of(name),
+        requires=list(info.requires),
+        optional_requires={
+            library: {"enables": enables, "problem": missing_library(library)}
+            for library, enables in info.optional_requires.items()
+        },
+        available=problem is None,
+        broken=False,
+        problem=problem,
+    )
+    if detailed:
+        extensions = manager.extensions
+        entry.update(
+            description=info.description,
+            contract=info.contract,
+            capabilities={
+                "multi_process": info.capabilities.multi_process,
+                "sharded_state": info.capabilities.sharded_state,
+                "precisions": list(info.capabilities.precisions),
+                "devices": list(info.capabilities.devices),
+            },
+            commands=sorted(k for k, v in extensions.commands.items() if v[0] == name),
+            trackers=sorted(k for k, v in extensions.trackers.items() if v[0] == name),
+            launchers=sorted(k for k, v in extensions.launchers.items() if v[0] == name),
+            launch_options=any(owner == name for owner, _ in extensions.launch_options),
+        )
+    return entry
 
 
 def broken_record(name: str, problem: str) -> dict[str, Any]:
@@ -165,7 +216,6 @@ def main(argv: list[str]) -> int:
     import torch  # noqa: F401  the kernel's own dependency: its import time is not a plugin's
 
     from drivetrain import rank_guard
-    from drivetrain.commands.plugins import plugin_record
     from drivetrain.contract.manager import get_plugin_manager
 
     out = os.fdopen(int(argv[0]), "w", buffering=1, encoding="utf-8")
