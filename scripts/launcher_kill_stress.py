@@ -92,13 +92,17 @@ def rank_pids(pids: Path) -> list[int]:
     return [int((pids / f"rank_{rank}.pid").read_text()) for rank in (0, 1)]
 
 
-def kill_once(workdir: Path, start_timeout: float = 240) -> dict:
-    """One run; returns {"survivors": live processes of the job 30 s after the kill, "leftover": names
-    in its TMPDIR, "ended_after": seconds until the ranks were gone}."""
-    launcher, pids = start_job(workdir)
+def kill_once(workdir: Path, mode: str = "train", start_timeout: float = 240) -> dict:
+    """One run (``mode``: what the ranks do, see launch_supervised.py); returns {"survivors": live processes
+    of the job 30 s after the kill, "leftover": names in its TMPDIR, "ended_after": seconds until the ranks
+    were gone}."""
+    launcher, pids = start_job(workdir, mode)
     try:
         wait_for(
-            lambda: all((pids / name).exists() for name in ("rank_0.pid", "rank_1.pid", "step_rank0.txt")),
+            lambda: all(
+                (pids / name).exists()
+                for name in ("rank_0.pid", "rank_1.pid", "step_rank0.txt", "step_rank1.txt")
+            ),
             start_timeout,
             "both processes to train",
             launcher,

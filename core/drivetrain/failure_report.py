@@ -31,7 +31,8 @@ from drivetrain import launch_channel
 #: The traceback kept for the report is cut to its last characters beyond this.
 MAX_TRACEBACK_CHARS = 64 * 1024
 
-_installed = False
+#: The hook that reports (the last installed; see install).
+_active_hook: Any = None
 
 
 def one_line(error: BaseException) -> str:
@@ -55,15 +56,22 @@ def report_failure(rank: int, error: BaseException, traceback_text: str = "") ->
 
 
 def install(rank: int, num_processes: int) -> None:
-    """Report an uncaught exception of this process (see the module docstring); called when drivetrain is
-    imported in a launched process, and again (without effect) once the process state knows its rank."""
-    global _installed
-    if _installed or not os.environ.get(launch_channel.CHANNEL_ENV):
+    """Report an uncaught exception of this process (see the module docstring). Called when drivetrain is
+    imported in a launched process, and again once the process state has joined the process group: torch
+    then wraps ``sys.excepthook`` in one that prints into a buffer, which a hook of ours inside it would
+    leave unprinted when it ends the process. So the hook installed last, the outermost, is the one that
+    reports and ends the process; an earlier one only passes the error on."""
+    global _active_hook
+    if not os.environ.get(launch_channel.CHANNEL_ENV) or (
+        _active_hook is not None and sys.excepthook is _active_hook
+    ):
         return
-    _installed = True
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], error: BaseException, traceback: TracebackType | None) -> None:
+        if hook is not _active_hook:  # a later hook of ours, outside this one, reports and ends the process
+            previous(kind, error, traceback)
+            return
         answer = None
         try:
             answer = report_failure(rank, error, "".join(tracebacks.format_exception(kind, error, traceback)))
@@ -76,6 +84,7 @@ def install(rank: int, num_processes: int) -> None:
             sys.stderr.flush()
             os._exit(1)
 
+    _active_hook = hook
     sys.excepthook = hook
 
 
