@@ -147,6 +147,9 @@ def test_plugin_flags_in_help_and_errors(capsys):
     assert "unrecognized arguments: --fsdp_sharding_strateg; did you mean --fsdp_sharding_strategy?" in err[0]
     assert main(["--num-procs", "2", "x.py"]) == 2
     assert "did you mean --num-processes?" in capsys.readouterr().err
+    # a module and a program at once (torchrun refused it with a traceback)
+    assert main(["-m", "--no_python", "pkg.train"]) == 2
+    assert "-m runs a Python module and --no_python a program: use one of them" in capsys.readouterr().err
     # a bad value of a kernel option gives the kernel's error, as before
     assert main(["--num_processes", "two", "x.py"]) == 2
     assert "--num_processes expects a whole number, got 'two'" in capsys.readouterr().err

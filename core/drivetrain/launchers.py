@@ -8,6 +8,7 @@ the notebook's globals. CUDA cannot survive a fork: if it was initialised before
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import socket
 import sys
@@ -19,6 +20,10 @@ from drivetrain.errors import DrivetrainError
 
 
 def _run_in_child(launcher_pid: int, function: Callable, args: tuple) -> Any:
+    # What this process inherited is the parent's: collected here, garbage holding a torch store (a
+    # finished launch's) would run its destructor, which joins a thread that only exists in the parent, and
+    # hang the process. Frozen objects are never collected.
+    gc.freeze()
     from drivetrain import rank_guard
 
     # A forked process dies with the notebook (or script) that launched it, even one killed with SIGKILL.
@@ -31,7 +36,17 @@ def _run_in_child(launcher_pid: int, function: Callable, args: tuple) -> Any:
 
     reset_state()
     reset_plugin_manager()
-    return function(*args)
+    try:
+        return function(*args)
+    except BaseException as exc:
+        # The error reaches the launching process on its channel (torch's way is a file in the temporary
+        # folder, which a killed notebook would leave behind).
+        import traceback
+
+        from drivetrain.failure_report import report_failure
+
+        report_failure(int(os.environ.get("RANK", "0")), exc, traceback.format_exc())
+        raise
 
 
 def _fork_launch(
@@ -67,14 +82,31 @@ def _fork_launch(
         # torch's default makes a log folder in the temporary folder and leaves it there: no log files
         logs_specs=DefaultLogsSpecs(log_dir=os.devnull),
     )
-    with patch_environment(
-        **{"FORK_LAUNCHED": "1", "MASTER_ADDR": master_addr, "MASTER_PORT": str(port), **env}
+    from drivetrain.launch_channel import LaunchChannel
+
+    with (
+        LaunchChannel() as channel,
+        patch_environment(
+            **{
+                "FORK_LAUNCHED": "1",
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(port),
+                **env,
+                **channel.environment,
+            }
+        ),
     ):
         try:
+            gc.collect()  # garbage of earlier launches is destroyed here, not in a forked child (_run_in_child)
             return elastic_launch(config, _run_in_child)(os.getpid(), function, args)
         except ChildFailedError as exc:
-            rank, failure = exc.get_first_failure()
-            message = f"process of rank {rank} failed (exit code {failure.exitcode}): {failure.message}"
+            recorded = channel.first_failure()
+            if recorded is not None and recorded["rank"] in exc.failures:
+                rank, error = recorded["rank"], recorded["error"]
+            else:  # a process that died without a Python error (a signal, os._exit)
+                rank, failure = exc.get_first_failure()
+                error = failure.message
+            message = f"process of rank {rank} failed (exit code {exc.failures[rank].exitcode}): {error}"
             raise _process_failed_class()(message, exc.name, exc.failures) from exc
 
 

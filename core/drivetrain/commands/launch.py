@@ -850,6 +850,8 @@ def launch(plan: LaunchPlan, args: argparse.Namespace | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.training_script.startswith("-"):
         raise UsageError(f"unknown option {args.training_script!r} (options go before the script)")
+    if args.module and args.no_python:
+        raise UsageError("-m runs a Python module and --no_python a program: use one of them")
     _refuse_stand_ins(args)
     try:
         plan = resolve_plan(args)
