@@ -185,3 +185,32 @@ def test_sigkill_to_a_notebook_launcher_ends_its_forked_processes(tmp_path):
     parent.wait()
     stress.wait_for(lambda: not any(map(stress.alive, children)), 30, "the children to end")
     assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_the_rank_guard_runs_the_command_only_while_its_launcher_lives(tmp_path):
+    """rank_guard.py as torch's launcher starts it: the command runs in its place (same process id) when
+    the launcher is its parent; not at all when the launcher is gone (another parent); a missing program
+    is one line and exit code 127, as a shell says."""
+    guard = [sys.executable, "-I", "-S", str(ROOT / "core" / "drivetrain" / "rank_guard.py")]
+    # the command reports its process id, its parent and its parent-death signal (prctl PR_GET_PDEATHSIG)
+    show = [
+        sys.executable,
+        "-c",
+        "import ctypes, os; signal = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(signal), 0, 0, 0); "
+        "print(os.getpid(), os.getppid(), signal.value)",
+    ]
+    ran = subprocess.Popen([*guard, str(os.getpid()), "--", *show], stdout=subprocess.PIPE, text=True)
+    out, _ = ran.communicate(timeout=120)
+    assert ran.returncode == 0
+    assert out.split() == [str(ran.pid), str(os.getpid()), str(int(signal.SIGKILL))]  # exec'd, and armed
+    gone = subprocess.run([*guard, "1", "--", *show], capture_output=True, text=True, timeout=120)
+    assert gone.returncode == 1 and gone.stdout == ""
+    assert gone.stderr == "drivetrain: the launcher (pid 1) ended before this process started\n"
+    missing = subprocess.run(
+        [*guard, str(os.getpid()), "--", str(tmp_path / "no-such-program")], capture_output=True, text=True
+    )
+    assert missing.returncode == 127
+    assert (
+        missing.stderr
+        == f"drivetrain: cannot run {str(tmp_path / 'no-such-program')!r}: No such file or directory\n"
+    )
