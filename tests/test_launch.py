@@ -20,10 +20,15 @@ pytestmark = pytest.mark.multiprocess
 
 
 def launch(*args, tmp_path, env=None, timeout=180):
+    """Start ``drivetrain launch`` in ``tmp_path``, with ``tmp_path/tmp`` as its (empty) temporary folder."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
     full_env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
-        "TMPDIR": str(tmp_path),
+        "TMPDIR": str(tmp_path / "tmp"),
+        # torch's per-user compile cache (made in the temporary folder by any script that builds an
+        # optimizer) is not the launcher's: kept out of the folder the tests check
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache"),
         "PYTHONUNBUFFERED": "1",
         "DRIVETRAIN_CONFIG_DIR": str(tmp_path / "no-config"),
         **(env or {}),
@@ -77,8 +82,10 @@ def test_cpu_two_processes_with_exported_settings(tmp_path):
     assert [r["rank"] for r in ranks] == [0, 1] and {r["world"] for r in ranks} == {2}
     assert {r["backend"] for r in ranks} == {"ddp"}
     exported = {k: v for k, v in ranks[0]["env"].items() if k != "DRIVETRAIN_CONFIG_DIR"}
-    # Where the processes record an uncaught error for the launcher's report (a temporary folder).
-    assert os.path.basename(exported.pop("DRIVETRAIN_FAILURE_DIR")).startswith("drivetrain-failures-")
+    # Where the processes report an uncaught error and their backend to the launcher: a loopback socket
+    # and its token, no file (a killed launcher could not remove one)
+    assert re.fullmatch(r"127\.0\.0\.1:\d+:[0-9a-f]{32}", exported.pop("DRIVETRAIN_LAUNCH_CHANNEL"))
+    assert os.listdir(tmp_path / "tmp") == []  # nor torchelastic_* folders: nothing in the temporary folder
     assert exported == {
         "DRIVETRAIN_CPU": "1",
         "DRIVETRAIN_MIXED_PRECISION": "bf16",
@@ -249,9 +256,13 @@ def _gather_rank(tag):
 
 
 def test_debug_launcher_and_notebook_launcher_fork_real_processes(tmp_path, monkeypatch):
+    import tempfile
+
     from drivetrain.launchers import debug_launcher, notebook_launcher
 
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # gettempdir() caches its first answer
     results = debug_launcher(_gather_rank, ("dbg",), num_processes=2)
     assert results[0] == results[1] == [(0, "dbg", None, "cpu"), (1, "dbg", None, "cpu")]
     results = notebook_launcher(
@@ -259,6 +270,7 @@ def test_debug_launcher_and_notebook_launcher_fork_real_processes(tmp_path, monk
     )
     assert results[1] == [(0, "nb", "bf16", "cpu"), (1, "nb", "bf16", "cpu")]
     assert "DRIVETRAIN_MIXED_PRECISION" not in os.environ  # restored after the launch
+    assert os.listdir(tmp_path / "tmp") == []  # torch's elastic launcher made no torchelastic_* folder
     # one process runs in place
     assert notebook_launcher(lambda: "here", num_processes=1) == "here"
     with pytest.raises(ValueError, match="mixed_precision='fp12' is not valid"):

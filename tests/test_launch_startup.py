@@ -12,17 +12,25 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from drivetrain.contract.info import ENTRY_POINT_GROUP
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = """
 import json, os, sys
 import torch.distributed.run as torchrun
 
 given = {}
-torchrun.run = lambda args: given.update(nproc_per_node=args.nproc_per_node, script=args.training_script)
+torchrun.run = lambda args: given.update(
+    nproc_per_node=args.nproc_per_node,
+    command=[args.training_script, *args.training_script_args],
+    no_python=args.no_python,
+    log_dir=args.log_dir,
+)
 from drivetrain.commands.launch import main
 
 code = main(sys.argv[1:])
@@ -56,7 +64,13 @@ def plugin_modules() -> dict[str, str]:
 
 def test_a_plain_launch_imports_no_plugin_module(tmp_path):
     report, err = probe("--cpu", "--num_processes", "2", "--quiet", "noop.py", "--lr", "1", tmp_path=tmp_path)
-    assert report["code"] == 0 and report["given"] == {"nproc_per_node": "2", "script": "noop.py"}
+    assert report["code"] == 0 and report["given"]["nproc_per_node"] == "2"
+    # each process is the script run as torchrun runs it, through the guard that ends it with the launcher
+    # (rank_guard.py), and torch's log folders go nowhere (none is left in the temporary folder)
+    command, guard = report["given"]["command"], str(ROOT / "core" / "drivetrain" / "rank_guard.py")
+    assert command[:4] == [sys.executable, "-I", "-S", guard] and command[4].isdigit()
+    assert command[5:] == ["--", sys.executable, "-u", "noop.py", "--lr", "1"]
+    assert report["given"]["no_python"] and report["given"]["log_dir"] == os.devnull
     assert report["env"] == {"DRIVETRAIN_CPU": "1"} and err == ""
     imported = set(report["modules"])
     assert sorted(module for module in plugin_modules().values() if module in imported) == []
@@ -77,8 +91,18 @@ def test_the_banner_names_the_automatic_backend_importing_plugins_only_up_to_it(
 
 
 def test_one_process_imports_no_plugin_module(tmp_path):
-    report, err = probe("--cpu", "noop.py", tmp_path=tmp_path)
+    report, err = probe("--cpu", "-m", "package.train", "--epochs", "1", tmp_path=tmp_path)
     assert report["code"] == 0 and "backend local (automatic), 1 process on 1 machine" in err
+    # a module runs as torchrun runs one (python -u -m), behind the rank guard
+    assert report["given"]["command"][5:] == [
+        "--",
+        sys.executable,
+        "-u",
+        "-m",
+        "package.train",
+        "--epochs",
+        "1",
+    ]
     imported = set(report["modules"])
     assert sorted(module for module in plugin_modules().values() if module in imported) == []
 
@@ -123,6 +147,9 @@ def test_plugin_flags_in_help_and_errors(capsys):
     assert "unrecognized arguments: --fsdp_sharding_strateg; did you mean --fsdp_sharding_strategy?" in err[0]
     assert main(["--num-procs", "2", "x.py"]) == 2
     assert "did you mean --num-processes?" in capsys.readouterr().err
+    # a module and a program at once (torchrun refused it with a traceback)
+    assert main(["-m", "--no_python", "pkg.train"]) == 2
+    assert "-m runs a Python module and --no_python a program: use one of them" in capsys.readouterr().err
     # a bad value of a kernel option gives the kernel's error, as before
     assert main(["--num_processes", "two", "x.py"]) == 2
     assert "--num_processes expects a whole number, got 'two'" in capsys.readouterr().err

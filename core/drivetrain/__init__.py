@@ -5,6 +5,7 @@ Everything here is imported lazily; ``import drivetrain`` imports no plugin and 
 
 from __future__ import annotations
 
+import os as _os
 from typing import Any
 
 from drivetrain.compat import moved as _moved
@@ -19,6 +20,13 @@ __version__ = "1.15.0"
 __accelerate_api__ = "1.15.0"
 
 _moved.install()  # contract 1.0's module paths still import, with a warning naming the new one
+
+if _os.environ.get("DRIVETRAIN_LAUNCH_CHANNEL"):
+    # A process of `drivetrain launch`: its uncaught error goes to the launcher, and is printed only when it
+    # is the job's first (failure_report.py), from the moment drivetrain is imported.
+    from drivetrain import failure_report as _failure_report
+
+    _failure_report.install_from_environment()
 
 _EXPORTS = {
     "Accelerator": "drivetrain.accelerator",

@@ -171,15 +171,12 @@ def report(backend: str, source: str, environment: DistributedEnvironment) -> No
 
 
 def report_backend(backend: str, source: str, environment: DistributedEnvironment) -> None:
-    """Process 0 writes the backend it runs and why into the file ``drivetrain launch`` named (again when a
-    named backend takes over from the automatic one)."""
-    path = os.environ.get(sources.BACKEND_REPORT_ENV)
-    if path and environment.process_index == 0:
-        try:
-            with open(path, "w") as stream:
-                stream.write(f"{backend}\t{source}")
-        except OSError:
-            pass  # the launcher's own folder went away: the report is a courtesy
+    """Process 0 tells ``drivetrain launch`` which backend it runs and why, on the launcher's channel (again
+    when a named backend takes over from the automatic one). A courtesy: without a launcher, nothing."""
+    if environment.process_index == 0:
+        from drivetrain import launch_channel
+
+        launch_channel.send({"kind": "backend", "name": backend, "source": source})
 
 
 def _device_override() -> torch.device | None:

@@ -8,6 +8,8 @@ the notebook's globals. CUDA cannot survive a fork: if it was initialised before
 from __future__ import annotations
 
 import functools
+import gc
+import os
 import socket
 import sys
 from collections.abc import Callable
@@ -17,7 +19,16 @@ from drivetrain.environment import patch_environment
 from drivetrain.errors import DrivetrainError
 
 
-def _run_in_child(function: Callable, args: tuple) -> Any:
+def _run_in_child(launcher_pid: int, function: Callable, args: tuple) -> Any:
+    # What this process inherited is the parent's: collected here, garbage holding a torch store (a
+    # finished launch's) would run its destructor, which joins a thread that only exists in the parent, and
+    # hang the process. Frozen objects are never collected.
+    gc.freeze()
+    from drivetrain import rank_guard
+
+    # A forked process dies with the notebook (or script) that launched it, even one killed with SIGKILL.
+    if not rank_guard.die_with_parent(launcher_pid):
+        os._exit(1)
     # The parent's shared state (a PartialState built in a notebook cell) describes one process; the child
     # must build its own from the launcher's environment.
     from drivetrain.contract.manager import reset_plugin_manager
@@ -25,7 +36,17 @@ def _run_in_child(function: Callable, args: tuple) -> Any:
 
     reset_state()
     reset_plugin_manager()
-    return function(*args)
+    try:
+        return function(*args)
+    except BaseException as exc:
+        # The error reaches the launching process on its channel (torch's way is a file in the temporary
+        # folder, which a killed notebook would leave behind).
+        import traceback
+
+        from drivetrain.failure_report import report_failure
+
+        report_failure(int(os.environ.get("RANK", "0")), exc, traceback.format_exc())
+        raise
 
 
 def _fork_launch(
@@ -42,6 +63,7 @@ def _fork_launch(
     monitor_interval: float,
     env: dict[str, str],
 ) -> dict[int, Any]:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -57,15 +79,34 @@ def _fork_launch(
         max_restarts=max_restarts,
         monitor_interval=monitor_interval,
         start_method="fork",
+        # torch's default makes a log folder in the temporary folder and leaves it there: no log files
+        logs_specs=DefaultLogsSpecs(log_dir=os.devnull),
     )
-    with patch_environment(
-        **{"FORK_LAUNCHED": "1", "MASTER_ADDR": master_addr, "MASTER_PORT": str(port), **env}
+    from drivetrain.launch_channel import LaunchChannel
+
+    with (
+        LaunchChannel() as channel,
+        patch_environment(
+            **{
+                "FORK_LAUNCHED": "1",
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(port),
+                **env,
+                **channel.environment,
+            }
+        ),
     ):
         try:
-            return elastic_launch(config, _run_in_child)(function, args)
+            gc.collect()  # garbage of earlier launches is destroyed here, not in a forked child (_run_in_child)
+            return elastic_launch(config, _run_in_child)(os.getpid(), function, args)
         except ChildFailedError as exc:
-            rank, failure = exc.get_first_failure()
-            message = f"process of rank {rank} failed (exit code {failure.exitcode}): {failure.message}"
+            recorded = channel.first_failure()
+            if recorded is not None and recorded["rank"] in exc.failures:
+                rank, error = recorded["rank"], recorded["error"]
+            else:  # a process that died without a Python error (a signal, os._exit)
+                rank, failure = exc.get_first_failure()
+                error = failure.message
+            message = f"process of rank {rank} failed (exit code {exc.failures[rank].exitcode}): {error}"
             raise _process_failed_class()(message, exc.name, exc.failures) from exc
 
 

@@ -27,11 +27,7 @@ report = {
     "world": state.num_processes,
     "backend": state.backend_name,
     "machine_rank": int(os.environ.get("GROUP_RANK", "0")),
-    "env": {
-        k: v
-        for k, v in os.environ.items()
-        if (k.startswith("DRIVETRAIN_") and k != "DRIVETRAIN_BACKEND_REPORT") or k.startswith("TEST_")
-    },
+    "env": {k: v for k, v in os.environ.items() if k.startswith(("DRIVETRAIN_", "TEST_"))},
     "omp": os.environ.get("OMP_NUM_THREADS"),
     "argv": sys.argv[2:],
     "weights": weights.tolist(),

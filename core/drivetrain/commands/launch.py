@@ -14,20 +14,19 @@ import json
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+from drivetrain import rank_guard
 from drivetrain.commands.parsing import (
     ArgumentParser,
     UsageError,
     add_option,
-    error_line,
     exit_code_of,
 )
 from drivetrain.compat.names import ACCELERATE_BACKEND_FLAGS, MULTIPROCESS_BACKEND_DISTRIBUTION
 from drivetrain.config.file import KEYS, PRECISIONS, RDZV_BACKENDS, ConfigFile, load_config
-from drivetrain.config.sources import BACKEND_CONFIG_ENV, BACKEND_REPORT_ENV, PLUGIN_OPTIONS_ENV
+from drivetrain.config.sources import BACKEND_CONFIG_ENV, PLUGIN_OPTIONS_ENV
 from drivetrain.errors import ConfigurationError, PluginError
 from drivetrain.launchers import free_port
 
@@ -773,7 +772,8 @@ def environment_for(plan: LaunchPlan) -> dict[str, str]:
 
 
 def torchrun_arguments(plan: LaunchPlan) -> list[str]:
-    """The same job as torchrun's command line (parsed by torch.distributed.run itself)."""
+    """The same job as torchrun's command line (parsed by torch.distributed.run itself), each process
+    started through the rank guard."""
     argv = [
         f"--nnodes={plan.num_machines}",
         f"--nproc_per_node={plan.nproc_per_node}",
@@ -796,13 +796,15 @@ def torchrun_arguments(plan: LaunchPlan) -> list[str]:
         argv.append(f"--role={plan.role}")
     if plan.tee:
         argv.append(f"--tee={plan.tee}")
-    if plan.log_dir:
-        argv.append(f"--log_dir={plan.log_dir}")
-    if plan.module:
-        argv.append("--module")
+    # torch makes a log folder per run in the temporary folder unless told where; /dev/null: none at all
+    argv.append(f"--log_dir={plan.log_dir or os.devnull}")
     if plan.no_python:
-        argv.append("--no_python")
-    return [*argv, plan.script, *plan.script_args]
+        command = [plan.script, *plan.script_args]
+    else:  # torchrun's own command for a script (PYTHON_EXEC is torchrun's way to name the interpreter)
+        python = os.environ.get("PYTHON_EXEC", sys.executable)
+        command = [python, "-u", *(["-m"] if plan.module else []), plan.script, *plan.script_args]
+    # each process dies with this launcher, whatever ends it (rank_guard.py)
+    return [*argv, "--no_python", *rank_guard.guarded(command)]
 
 
 def banner(plan: LaunchPlan) -> str:
@@ -836,116 +838,20 @@ def launch(plan: LaunchPlan, args: argparse.Namespace | None = None) -> int:
     if not plan.quiet:
         print(banner(plan), file=sys.stderr, flush=True)
     os.environ.update(environment_for(plan))
-    from torch.distributed import run as torchrun
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from drivetrain.commands.launch_outcome import run_job
 
-    from drivetrain import failure_report
-
-    debug = bool(plan.chosen.get("debug"))
-    # Process 0 writes the backend the script used here (state._report_backend), for the line after the run.
-    report = tempfile.NamedTemporaryFile(prefix="drivetrain-backend-", suffix=".txt", delete=False)
-    report.close()
-    os.environ[BACKEND_REPORT_ENV] = report.name
-    with tempfile.TemporaryDirectory(prefix="drivetrain-failures-") as failures:
-        os.environ[failure_report.FAILURE_DIR_ENV] = failures
-        try:
-            torchrun.run(torchrun.parse_args(torchrun_arguments(plan)))
-        except ChildFailedError as exc:
-            if debug:
-                print(exc.format_msg(), file=sys.stderr)
-            print(
-                error_line(_failure_message(exc, failure_report.first_failure(failures), debug)),
-                file=sys.stderr,
-            )
-            return _exit_code_of(exc, failure_report.first_failure(failures))
-        except SignalException as exc:
-            # The launcher was told to stop (SIGTERM from a scheduler, SIGINT ...): torch stopped the processes.
-            name = signal_name(int(exc.sigval))
-            print(error_line(f"stopped by {name}: the job's processes were stopped"), file=sys.stderr)
-            return 128 + int(exc.sigval)
-        finally:
-            os.environ.pop(failure_report.FAILURE_DIR_ENV, None)
-            if not plan.quiet:
-                used = used_backend_line(plan, report.name)
-                if used:
-                    print(used, file=sys.stderr, flush=True)
-            os.environ.pop(BACKEND_REPORT_ENV, None)
-            os.unlink(report.name)
-    return 0
-
-
-def used_backend_line(plan: LaunchPlan, report: str) -> str | None:
-    """``drivetrain launch: the script used backend X (from ...)`` when the processes used another backend
-    than the banner announced (the script chose one itself), else None."""
-    try:
-        with open(report) as stream:
-            name, _, source = stream.read().partition("\t")
-    except OSError:
-        return None
-    announced = plan.backend_label.split(" ")[0]
-    if not name or name == announced:
-        return None
-    return f"drivetrain launch: the script used backend {name} (from {source}), not {plan.backend_label}"
-
-
-def signal_name(number: int) -> str:
-    import signal
-
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def _exit_code(exitcode: int) -> int:
-    """A process's exit code as a shell reports it: 128 + N for one killed by signal N."""
-    return exitcode if exitcode > 0 else 128 - exitcode
-
-
-def _blamed_rank(exc: Any, recorded: dict[str, Any] | None) -> int:
-    """The rank that failed first: the earliest recorded Python error; else a rank that exited with an
-    error code rather than one killed by a signal (killed ones are usually stopped because another
-    failed); else torch's pick."""
-    if recorded is not None and recorded["rank"] in exc.failures:
-        return int(recorded["rank"])
-    exited = sorted(rank for rank, failure in exc.failures.items() if failure.exitcode > 0)
-    if exited:
-        return exited[0]
-    rank, _ = exc.get_first_failure()
-    return int(rank)
-
-
-def _exit_code_of(exc: Any, recorded: dict[str, Any] | None) -> int:
-    return _exit_code(exc.failures[_blamed_rank(exc, recorded)].exitcode)
-
-
-def _failure_message(exc: Any, recorded: dict[str, Any] | None, debug: bool) -> str:
-    rank = _blamed_rank(exc, recorded)
-    failure = exc.failures[rank]
-    how = (
-        f"exit code {failure.exitcode}"
-        if failure.exitcode > 0
-        else f"signal {signal_name(-failure.exitcode)}"
-    )
-    others = sorted(other for other in exc.failures if other != rank)
-    after = (
-        f"; rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} failed after it"
-        if others
-        else ""
-    )
-    if recorded is not None and recorded["rank"] == rank:
-        return f"process of global rank {rank} failed first ({how}): {recorded['error']}{after}"
-    hint = "" if debug else " (--debug shows the launcher's report)"
-    return (
-        f"process of global rank {rank} failed first ({how}) without a Python error "
-        f"(its output above is all there is){after}{hint}"
+    return run_job(
+        torchrun_arguments(plan),
+        debug=bool(plan.chosen.get("debug")),
+        announced=None if plan.quiet else plan.backend_label,
     )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.training_script.startswith("-"):
         raise UsageError(f"unknown option {args.training_script!r} (options go before the script)")
+    if args.module and args.no_python:
+        raise UsageError("-m runs a Python module and --no_python a program: use one of them")
     _refuse_stand_ins(args)
     try:
         plan = resolve_plan(args)

@@ -40,7 +40,10 @@ def _plugin_commands(errors: list[str]) -> dict[str, tuple[str, object, object, 
     return dict(manager.extensions.commands)
 
 
-def build_parser(plugin_errors: list[str] | None = None) -> ArgumentParser:
+def build_parser(plugin_errors: list[str] | None = None, plugin_commands: bool = True) -> ArgumentParser:
+    """The parser of every command; ``plugin_commands=False`` leaves out the commands plugins add, so that
+    building it imports no plugin (a built-in command such as ``drivetrain plugins`` must work whatever an
+    installed plugin does when imported)."""
     parser = ArgumentParser(
         prog="drivetrain",
         description="Run one PyTorch training script on any hardware and distribution backend.",
@@ -55,20 +58,23 @@ def build_parser(plugin_errors: list[str] | None = None) -> ArgumentParser:
         sub = subparsers.add_parser(
             command, help=module.HELP, description=getattr(module, "DESCRIPTION", module.HELP)
         )
-        module.register_parser(sub)
+        if module_name == "launch":  # its parser holds every plugin's launch options, unless told not to
+            module.register_parser(sub, plugin_options=plugin_commands)
+        else:
+            module.register_parser(sub)
         sub.set_defaults(_run=module.run)
     errors = plugin_errors if plugin_errors is not None else []
-    plugin_commands = _plugin_commands(errors)
+    added = _plugin_commands(errors) if plugin_commands else {}
     from drivetrain.commands.plugin_commands import stand_in
     from drivetrain.compat.names import ACCELERATE_PLUGIN_COMMANDS
 
     for command in ACCELERATE_PLUGIN_COMMANDS:  # Accelerate's plugin commands, when no plugin provides them
-        if command not in plugin_commands:
+        if command not in added:
             register, run, help_text = stand_in(command)
             sub = subparsers.add_parser(command, help=help_text, description=help_text)
             register(sub)
             sub.set_defaults(_run=run)
-    for command, (plugin, register, run, help_text) in sorted(plugin_commands.items()):
+    for command, (plugin, register, run, help_text) in sorted(added.items()):
         if command in BUILTIN_COMMANDS:
             errors.append(f"plugin {plugin!r} registers command {command!r}, which is built in; ignored")
             continue
@@ -89,7 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def run() -> int | None:
         plugin_errors: list[str] = []
-        parser = build_parser(plugin_errors)
+        # A built-in command runs the same whatever plugins add (one that registers a built-in name is
+        # ignored), so its parser imports no plugin.
+        parser = build_parser(plugin_errors, plugin_commands=not argv or argv[0] not in BUILTIN_COMMANDS)
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()

@@ -23,65 +23,23 @@ def register_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def plugin_records(hook: str | None = None, detailed: bool = False) -> list[dict[str, Any]]:
-    """One record per discovered plugin; a plugin that fails to load is listed with the reason."""
-    from drivetrain.contract.manager import (
-        HOOK_SPECS,
-        check_requirements,
-        get_plugin_manager,
-        missing_library,
-    )
-    from drivetrain.errors import PluginError
+    """One record per discovered plugin; a plugin that fails to load is listed with the reason. Plugins
+    installed through entry points are imported in a child process (plugin_probe.py), so that one that
+    hangs or ends its process is listed as broken rather than taking the listing with it."""
+    from drivetrain.commands.plugin_probe import plugin_record, probe_records
+    from drivetrain.contract.manager import HOOK_SPECS, get_plugin_manager
 
     if hook is not None and hook not in HOOK_SPECS:
         raise UsageError(f"--hook: unknown hook {hook!r}; hooks: {', '.join(sorted(HOOK_SPECS))}")
     manager = get_plugin_manager()
+    discovered = manager.discovered()
+    installed = [name for name in manager.names() if discovered[name].entry_point is not None]
+    probed = probe_records(installed, detailed) if installed else {}
     records = []
     for name in manager.names():
-        record = manager.discovered()[name]
-        entry: dict[str, Any] = {
-            "name": name,
-            "distribution": record.distribution,
-            "version": record.version,
-            "module": record.value,
-        }
-        try:
-            manager.load(name)
-        except PluginError as exc:
-            entry.update(kind=None, hooks=[], available=False, broken=True, problem=str(exc))
-            if hook is None:
-                records.append(entry)
-            continue
-        info = manager.info(name)
-        problem = check_requirements(info)
-        entry.update(
-            kind=info.kind,
-            hooks=manager.hooks_of(name),
-            requires=list(info.requires),
-            optional_requires={
-                library: {"enables": enables, "problem": missing_library(library)}
-                for library, enables in info.optional_requires.items()
-            },
-            available=problem is None,
-            broken=False,
-            problem=problem,
-        )
-        if detailed:
-            extensions = manager.extensions
-            entry.update(
-                description=info.description,
-                contract=info.contract,
-                capabilities={
-                    "multi_process": info.capabilities.multi_process,
-                    "sharded_state": info.capabilities.sharded_state,
-                    "precisions": list(info.capabilities.precisions),
-                    "devices": list(info.capabilities.devices),
-                },
-                commands=sorted(k for k, v in extensions.commands.items() if v[0] == name),
-                trackers=sorted(k for k, v in extensions.trackers.items() if v[0] == name),
-                launchers=sorted(k for k, v in extensions.launchers.items() if v[0] == name),
-                launch_options=any(owner == name for owner, _ in extensions.launch_options),
-            )
-        if hook is None or hook in entry["hooks"]:
+        # plugins registered in code are in this process already: nothing left to import
+        entry = probed[name] if name in probed else plugin_record(manager, name, detailed)
+        if hook is None or hook in entry["hooks"]:  # a broken plugin has no hooks: listed without --hook
             records.append(entry)
     return records
 

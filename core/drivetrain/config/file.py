@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from drivetrain.compat.names import ACCELERATE_PLUGIN_KEYS, ACCELERATE_SECTIONS
+from drivetrain.config.bounded_yaml import load_mapping, short_repr
 from drivetrain.config.enums import DistributedType, PrecisionType
 from drivetrain.config.sources import FALSE_WORDS, TRUE_WORDS, to_bool
 from drivetrain.errors import ConfigurationError
@@ -222,14 +223,14 @@ def _checked(key: str, value: Any, origin: str) -> Any:
     try:
         return KEYS[key](value)
     except ValueError as exc:
-        raise ConfigurationError(f"{origin}: {key}: {value!r} is not valid ({exc})") from None
+        raise ConfigurationError(f"{origin}: {key}: {short_repr(value)} is not valid ({exc})") from None
 
 
 def _unknown_key(key: str, known: tuple[str, ...] | list[str], origin: str) -> ConfigurationError:
     close = difflib.get_close_matches(key, known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return ConfigurationError(
-        f"{origin}: unknown key {key!r}{hint} (valid keys: {', '.join(sorted(known))}; see docs/config-file.md)"
+        f"{origin}: unknown key {short_repr(key)}{hint} (valid keys: {', '.join(sorted(known))}; see docs/config-file.md)"
     )
 
 
@@ -267,7 +268,7 @@ def _plugin_keys(data: dict, origin: str, plugins: PluginDeclarations) -> dict[s
         try:
             checked = check(value)
         except ValueError as exc:
-            raise ConfigurationError(f"{origin}: {key}: {value!r} is not valid ({exc})") from None
+            raise ConfigurationError(f"{origin}: {key}: {short_repr(value)} is not valid ({exc})") from None
         if checked is not None:  # None: a value that states no choice (one Accelerate always writes)
             found.setdefault(plugin, {})[key] = checked
     return found
@@ -306,7 +307,7 @@ def _from_accelerate(data: dict, origin: str, plugins: PluginDeclarations) -> di
                 )
             valid = [*ACCELERATE_AUTOMATIC_TYPES, *plugins.distributed_types]
             raise ConfigurationError(
-                f"{origin}: distributed_type: {distributed_type!r} is not valid (expected one of: "
+                f"{origin}: distributed_type: {short_repr(distributed_type)} is not valid (expected one of: "
                 f"{', '.join(valid)})"
             )
         backend, section = plugins.distributed_types[distributed_type]
@@ -315,7 +316,12 @@ def _from_accelerate(data: dict, origin: str, plugins: PluginDeclarations) -> di
             values["backend_config"] = _checked("backend_config", data[section], origin)
     if data.get("parallelism_config"):
         values["parallelism_config"] = _checked("parallelism_config", data["parallelism_config"], origin)
-    dynamo = (data.get("dynamo_config") or {}).get("dynamo_backend")
+    dynamo_config = data.get("dynamo_config") or {}
+    if not isinstance(dynamo_config, dict):
+        raise ConfigurationError(
+            f"{origin}: dynamo_config: {short_repr(dynamo_config)} is not valid (expected a mapping)"
+        )
+    dynamo = dynamo_config.get("dynamo_backend")
     if dynamo and str(dynamo).upper() != "NO":
         values["dynamo_backend"] = _checked("dynamo_backend", dynamo, origin)
     return values
@@ -338,17 +344,7 @@ def load_config(
                 f"config file {file} does not exist; create it with `drivetrain config --config_file {file}`"
             )
         return ConfigFile(path=None)
-    import yaml  # only with a file to read: `drivetrain launch` without one starts sooner
-
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        problem = str(exc).replace("\n", " ")
-        raise ConfigurationError(f"config file {file} is not valid YAML: {problem}") from None
-    if not isinstance(data, dict):
-        raise ConfigurationError(
-            f"config file {file} must hold a mapping of settings, not {type(data).__name__}"
-        )
+    data = load_mapping(file, f"config file {file}")  # bounded: size, depth, aliases (see bounded_yaml)
     declarations = plugins() if callable(plugins) else plugins
     values, format_name = normalise(data, f"config file {file}", declarations)
     return ConfigFile(path=file, values=values, format=format_name)

@@ -121,21 +121,11 @@ class FileSettings:
 
 @functools.lru_cache(maxsize=8)
 def _read_config_file(path: str, mtime: float, size: int) -> dict[str, Any]:
-    import yaml
+    from drivetrain.config.bounded_yaml import load_mapping
 
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle) or {}
-    except FileNotFoundError:
-        raise ConfigurationError(f"config file {path} (from {CONFIG_FILE_ENV}) does not exist") from None
-    except yaml.YAMLError as exc:
-        problem = str(exc).replace("\n", " ")
-        raise ConfigurationError(f"config file {path} is not valid YAML: {problem}") from None
-    if not isinstance(data, dict):
-        raise ConfigurationError(
-            f"config file {path} must hold a mapping of settings, not {type(data).__name__}"
-        )
-    return data
+    if not os.path.exists(path):
+        raise ConfigurationError(f"config file {path} (from {CONFIG_FILE_ENV}) does not exist")
+    return load_mapping(path, f"config file {path} (from {CONFIG_FILE_ENV})")
 
 
 def config_file() -> FileSettings | None:
@@ -241,8 +231,6 @@ def to_int(value: Any) -> int:
 #: (its config-file section and backend flags) and each plugin's launch options and config keys, as JSON.
 BACKEND_CONFIG_ENV = "DRIVETRAIN_BACKEND_CONFIG"
 PLUGIN_OPTIONS_ENV = "DRIVETRAIN_PLUGIN_OPTIONS"
-#: Set by ``drivetrain launch``: the file where process 0 writes the backend the script used, and why.
-BACKEND_REPORT_ENV = "DRIVETRAIN_BACKEND_REPORT"
 
 
 def _json_environment(variable: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from drivetrain.config import sources
 from drivetrain.contract import hookspecs
 from drivetrain.contract.attribution import attribute
 from drivetrain.contract.calling import PluginStack
+from drivetrain.contract.import_watch import watch_import
 from drivetrain.contract.info import (
     DEVICE_ENTRY_POINT_GROUP,
     ENTRY_POINT_GROUP,
@@ -120,7 +121,7 @@ def _allowed_names() -> set[str] | None:
     return names
 
 
-def _import_failure(record: DiscoveredPlugin, exc: BaseException) -> str:
+def import_failure(record: DiscoveredPlugin, exc: BaseException) -> str:
     """One line naming the plugin, its distribution and what went wrong, with the fix where it is known."""
     detail = str(exc) if isinstance(exc, PluginImportTimeout) else f"{type(exc).__name__}: {exc}"
     if isinstance(exc, SystemExit):
@@ -147,7 +148,8 @@ class PluginImportTimeout(Exception):
     """A plugin's import ran past its time limit."""
 
 
-def _import_timeout() -> float:
+def import_time_limit() -> float:
+    """Seconds a plugin module may take to import (0: no limit)."""
     raw = os.environ.get("DRIVETRAIN_PLUGIN_IMPORT_TIMEOUT", "")
     try:
         return float(raw) if raw.strip() else DEFAULT_IMPORT_TIMEOUT
@@ -166,7 +168,7 @@ def _import_with_time_limit(record: DiscoveredPlugin) -> Any:
     is reported and skipped; its thread is a daemon, left blocked (it holds only the import lock of what it
     was importing) and does not keep the process from exiting. A real Ctrl-C reaches the main thread, which
     only waits, and interrupts the command as usual."""
-    seconds = _import_timeout()
+    seconds = import_time_limit()
     if seconds <= 0:
         return record.entry_point.load()
     outcome: dict[str, Any] = {}
@@ -259,15 +261,16 @@ class PluginManager:
         if record.error is not None:
             raise PluginError(record.error)
         try:
-            module = _import_with_time_limit(record)
-            self._register(record, module)
+            with watch_import(record.name, record.distribution):
+                module = _import_with_time_limit(record)
+                self._register(record, module)
         except PluginError as exc:
             record.error = str(exc)
             raise
         except BaseException as exc:
             # SystemExit, KeyboardInterrupt and a hang (see _time_limit) included: one plugin must not take
             # down every command; it is named, skipped, and shown as broken by `drivetrain plugins`.
-            record.error = _import_failure(record, exc)
+            record.error = import_failure(record, exc)
             raise PluginError(record.error) from exc
         return record
 

@@ -95,11 +95,10 @@ class BaseConfig:
 
     @classmethod
     def from_yaml_file(cls, yaml_file: str | None = None) -> BaseConfig:
-        import yaml
+        from drivetrain.config.bounded_yaml import load_mapping
 
         path = yaml_file or default_yaml_config_file
-        with open(path, encoding="utf-8") as handle:
-            return cls._from_dict(yaml.safe_load(handle), path)
+        return cls._from_dict(load_mapping(path, f"config file {path}"), path)
 
     def to_yaml_file(self, yaml_file: str) -> None:
         import yaml
@@ -171,13 +170,13 @@ def load_config_from_file(config_file: str | None) -> BaseConfig:
             "`drivetrain launch` without the `--config_file` argument."
         )
     path = str(config_file or default_config_file)
-    with open(path, encoding="utf-8") as handle:
-        if path.endswith(".json"):
+    if path.endswith(".json"):
+        with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
-        else:
-            import yaml
+    else:
+        from drivetrain.config.bounded_yaml import load_mapping
 
-            data = yaml.safe_load(handle)
+        data = load_mapping(path, f"config file {path}")
     local = (
         data.get("compute_environment", ComputeEnvironment.LOCAL_MACHINE) == ComputeEnvironment.LOCAL_MACHINE
     )
