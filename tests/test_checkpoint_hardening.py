@@ -198,11 +198,24 @@ def test_load_state_follows_no_symbolic_link(tmp_path):
         json.dump(manifest, out)
     with pytest.raises(CheckpointError, match=r"holds symbolic links \(optimizer.bin\)"):
         accelerator.load_state(folder)
-    # A linked folder inside the checkpoint is refused the same way.
+    # A file listed inside a linked folder is refused the same way.
     os.remove(target)
     os.symlink("/etc", os.path.join(folder, "extra"))
+    manifest["files"]["extra/hostname"] = {"size": os.path.getsize("/etc/hostname")}
+    with open(os.path.join(folder, manifests.MANIFEST_NAME), "w") as out:
+        json.dump(manifest, out)
     with pytest.raises(CheckpointError, match=r"symbolic links \(extra\)"):
         manifests.verify(folder)
+
+
+def test_a_link_beside_the_checkpoint_is_not_part_of_it(tmp_path):
+    """The folder may be the user's, with the user's own links in it: a link the manifest does not list is
+    no part of the checkpoint, never read, and does not stop the load."""
+    accelerator, model, folder = _saved(tmp_path)
+    os.symlink("/etc", os.path.join(folder, "extra"))
+    os.symlink("/proc/self/environ", os.path.join(folder, "model_1.safetensors"))
+    assert "extra" not in manifests.verify(folder)["files"]
+    accelerator.load_state(folder)
 
 
 def test_save_refuses_to_seal_a_folder_with_a_link(tmp_path):

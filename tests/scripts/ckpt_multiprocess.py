@@ -30,6 +30,7 @@ from ckpt_crash import install_kill_switch
 
 from drivetrain import Accelerator
 from drivetrain.checkpoint import manifest as manifests
+from drivetrain.checkpoint import rotation
 from drivetrain.errors import CheckpointError
 from drivetrain.utils import ProjectConfiguration, set_seed
 
@@ -147,7 +148,7 @@ def fail(project_dir: str, who: str) -> None:
         raised = False
     check(accelerator, "every_rank_raised_naming_the_failed_rank", raised)
     root = os.path.dirname(first)
-    latest = manifests.complete_checkpoints(root)
+    latest = rotation.complete_checkpoints(root)
     check(accelerator, "previous_is_latest", [os.path.basename(p) for p in latest] == ["checkpoint_0"])
     check(accelerator, "no_leftover_folder", sorted(os.listdir(root)) == ["checkpoint_0"])
 
@@ -206,11 +207,11 @@ def finish_failure(project_dir: str) -> None:
     check(accelerator, "every_rank_raised_at_the_next_wait", raised)
     files.on_stage = lambda stage, path: None
     root = os.path.dirname(first)
-    check(accelerator, "previous_is_latest", manifests.complete_checkpoints(root) == [first])
+    check(accelerator, "previous_is_latest", rotation.complete_checkpoints(root) == [first])
     check(accelerator, "no_leftover_folder", sorted(os.listdir(root)) == ["checkpoint_0"])
     third = accelerator.save_state()
     accelerator.wait_for_everyone()
-    check(accelerator, "next_save_completes", manifests.complete_checkpoints(root) == [first, third])
+    check(accelerator, "next_save_completes", rotation.complete_checkpoints(root) == [first, third])
     check(accelerator, "next_save_takes_the_failed_number", third == second)
 
 

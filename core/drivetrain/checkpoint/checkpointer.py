@@ -1,9 +1,10 @@
 """Checkpoints of one Accelerator: save_state / load_state and what they call around the backend.
 
 The order of a save: pre-hooks see the state dicts; the backend's ``save_state`` hook writes models,
-optimizers and schedulers into a temporary folder; the kernel adds RNG states, the GradScaler, data loader
+optimizers and schedulers into a staging folder; the kernel adds RNG states, the GradScaler, data loader
 positions and registered objects; once every process reports success, the writing process fsyncs and
-checksums every file, lists them in a manifest and renames the folder into place, then prunes old automatic
+checksums every file, lists them in a manifest and puts them in place (``checkpoint/publishing.py``: a new
+folder is renamed into place, an existing one gets only the checkpoint's files), then prunes old automatic
 checkpoints — on a background thread unless the save is blocking (see ``checkpoint/finishing.py``). A
 failure on any process makes every process raise (see ``_agree``) instead of leaving the others waiting.
 
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from drivetrain.checkpoint import files
+from drivetrain.checkpoint import files, publishing, rotation
 from drivetrain.checkpoint import manifest as manifests
 from drivetrain.checkpoint.dcp_reading import dcp_failure
 from drivetrain.checkpoint.files import atomic_write
@@ -121,13 +122,7 @@ class Checkpointer:
     def _save_location(self, output_dir: str | os.PathLike | None) -> str:
         config = self.project_configuration
         if config.automatic_checkpoint_naming:
-            location = os.path.join(self._checkpoints_root(), f"checkpoint_{config.iteration}")
-            if os.path.exists(location):
-                raise CheckpointError(
-                    f"checkpoint folder {location} already exists; set "
-                    "accelerator.project_configuration.iteration to the number to continue from"
-                )
-            return location
+            return os.path.join(self._checkpoints_root(), f"checkpoint_{config.iteration}")
         if output_dir is None:
             raise ValueError(
                 "save_state() needs output_dir, unless ProjectConfiguration(automatic_checkpoint_naming=True)"
@@ -198,18 +193,27 @@ class Checkpointer:
             # load_state reads the folder the writer names, whatever the others pass.
             location = self._gather(location)[self._writer_rank()]
         writer = writes_shared_files(self.accelerator)
-        temporary = manifests.incomplete_path(location)
+        config = self.project_configuration
         not_written = f"; {location} was not written and earlier checkpoints are untouched"
         error: BaseException | None = None
+        temporary = None
         if writer:
             try:
+                if config.automatic_checkpoint_naming:
+                    if os.path.exists(location):
+                        raise CheckpointError(
+                            f"checkpoint folder {location} already exists; set "
+                            "accelerator.project_configuration.iteration to the number to continue from"
+                        )
                 os.makedirs(os.path.dirname(location), exist_ok=True)
-                manifests.start_incomplete(location)
+                temporary = publishing.start_staging(location)
             except Exception as exc:
                 error = exc
-        self._agree(f"save_state: creating {temporary}", error, after=not_written)
-
-        config = self.project_configuration
+        # Every process writes into the folder its writer staged (inside or beside the destination).
+        temporary = self._agree(f"save_state into {location}", error, temporary, after=not_written)[
+            self._writer_rank()
+        ]
+        assert temporary is not None
         wait = (not config.async_save) if blocking is None else blocking
         checksums = files.SHA256_CHECKSUMS if config.checkpoint_sha256 else files.DEFAULT_CHECKSUMS
         try:
@@ -237,8 +241,11 @@ class Checkpointer:
                 "iteration": config.iteration,
                 "safe_serialization": safe_serialization,
             }
-            limit = config.total_limit if config.automatic_checkpoint_naming else None
-            finish = functools.partial(_finish_save, temporary, location, metadata, limit, checksums)
+            automatic = config.automatic_checkpoint_naming
+            limit = config.total_limit if automatic else None
+            finish = functools.partial(
+                _finish_save, temporary, location, metadata, limit, checksums, replace=not automatic
+            )
         number = config.iteration if config.automatic_checkpoint_naming else None
         self._finishing_save = FinishingSave(location, finish, number)
         config.iteration += 1
@@ -311,14 +318,14 @@ class Checkpointer:
         """(folder, its checksums being checked) on a process that checks files; raises CheckpointError."""
         if input_dir is None:
             root = self._checkpoints_root()
-            complete = manifests.complete_checkpoints(root)
+            complete = rotation.complete_checkpoints(root)
             if not complete:
                 raise CheckpointError(
                     f"no complete checkpoint under {root} (a folder counts once its {manifests.MANIFEST_NAME} "
                     "lists files that are all present)"
                 )
             input_dir = complete[-1]
-        manifests.recover(input_dir)
+        publishing.recover(input_dir)
         if not verify_manifest:
             if not os.path.isdir(input_dir):
                 raise CheckpointError(f"checkpoint folder {input_dir} does not exist")
@@ -426,7 +433,7 @@ class Checkpointer:
         apply_kernel_objects()
         if "step" in metadata:
             self.accelerator.step = int(metadata["step"])
-        number = manifests.checkpoint_number(location)
+        number = rotation.checkpoint_number(location)
         config = self.project_configuration
         if (
             config.automatic_checkpoint_naming
@@ -515,27 +522,27 @@ def _finish_save(
     metadata: dict[str, Any],
     total_limit: int | None,
     checksums: tuple[str, ...] = files.DEFAULT_CHECKSUMS,
+    replace: bool = True,
 ) -> list[str]:
     """The writing process's part of a save after every process wrote its files: make them durable and
-    checksum them, write the manifest, rename the folder into place, then prune old automatic checkpoints.
-    Runs on a background thread (see :mod:`drivetrain.checkpoint.finishing`).
+    checksum them, write the manifest, put the checkpoint in place (``replace``: into an existing folder,
+    beside the user's files; otherwise a folder that exists already is refused), then prune old automatic
+    checkpoints. Runs on a background thread (see :mod:`drivetrain.checkpoint.finishing`).
 
-    Pruning is not part of the save: once the rename is done the checkpoint is complete whatever happens
+    Pruning is not part of the save: once the checkpoint is in place it is complete whatever happens
     to older ones, so a failed prune comes back as a warning (returned), never as a failed save."""
     try:
         manifests.write_manifest(temporary, metadata, checksums)
-        manifests.seal(temporary, location)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
+    publishing.publish(temporary, location, replace=replace)
     if total_limit is None:
         return []
     try:
-        manifests.prune(os.path.dirname(location), total_limit, keep=location)
+        rotation.prune(os.path.dirname(location), total_limit, keep=location)
     except Exception as exc:
-        left = (
-            "; ".join(exc.left) if isinstance(exc, manifests.PruneError) else f"{type(exc).__name__}: {exc}"
-        )
+        left = "; ".join(exc.left) if isinstance(exc, rotation.PruneError) else f"{type(exc).__name__}: {exc}"
         return [
             f"checkpoint {location} is complete, but pruning older checkpoints (total_limit={total_limit}) "
             f"left behind: {left}. Delete it by hand; later saves are not affected"
