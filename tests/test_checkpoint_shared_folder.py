@@ -127,3 +127,23 @@ def test_pruning_an_automatic_checkpoint_keeps_a_file_the_user_added_to_it(tmp_p
         accelerator.save_state()
     assert os.listdir(first) == ["eval_results.json"]  # the checkpoint's own files are gone, the user's kept
     assert not manifests.is_complete(first)
+
+
+def test_a_folder_where_a_checkpoint_file_goes_is_refused_before_anything_changes(tmp_path):
+    """A user's folder named like a checkpoint file: the save is refused before its commit, so the previous
+    checkpoint and the user's folder are both as they were."""
+    output_dir = tmp_path / "output"
+    accelerator, model, optimizer, scheduler = _setup(tmp_path)
+    accelerator.save_state(output_dir)
+    before = _tree(output_dir)
+    os.remove(output_dir / "scheduler.bin")
+    (output_dir / "scheduler.bin").mkdir()
+    (output_dir / "scheduler.bin" / "mine.txt").write_text("kept")
+    _step(accelerator, model, optimizer, scheduler)
+    with pytest.raises(CheckpointError, match=r"the checkpoint file scheduler.bin would replace a folder"):
+        accelerator.save_state(output_dir)
+    after = _tree(output_dir)
+    assert (output_dir / "scheduler.bin" / "mine.txt").read_text() == "kept"
+    assert {k: v for k, v in after.items() if not k.startswith("scheduler.bin")} == {
+        k: v for k, v in before.items() if k != "scheduler.bin"
+    }

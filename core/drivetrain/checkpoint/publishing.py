@@ -93,6 +93,7 @@ def publish(staging: str, final: str, replace: bool = True) -> None:
                 fsync_path(os.path.dirname(final))
                 files.on_stage("renamed", final)
                 return
+        _check_places(staging, final)
         os.rename(staging, committed)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -106,6 +107,34 @@ def publish(staging: str, final: str, replace: bool = True) -> None:
             f"the checkpoint saved into {final} is committed but its files could not all be put in place "
             f"({type(exc).__name__}: {exc}); the next save_state or load_state of {final} finishes it"
         ) from exc
+
+
+def _check_places(staging: str, final: str) -> None:
+    """Before committing into the existing folder ``final``: every staged file can take its place there
+    (no folder of its name, no file or link where the checkpoint has a subfolder), so that putting the
+    files in place after the commit cannot stop half way."""
+    for folder, _dirs, names in os.walk(staging):
+        for name in names:
+            relative = os.path.relpath(os.path.join(folder, name), staging).replace(os.sep, "/")
+            link = link_on_the_way(final, relative)
+            if link is not None and link != relative:
+                raise CheckpointError(
+                    f"cannot save into {final}: {link} is a symbolic link where the checkpoint has a folder; "
+                    "a checkpoint's files are written in its folder"
+                )
+            parts = relative.split("/")
+            for count in range(1, len(parts)):
+                path = os.path.join(final, *parts[:count])
+                if os.path.lexists(path) and not os.path.isdir(path):
+                    raise CheckpointError(
+                        f"cannot save into {final}: {path} is a file where the checkpoint has a folder"
+                    )
+            target = os.path.join(final, relative)
+            if os.path.isdir(target) and not os.path.islink(target):
+                raise CheckpointError(
+                    f"cannot save into {final}: the checkpoint file {relative} would replace a folder of that "
+                    "name, which is kept; move it away and save again"
+                )
 
 
 def _listed_files(manifest_path: str) -> list[str]:
