@@ -218,8 +218,9 @@ def test_save_state_is_complete_when_it_returns_by_default_like_accelerate(tmp_p
     model = accelerator.prepare(torch.nn.Linear(4, 2))
     before = set(os.listdir(tmp_path))
     location = accelerator.save_state()
-    # The folder is there under its final name, sealed, and nothing else new beside it.
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_0"]
+    # The folder is there under its final name, sealed, and nothing else new beside it but the hidden lock
+    # that keeps a second run from saving into this project_dir.
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == [rotation.LOCK_NAME, "checkpoint_0"]
     assert set(os.listdir(tmp_path)) - before == {"checkpoints"}
     manifests.verify(location)
     assert model.weight is not None

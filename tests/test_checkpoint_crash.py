@@ -67,7 +67,7 @@ def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path, kill_at, su
     saved = accelerator.save_state()
     accelerator.wait_for_checkpoint()
     assert os.path.basename(saved) == f"checkpoint_{survivor + 1}"
-    assert sorted(os.listdir(root)) == [f"checkpoint_{survivor + 1}"]
+    assert sorted(os.listdir(root)) == [rotation.LOCK_NAME, f"checkpoint_{survivor + 1}"]
 
 
 # Into an existing folder that holds the user's files: (where the saver dies, which save the folder holds).

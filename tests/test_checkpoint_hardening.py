@@ -12,6 +12,7 @@ import torch
 
 from drivetrain import Accelerator
 from drivetrain.checkpoint import manifest as manifests
+from drivetrain.checkpoint import rotation
 from drivetrain.errors import CheckpointError, CheckpointWarning
 from drivetrain.utils import ProjectConfiguration, set_seed
 
@@ -59,7 +60,7 @@ def test_failed_prune_is_a_warning_and_later_saves_go_on(tmp_path):
     assert not any(name.endswith(".incomplete") for name in os.listdir(root))
     with pytest.warns(CheckpointWarning):
         assert accelerator.save_state() == str(root / "checkpoint_3")  # no "already exists"
-    assert sorted(os.listdir(root)) == ["checkpoint_0", "checkpoint_2", "checkpoint_3"]
+    assert sorted(os.listdir(root)) == [rotation.LOCK_NAME, "checkpoint_0", "checkpoint_2", "checkpoint_3"]
     assert accelerator.project_configuration.iteration == 4
 
 

@@ -117,7 +117,7 @@ def resume(project_dir: str, survivor: int) -> None:
     accelerator.wait_for_everyone()
     root = os.path.dirname(saved)
     check(accelerator, "next_number", os.path.basename(saved) == f"checkpoint_{survivor + 1}")
-    check(accelerator, "leftovers_cleared", sorted(os.listdir(root)) == [f"checkpoint_{survivor + 1}"])
+    check(accelerator, "leftovers_cleared", sorted(os.listdir(root)) == [rotation.LOCK_NAME, f"checkpoint_{survivor + 1}"])
 
 
 def fail(project_dir: str, who: str) -> None:
@@ -150,7 +150,7 @@ def fail(project_dir: str, who: str) -> None:
     root = os.path.dirname(first)
     latest = rotation.complete_checkpoints(root)
     check(accelerator, "previous_is_latest", [os.path.basename(p) for p in latest] == ["checkpoint_0"])
-    check(accelerator, "no_leftover_folder", sorted(os.listdir(root)) == ["checkpoint_0"])
+    check(accelerator, "no_leftover_folder", sorted(os.listdir(root)) == [rotation.LOCK_NAME, "checkpoint_0"])
 
     # Loading a checkpoint with a tampered file (same size): every rank refuses, nothing is applied.
     accelerator.wait_for_everyone()
@@ -208,7 +208,7 @@ def finish_failure(project_dir: str) -> None:
     files.on_stage = lambda stage, path: None
     root = os.path.dirname(first)
     check(accelerator, "previous_is_latest", rotation.complete_checkpoints(root) == [first])
-    check(accelerator, "no_leftover_folder", sorted(os.listdir(root)) == ["checkpoint_0"])
+    check(accelerator, "no_leftover_folder", sorted(os.listdir(root)) == [rotation.LOCK_NAME, "checkpoint_0"])
     third = accelerator.save_state()
     accelerator.wait_for_everyone()
     check(accelerator, "next_save_completes", rotation.complete_checkpoints(root) == [first, third])

@@ -4,7 +4,7 @@ files.py            checkpoint file writes, fsync, checksums
 serialization.py    safetensors streaming, safe unpickling, shard planning
 manifest.py         manifests: writing, reading within bounds, verifying
 publishing.py       putting a finished save in place: a new folder, or an existing one shared with the user
-rotation.py         automatic checkpoints: picking the complete ones, pruning
+rotation.py         automatic checkpoints: one writer per project_dir, the newest that verifies, pruning
 finishing.py        finishing a save (durable, manifest, rename) in the background
 training_objects.py which object goes in which file, and the reference backend's save/load
 model_files.py      save_model's single-file / sharded layout

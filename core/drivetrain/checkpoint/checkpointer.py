@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +77,8 @@ class Checkpointer:
         self._load_state_pre_hooks: dict[int, Callable] = collections.OrderedDict()
         #: the last save whose background finish was not collected yet
         self._finishing_save: FinishingSave | None = None
+        #: the project_dir writer lock this Checkpointer holds (taken by its first automatic save)
+        self._writer_lock: str | None = None
 
     # -- registration ------------------------------------------------------------------------------------
     def register_for_checkpointing(self, *objects: Any) -> None:
@@ -128,6 +131,13 @@ class Checkpointer:
                 "save_state() needs output_dir, unless ProjectConfiguration(automatic_checkpoint_naming=True)"
             )
         return os.fspath(output_dir)
+
+    def _become_the_writer(self) -> None:
+        """Hold the lock that makes this run the only one saving into ``project_dir/checkpoints`` (see
+        :mod:`drivetrain.checkpoint.rotation`), until this Checkpointer is gone or the process ends."""
+        if self._writer_lock is None:
+            self._writer_lock = rotation.acquire_writer_lock(self._checkpoints_root())
+            weakref.finalize(self, rotation.release_writer_lock, self._writer_lock)
 
     def _gather(self, value: Any) -> list[Any]:
         return self.accelerator.state.collectives.all_gather_object(value)
@@ -200,6 +210,7 @@ class Checkpointer:
         if writer:
             try:
                 if config.automatic_checkpoint_naming:
+                    self._become_the_writer()
                     if os.path.exists(location):
                         raise CheckpointError(
                             f"checkpoint folder {location} already exists; set "
@@ -316,8 +327,11 @@ class Checkpointer:
         self, input_dir: str | None, verify_manifest: bool | str
     ) -> tuple[str, manifests.Verification | None]:
         """(folder, its checksums being checked) on a process that checks files; raises CheckpointError."""
+        checksum = "fast" if verify_manifest is True else str(verify_manifest)
         if input_dir is None:
             root = self._checkpoints_root()
+            if verify_manifest:
+                return rotation.newest_verified(root, checksum)
             complete = rotation.complete_checkpoints(root)
             if not complete:
                 raise CheckpointError(
@@ -330,7 +344,6 @@ class Checkpointer:
             if not os.path.isdir(input_dir):
                 raise CheckpointError(f"checkpoint folder {input_dir} does not exist")
             return input_dir, None
-        checksum = "fast" if verify_manifest is True else str(verify_manifest)
         return input_dir, manifests.start_verification(input_dir, checksum)
 
     def _reads_while_verifying(self) -> bool:
@@ -348,8 +361,9 @@ class Checkpointer:
     ) -> str:
         """Restore everything :meth:`save_state` wrote; returns the folder loaded.
 
-        With no ``input_dir``, picks the newest complete ``project_dir/checkpoints/checkpoint_<n>``
-        (``automatic_checkpoint_naming``); a save still finishing in the background is waited for first.
+        With no ``input_dir``, picks the newest ``project_dir/checkpoints/checkpoint_<n>`` whose files all
+        match their manifest (``automatic_checkpoint_naming``), with a :class:`CheckpointWarning` for each
+        newer one it skipped; a save still finishing in the background is waited for first.
         Every file is checked against the manifest (size and xxh3-128 checksums; ``verify_manifest="sha256"``
         checks the sha256 digests instead) before anything read from the folder is applied: a mismatch
         raises a :class:`CheckpointError` naming the file and leaves models, optimizers and the rest as they

@@ -1,26 +1,41 @@
-"""Automatic checkpoints (``project_dir/checkpoints/checkpoint_<n>``): picking the complete ones,
-pruning the oldest."""
+"""Automatic checkpoints (``project_dir/checkpoints/checkpoint_<n>``): one run writing them, picking the
+newest that verifies, pruning the oldest.
+
+One writer per ``project_dir``: the process that saves automatic checkpoints holds an exclusive ``flock``
+on ``checkpoints/.drivetrain-writer.lock`` (which records its pid and host). A second run saving there is
+refused with an error naming the first, before it writes anything; the kernel releases the lock when the
+process ends, however it ends, so a killed run never leaves it stuck. Two Accelerators of one process
+share it (a script that builds a new Accelerator to resume is still one run).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
+import socket
+import threading
+import time
+import warnings
 
 from drivetrain.checkpoint import files
 from drivetrain.checkpoint.manifest import (
     MANIFEST_NAME,
+    Verification,
     incomplete_path,
     is_complete,
     read_manifest,
+    start_verification,
 )
 from drivetrain.checkpoint.publishing import recover
-from drivetrain.errors import CheckpointError
+from drivetrain.errors import CheckpointError, CheckpointWarning
 
 _CHECKPOINT_FOLDER = re.compile(r"^checkpoint_(\d+)$")
 _INCOMPLETE_SUFFIX = ".incomplete"
 _REPLACED_SUFFIX = ".replaced"
+LOCK_NAME = ".drivetrain-writer.lock"
 
 
 def checkpoint_number(path: str) -> int | None:
@@ -51,6 +66,33 @@ def complete_checkpoints(root: str) -> list[str]:
     """The complete ``checkpoint_<n>`` folders under ``root`` (manifest readable, files present with their
     sizes), oldest first."""
     return [path for path in _numbered_folders(root) if is_complete(path)]
+
+
+def newest_verified(root: str, checksum: str = "fast") -> tuple[str, Verification]:
+    """The newest ``checkpoint_<n>`` under ``root`` whose every file matches its manifest, checksums
+    included, with its finished verification. Each newer one that does not is skipped with a
+    :class:`CheckpointWarning` naming it and why; none at all is a :class:`CheckpointError`."""
+    skipped = []
+    for path in reversed(_numbered_folders(root)):
+        try:
+            verification = start_verification(path, checksum)
+            verification.wait()
+        except CheckpointError as exc:
+            skipped.append(f"{os.path.basename(path)} ({exc})")
+            continue
+        for reason in skipped:
+            warnings.warn(
+                f"load_state(): skipped {reason}; loading {os.path.basename(path)}, the newest checkpoint "
+                "that verifies",
+                CheckpointWarning,
+                stacklevel=4,
+            )
+        return path, verification
+    detail = f"; skipped: {'; '.join(skipped)}" if skipped else ""
+    raise CheckpointError(
+        f"no complete checkpoint under {root} (a folder counts once its {MANIFEST_NAME} lists files that "
+        f"are all present and match their checksums){detail}"
+    )
 
 
 # -- pruning -----------------------------------------------------------------------------------------------------
@@ -140,3 +182,95 @@ class PruneError(OSError):
         self.left = left
         self.deleted = deleted
         super().__init__("could not delete " + "; ".join(left))
+
+
+# -- one writer per project_dir ----------------------------------------------------------------------------------
+#: The writer locks this process holds: lock file path -> [file descriptor, number of holders].
+_held: dict[str, list[int]] = {}
+_held_lock = threading.Lock()
+
+
+def _describe_holder(fd: int) -> str:
+    """Who holds the lock, as it wrote in the lock file. It writes right after taking the lock, so a record
+    that is empty, or left by a process of this host that is gone, is read again for a moment."""
+    deadline = time.monotonic() + 2
+    while True:
+        try:
+            text = os.pread(fd, 512, 0).decode("utf-8", "replace").strip()
+        except OSError:
+            text = ""
+        if (text and not _left_by_a_dead_process(text)) or time.monotonic() > deadline:
+            return text or "a process that has not written its name"
+        time.sleep(0.02)
+
+
+def _left_by_a_dead_process(record: str) -> bool:
+    match = re.match(r"pid (\d+) on host (\S+),", record)
+    if match is None or match.group(2) != socket.gethostname():
+        return False
+    try:
+        os.kill(int(match.group(1)), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def acquire_writer_lock(root: str) -> str:
+    """Make this process the one that saves automatic checkpoints under ``root`` (see the module
+    docstring); returns the lock file. Raises :class:`CheckpointError` naming the run that holds it."""
+    os.makedirs(root, exist_ok=True)
+    path = os.path.join(os.path.realpath(root), LOCK_NAME)
+    with _held_lock:
+        if path in _held:
+            _held[path][1] += 1
+            return path
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            import fcntl
+        except ImportError:  # Windows: no flock; saves into one project_dir are not guarded there
+            os.close(fd)
+            _held[path] = [-1, 1]
+            return path
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                holder = _describe_holder(fd)
+                os.close(fd)
+                raise CheckpointError(
+                    f"another run is saving checkpoints into {root} ({holder}): two runs saving into one "
+                    "project_dir would overwrite and prune each other's checkpoints. Give this run its own "
+                    "project_dir, or wait until that run has ended"
+                ) from None
+            os.close(fd)
+            warnings.warn(
+                f"cannot lock {path} ({exc.strerror}): this filesystem has no file locks, so nothing stops "
+                "a second run from saving into the same project_dir",
+                CheckpointWarning,
+                stacklevel=4,
+            )
+            _held[path] = [-1, 1]
+            return path
+        record = (
+            f"pid {os.getpid()} on host {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+        )
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record.encode(), 0)
+        _held[path] = [fd, 1]
+        return path
+
+
+def release_writer_lock(path: str) -> None:
+    """Give back one hold of :func:`acquire_writer_lock`; the last one unlocks (closing the file does)."""
+    with _held_lock:
+        entry = _held.get(path)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] > 0:
+            return
+        del _held[path]
+        if entry[0] >= 0:
+            os.close(entry[0])
