@@ -69,6 +69,8 @@ SECTIONS = {
         "model_file_name",
         "optimizer_file_name",
         "scheduler_file_name",
+        "read_scheduler_state",
+        "checkpoint_path",
         "safe_load",
         "safe_dcp_load",
         "read_dcp_metadata",

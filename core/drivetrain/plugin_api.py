@@ -71,6 +71,8 @@ _LAZY = {
     "model_file_name": "drivetrain.checkpoint.training_objects",
     "optimizer_file_name": "drivetrain.checkpoint.training_objects",
     "scheduler_file_name": "drivetrain.checkpoint.training_objects",
+    "read_scheduler_state": "drivetrain.checkpoint.training_objects",
+    "checkpoint_path": "drivetrain.checkpoint.manifest",
     "safe_load": "drivetrain.checkpoint.serialization",
     "safe_dcp_load": "drivetrain.checkpoint.dcp_reading",
     "read_dcp_metadata": "drivetrain.checkpoint.dcp_reading",

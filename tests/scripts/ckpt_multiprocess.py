@@ -13,6 +13,8 @@
                                                       saves again
     python ckpt_multiprocess.py nodes  BASE EACH      two machines: save with save_on_each_node=EACH (each
                                                       machine's own BASE/node<k> when EACH is 1), load back
+    python ckpt_multiprocess.py loader PROJECT        save PROJECT/ckpt with a prepared data loader, for a
+                                                      load under another number of processes
 
 Prints ``CHECK <name> ok`` for each check that passed (see drivetrain.testing.assert_checks_passed); the main
 process writes PROJECT/expected_<n>.pt with the weights checkpoint_<n> holds.
@@ -117,7 +119,11 @@ def resume(project_dir: str, survivor: int) -> None:
     accelerator.wait_for_everyone()
     root = os.path.dirname(saved)
     check(accelerator, "next_number", os.path.basename(saved) == f"checkpoint_{survivor + 1}")
-    check(accelerator, "leftovers_cleared", sorted(os.listdir(root)) == [rotation.LOCK_NAME, f"checkpoint_{survivor + 1}"])
+    check(
+        accelerator,
+        "leftovers_cleared",
+        sorted(os.listdir(root)) == [rotation.LOCK_NAME, f"checkpoint_{survivor + 1}"],
+    )
 
 
 def fail(project_dir: str, who: str) -> None:
@@ -246,6 +252,39 @@ def nodes(base: str, each: bool) -> None:
     check(accelerator, "equal_on_every_rank", all(same(everyone[0], other) for other in everyone))
 
 
+class Counter:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def state_dict(self) -> dict:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count = state["count"]
+
+
+def loader_checkpoint(project_dir: str) -> None:
+    """The objects of tests/test_checkpoint_all_or_nothing.py, two steps in, saved under this many
+    processes (each loader's share of a batch is 4 samples)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    set_seed(0)
+    accelerator = Accelerator(project_config=ProjectConfiguration(project_dir=project_dir))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    loader = DataLoader(TensorDataset(torch.randn(32, 8)), batch_size=4, shuffle=True)
+    accelerator.register_for_checkpointing(Counter())
+    model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
+    for _, (batch,) in zip(range(2), loader):
+        accelerator.backward(model(batch).sum())
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    location = accelerator.save_state(os.path.join(project_dir, "ckpt"))
+    check(accelerator, "saved_with_two_processes", manifests.is_complete(location))
+
+
 def main() -> None:
     torch.set_num_threads(1)
     mode, where = sys.argv[1], sys.argv[2]
@@ -259,6 +298,8 @@ def main() -> None:
         finish_failure(where)
     elif mode == "nodes":
         nodes(where, sys.argv[3] == "1")
+    elif mode == "loader":
+        loader_checkpoint(where)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -9,8 +9,10 @@ checkpoints — on a background thread unless the save is blocking (see ``checkp
 failure on any process makes every process raise (see ``_agree``) instead of leaving the others waiting.
 
 The order of a load: a save still finishing is waited for; the checking process reads the manifest, checks
-names and sizes, and starts checksumming every file in background threads; the backend reads (the reference backend: everything, into memory);
-then all processes agree that the hashes matched and nothing failed, and only then is anything applied.
+names and sizes, and starts checksumming every file in background threads; the kernel reads its own files
+and checks them against their objects (``checkpoint/state_checks.py``); the backend reads and checks its
+files (the reference backend: everything, into memory); then all processes agree that the hashes matched
+and nothing failed, and only then is anything applied.
 """
 
 from __future__ import annotations
@@ -363,11 +365,12 @@ class Checkpointer:
 
         With no ``input_dir``, picks the newest ``project_dir/checkpoints/checkpoint_<n>`` whose files all
         match their manifest (``automatic_checkpoint_naming``), with a :class:`CheckpointWarning` for each
-        newer one it skipped; a save still finishing in the background is waited for first.
-        Every file is checked against the manifest (size and xxh3-128 checksums; ``verify_manifest="sha256"``
-        checks the sha256 digests instead) before anything read from the folder is applied: a mismatch
-        raises a :class:`CheckpointError` naming the file and leaves models, optimizers and the rest as they
-        were. ``map_location`` ("cpu" by
+        newer one it skipped; a save still finishing in the background is waited for first. Every file is
+        checked against the manifest (size and xxh3-128 checksums; ``verify_manifest="sha256"`` checks the
+        sha256 digests instead), and everything read is checked against the object it is for (names and
+        shapes, parameter groups, the layout of scheduler, scaler, loader and random states, the step), before
+        anything is applied: a mismatch raises one :class:`CheckpointError` naming the file and leaves models,
+        optimizers and the rest as they were. Only the files the manifest lists are read. ``map_location`` ("cpu" by
         default, "on_device" for this process's device) places loaded optimizer states; ``load_kwargs`` go to
         ``torch.load`` — ``{"weights_only": False}`` is the explicit opt-out of safe unpickling, for
         checkpoints you trust. ``verify_manifest=False`` loads a folder without a manifest (e.g. written by
@@ -395,6 +398,7 @@ class Checkpointer:
             try:
                 folder, verification = self._resolve_checkpoint(input_dir, verify_manifest)
                 resolved = (folder, verification.manifest.get("metadata", {}) if verification else {})
+                _check_step(folder, resolved[1])
             except CheckpointError as exc:
                 error = exc
         gathered = self._agree("load_state", error, resolved)
@@ -415,11 +419,12 @@ class Checkpointer:
         for hook in list(self._load_state_pre_hooks.values()):
             hook(models, location)
         load_kwargs = dict(load_kwargs or {})
-        # The kernel's files are read before the backend applies anything, so a bad one leaves all untouched.
-        apply_kernel_objects = None
+        # The kernel's files are read and checked before the backend applies anything, so a bad one leaves
+        # all untouched: read now, and tried on their objects once the checksums matched (in the gate).
+        kernel_objects = None
         error = None
         try:
-            apply_kernel_objects = read_kernel_objects(
+            kernel_objects = read_kernel_objects(
                 location, self.accelerator, self.prepared, map_location, load_kwargs
             )
         except Exception as exc:
@@ -427,9 +432,17 @@ class Checkpointer:
         if deferred:
             if error is not None:
                 gate.wait(error)
+            assert kernel_objects is not None
+            gate.checks = kernel_objects.check
         else:
+            if error is None:
+                assert kernel_objects is not None
+                try:
+                    kernel_objects.check()
+                except Exception as exc:
+                    error = exc
             self._agree(f"load_state({location})", error, after="; nothing was loaded from the checkpoint")
-        assert apply_kernel_objects is not None
+        assert kernel_objects is not None
         loaded = self.plugins.call(
             "load_state",
             input_dir=location,
@@ -444,9 +457,9 @@ class Checkpointer:
         gate.wait()
         if not loaded:
             raise CheckpointError("no plugin loaded the checkpoint (every load_state hook returned None)")
-        apply_kernel_objects()
+        kernel_objects.apply()
         if "step" in metadata:
-            self.accelerator.step = int(metadata["step"])
+            self.accelerator.step = metadata["step"]
         number = rotation.checkpoint_number(location)
         config = self.project_configuration
         if (
@@ -575,6 +588,8 @@ class _VerificationGate:
         self._verification = verification
         self._location = location
         self._done = False
+        #: what else must pass once the checksums matched, before anything is applied
+        self.checks: Callable[[], None] | None = None
 
     def wait(self, error: Exception | None = None) -> None:
         """Collective: every process calls it once (later calls return at once, or raise ``error``)."""
@@ -588,8 +603,23 @@ class _VerificationGate:
                 self._verification.wait()
             except CheckpointError as exc:
                 error = exc
+        if error is None and self.checks is not None:
+            try:
+                self.checks()
+            except Exception as exc:
+                error = exc
         self._checkpointer._agree(
             f"load_state({self._location})", error, after="; nothing was loaded from the checkpoint"
+        )
+
+
+def _check_step(folder: str, metadata: dict[str, Any]) -> None:
+    """The manifest's ``metadata.step`` is restored into ``Accelerator.step``: a whole number >= 0."""
+    step = metadata.get("step", 0)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(
+            f"{os.path.join(folder, manifests.MANIFEST_NAME)} has metadata.step={step!r}; a whole number >= 0 "
+            "is needed: the manifest is damaged"
         )
 
 

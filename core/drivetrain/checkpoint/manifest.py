@@ -33,7 +33,7 @@ from drivetrain.checkpoint.files import (
     hashing_pool,
 )
 from drivetrain.errors import CheckpointError
-from drivetrain.untrusted_files import link_on_the_way, outside_folder
+from drivetrain.untrusted_files import link_on_the_way, outside_folder, read_json_within
 
 MANIFEST_NAME = "drivetrain_manifest.json"
 MANIFEST_FORMAT = "drivetrain-checkpoint"
@@ -160,14 +160,7 @@ def read_manifest(directory: str) -> dict[str, Any]:
     try:
         if os.path.islink(path):
             raise CheckpointError(f"{path} is a symbolic link: a checkpoint's files must be in its folder")
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_MANIFEST_BYTES + 1)
-        if len(data) > MAX_MANIFEST_BYTES:
-            raise CheckpointError(
-                f"{path} is larger than {MAX_MANIFEST_BYTES} bytes, far more than any checkpoint needs: "
-                "the checkpoint is damaged or was tampered with"
-            )
-        manifest = json.loads(data)
+        manifest = read_json_within(path, MAX_MANIFEST_BYTES, "checkpoint manifest")
     except FileNotFoundError:
         raise CheckpointError(
             f"{directory} has no {MANIFEST_NAME}: it is an incomplete save or was not written by drivetrain. "
@@ -379,6 +372,36 @@ def verify(directory: str, check_hashes: bool = True, checksum: str = "fast") ->
         _checked_paths(directory, manifest)
         return manifest
     return start_verification(directory, checksum).wait()
+
+
+def checkpoint_path(folder: str, name: str) -> str | None:
+    """The path of ``name`` (a file, or a subfolder holding files) in the checkpoint ``folder`` if the
+    checkpoint holds it, else None. When the folder has a manifest only what it lists counts: a file beside
+    them that it does not list (the user's, or planted) is no part of the checkpoint and is never read.
+    Without a manifest (``verify_manifest=False``), whatever is there counts."""
+    path = os.path.join(folder, name)
+    listed = _listed_names(folder)
+    if listed is None:
+        return path if os.path.exists(path) else None
+    if name in listed or any(entry.startswith(f"{name}/") for entry in listed):
+        return path
+    return None
+
+
+def _listed_names(folder: str) -> frozenset[str] | None:
+    """The names the folder's manifest lists (None without one), read again only when it changed."""
+    try:
+        status = os.stat(os.path.join(folder, MANIFEST_NAME))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {os.path.join(folder, MANIFEST_NAME)}: {exc}") from exc
+    return _listed_names_of(os.path.abspath(folder), status.st_ino, status.st_size, status.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _listed_names_of(folder: str, inode: int, size: int, mtime_ns: int) -> frozenset[str]:
+    return frozenset(read_manifest(folder)["files"])
 
 
 def is_complete(directory: str) -> bool:
