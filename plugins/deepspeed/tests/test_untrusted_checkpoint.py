@@ -59,7 +59,10 @@ def test_load_state_refuses_an_engine_folder_holding_a_file_the_manifest_does_no
     the model as it was (issue 29, finding 3)."""
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
     model = torch.nn.Linear(3, 1)
-    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.1))
+    batches = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 3)), 4)
+    model, optimizer, batches = accelerator.prepare(
+        model, torch.optim.AdamW(model.parameters(), lr=0.1), batches
+    )
     folder = accelerator.save_state(str(tmp_path / "ckpt"))
     accelerator.backward(model(torch.randn(4, 3)).sum())
     optimizer.step()
