@@ -13,7 +13,7 @@ import torch
 
 from drivetrain import Accelerator
 from drivetrain.checkpoint import manifest as manifests
-from drivetrain.checkpoint import rotation
+from drivetrain.checkpoint import publishing, rotation
 from drivetrain.utils import ProjectConfiguration, set_seed
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ckpt_crash.py")
@@ -123,7 +123,9 @@ def test_sigkill_during_a_save_into_a_shared_folder_leaves_one_whole_checkpoint_
 
     # The next save into the folder clears what the killed one left and keeps the user's files.
     accelerator.save_state(folder)
+    publishing.wait_for_discards()
     leftovers = [name for name in os.listdir(folder) if name.startswith(".drivetrain-save")]
+    leftovers += [name for name in os.listdir(tmp_path) if "drivetrain-trash" in name]
     assert leftovers == [] and _user_files(folder) == users
     assert sorted(os.listdir(folder)) == sorted(
         [*manifests.read_manifest(str(folder))["files"], manifests.MANIFEST_NAME, "data", "notes.txt"]

@@ -11,6 +11,7 @@ import torch
 
 from drivetrain import Accelerator
 from drivetrain.checkpoint import manifest as manifests
+from drivetrain.checkpoint import publishing
 from drivetrain.errors import CheckpointError, CheckpointWarning
 from drivetrain.utils import ProjectConfiguration, set_seed
 
@@ -69,6 +70,9 @@ def test_save_state_into_an_existing_folder_keeps_the_users_files_and_subfolders
 
     after = _tree(output_dir)
     assert {name: after.get(name) for name in users} == users, "a user's file or folder changed"
+    # The first checkpoint's files went into a trash folder beside output_dir, deleted in the background.
+    publishing.wait_for_discards()
+    assert [name for name in os.listdir(tmp_path) if "drivetrain-trash" in name] == []
     # When save_state returns the folder holds Accelerate's layout (plus the manifest) beside the user's files.
     assert set(after) - set(users) == ACCELERATE_LAYOUT | {manifests.MANIFEST_NAME}
     assert set(manifests.verify(str(output_dir))["files"]) == ACCELERATE_LAYOUT

@@ -19,15 +19,23 @@ A save killed before step 2 leaves the previous checkpoint as it was (its stagin
 next save into the folder). A save killed after it is finished by :func:`roll_forward`, which every load of
 the folder and every save into it runs first: a reader going through drivetrain sees the previous
 checkpoint or the new one, never a mix. Every step of :func:`roll_forward` can be repeated.
+
+Deleting a large file is not free (on a filesystem mounted with ``discard`` it costs about a second per GB),
+so the previous checkpoint's files are not deleted while the save waits: step 3 renames each of them into
+``.<name>.drivetrain-trash-<pid>-<n>`` beside the folder (on the same filesystem; inside the commit record
+when the folder's parent is another filesystem or not writable), which a background thread then deletes.
+A process killed before that leaves the trash folder, which the next save or load of the folder removes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import shutil
 import stat
+import threading
 from collections.abc import Iterable
 
 from drivetrain.checkpoint import files
@@ -54,6 +62,63 @@ def committed_path(final: str) -> str:
     return os.path.join(final, COMMITTED_NAME)
 
 
+_TRASH_MARK = ".drivetrain-trash-"
+#: Trash folders this process is deleting in the background.
+_discarding: set[str] = set()
+_discarding_lock = threading.Lock()
+_trash_numbers = itertools.count()
+
+
+def _trash_folder(final: str) -> str:
+    """Where a roll forward of a save into ``final`` puts the files it replaces: beside ``final`` when its
+    parent is writable and on the same filesystem, else inside the commit record (removed with it)."""
+    parent, name = os.path.split(final)
+    trash = os.path.join(parent, f".{name}{_TRASH_MARK}{os.getpid()}-{next(_trash_numbers)}")
+    try:
+        if os.stat(parent).st_dev == os.stat(final).st_dev and os.access(parent, os.W_OK):
+            os.makedirs(trash)
+            return trash
+    except OSError:
+        pass
+    return os.path.join(committed_path(final), "previous")
+
+
+def _discard_later(trash: str) -> None:
+    """Delete ``trash`` on a background thread (not a daemon: the interpreter waits for it at exit)."""
+
+    def discard() -> None:
+        shutil.rmtree(trash, ignore_errors=True)
+        with _discarding_lock:
+            _discarding.discard(trash)
+
+    with _discarding_lock:
+        _discarding.add(trash)
+    threading.Thread(target=discard, name="drivetrain-discard", daemon=False).start()
+
+
+def wait_for_discards() -> None:
+    """Wait until the previous checkpoints' files that saves replaced are deleted (tests, benchmarks)."""
+    for thread in threading.enumerate():
+        if thread.name == "drivetrain-discard":
+            thread.join()
+
+
+def _remove_left_trash(final: str) -> None:
+    """Remove the trash folders of ``final`` that a killed process left (not those being deleted here)."""
+    parent, name = os.path.split(final)
+    prefix = f".{name}{_TRASH_MARK}"
+    try:
+        names = [entry for entry in os.listdir(parent) if entry.startswith(prefix)]
+    except OSError:
+        return
+    with _discarding_lock:
+        busy = set(_discarding)
+    for entry in names:
+        path = os.path.join(parent, entry)
+        if path not in busy and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def start_staging(final: str) -> str:
     """Create the empty folder a save into ``final`` writes its files to, and return it: beside ``final``
     when it does not exist, inside it when it does (after finishing a save into it that was interrupted
@@ -63,7 +128,7 @@ def start_staging(final: str) -> str:
         raise CheckpointError(f"cannot save a checkpoint into {final}: it is a file, not a folder")
     if not os.path.isdir(final):
         return start_incomplete(final)
-    roll_forward(final)
+    recover(final)
     return make_staging_folder(os.path.join(final, STAGING_NAME))
 
 
@@ -100,13 +165,16 @@ def publish(staging: str, final: str, replace: bool = True) -> None:
         raise
     fsync_path(final)
     files.on_stage("committed", final)
+    trash = _trash_folder(final)
     try:
-        roll_forward(final)
+        roll_forward(final, trash)
     except OSError as exc:
         raise CheckpointError(
             f"the checkpoint saved into {final} is committed but its files could not all be put in place "
             f"({type(exc).__name__}: {exc}); the next save_state or load_state of {final} finishes it"
         ) from exc
+    if not trash.startswith(committed):
+        _discard_later(trash)
 
 
 def _check_places(staging: str, final: str) -> None:
@@ -149,10 +217,11 @@ def _listed_files(manifest_path: str) -> list[str]:
     return [name for name in listed if isinstance(name, str) and not outside_folder(name)]
 
 
-def roll_forward(final: str) -> bool:
+def roll_forward(final: str, trash: str | None = None) -> bool:
     """Finish a save into the existing folder ``final`` that was interrupted after its commit; returns
     whether there was one. Each step can be repeated, so an interruption of this function is finished by
-    the next call."""
+    the next call. The files it replaces or removes are moved into ``trash`` (deleted later by the caller),
+    or deleted at once without one."""
     final = os.path.abspath(final)
     committed = committed_path(final)
     if not os.path.isdir(committed) or os.path.islink(committed):
@@ -176,10 +245,12 @@ def roll_forward(final: str) -> bool:
                     f"cannot put the checkpoint file {target} in place: a folder of that name is in the way. "
                     f"Move it away; the next save or load of {final} then completes this save"
                 )
+            if trash is not None and os.path.lexists(target):
+                _move_into(trash, relative, target)
             os.replace(source, target)
             touched.update(_folders_between(final, relative))
             files.on_stage("file_moved", target)
-        touched |= _remove_stale(final, _listed_files(previous), set(new_files))
+        touched |= _remove_stale(final, _listed_files(previous), set(new_files), trash)
         for folder in touched:
             fsync_path(folder)
         os.replace(new_manifest, os.path.join(final, MANIFEST_NAME))
@@ -189,9 +260,16 @@ def roll_forward(final: str) -> bool:
     return True
 
 
-def _remove_stale(final: str, previous: Iterable[str], keep: set[str]) -> set[str]:
+def _move_into(trash: str, relative: str, path: str) -> None:
+    target = os.path.join(trash, relative)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.rename(path, target)
+
+
+def _remove_stale(final: str, previous: Iterable[str], keep: set[str], trash: str | None) -> set[str]:
     """Remove the files of the previous checkpoint that the new one does not have (regular files only,
-    never through a link), and the subfolders that this leaves empty; returns the folders changed."""
+    never through a link; into ``trash`` when given), and the subfolders that this leaves empty; returns the
+    folders changed."""
     changed = set()
     for relative in previous:
         if relative in keep:
@@ -201,7 +279,10 @@ def _remove_stale(final: str, previous: Iterable[str], keep: set[str]) -> set[st
             continue
         with contextlib.suppress(FileNotFoundError):
             if stat.S_ISREG(os.lstat(path).st_mode):
-                os.remove(path)
+                if trash is None:
+                    os.remove(path)
+                else:
+                    _move_into(trash, relative, path)
                 changed.add(os.path.dirname(path))
         parent = os.path.dirname(path)
         while parent != final:
@@ -227,10 +308,12 @@ def recover(final: str) -> None:
     """Bring a folder whose last save was interrupted into a consistent state before it is read: finish a
     committed save into it, or put back a checkpoint that a save of an earlier drivetrain release moved
     aside (``.<name>.replaced``) and died before renaming the new one in."""
+    final = os.path.abspath(final)
     if os.path.isdir(final):
         roll_forward(final)
+        _remove_left_trash(final)
         return
-    parent, name = os.path.split(os.path.abspath(final))
+    parent, name = os.path.split(final)
     replaced = os.path.join(parent, f".{name}{_REPLACED_SUFFIX}")
     if os.path.isdir(replaced) and is_complete(replaced):
         os.rename(replaced, final)
