@@ -253,16 +253,10 @@ def _mutate_dcp(folder: str, rng: random.Random) -> str:
     return f"{where} of {fqn} set to {value!r}"
 
 
-def test_fuzzed_dcp_metadata_reads_or_fails_clearly(tmp_path):
-    """Random damage to a DCP folder: reading its metadata, allocating the tensors it declares (as
-    ``merge-weights`` does) and loading them ends in success or one CheckpointError, never another
-    exception, and memory does not grow with the sizes the metadata declares."""
-    from drivetrain.checkpoint.dcp_reading import read_dcp_metadata, safe_dcp_load
-
-    pristine = str(tmp_path / "pristine")
-    _dcp_pristine(pristine)
-    memory_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    rng = random.Random(SEED + 1)
+def _fuzz(tmp_path, pristine: str, mutate, attempt, seed: int) -> dict[str, int]:
+    """``attempt(folder)`` on mutated copies of the folder ``pristine``: each must succeed or raise one
+    CheckpointError (anything else fails the test, naming the case and its mutation)."""
+    rng = random.Random(seed)
     outcomes = {"loaded": 0, "refused": 0}
     for case in range(max(CASES // 3, 20)):
         case_rng = random.Random(rng.random())
@@ -271,22 +265,38 @@ def test_fuzzed_dcp_metadata_reads_or_fails_clearly(tmp_path):
         folder = str(tmp_path / "case")
         shutil.rmtree(folder, ignore_errors=True)
         shutil.copytree(pristine, folder)
-        what = _mutate_dcp(folder, case_rng)
+        what = mutate(folder, case_rng)
         try:
-            metadata = read_dcp_metadata(folder)
-            state = {
-                key: torch.empty(item.size, dtype=item.properties.dtype)
-                for key, item in metadata.state_dict_metadata.items()
-                if hasattr(item, "chunks")
-            }
-            state["lr"] = 0.0
-            safe_dcp_load(state, folder, no_dist=True)
+            attempt(folder)
         except CheckpointError:
             outcomes["refused"] += 1
         except Exception as exc:
             pytest.fail(f"case {case} ({what}): {type(exc).__name__}: {exc}")
         else:
             outcomes["loaded"] += 1
+    return outcomes
+
+
+def test_fuzzed_dcp_metadata_reads_or_fails_clearly(tmp_path):
+    """Random damage to a DCP folder: reading its metadata, allocating the tensors it declares (as
+    ``merge-weights`` does) and loading them ends in success or one CheckpointError, never another
+    exception, and memory does not grow with the sizes the metadata declares."""
+    from drivetrain.checkpoint.dcp_reading import read_dcp_metadata, safe_dcp_load
+
+    def attempt(folder: str) -> None:
+        metadata = read_dcp_metadata(folder)
+        state = {
+            key: torch.empty(item.size, dtype=item.properties.dtype)
+            for key, item in metadata.state_dict_metadata.items()
+            if hasattr(item, "chunks")
+        }
+        state["lr"] = 0.0
+        safe_dcp_load(state, folder, no_dist=True)
+
+    pristine = str(tmp_path / "pristine")
+    _dcp_pristine(pristine)
+    memory_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    outcomes = _fuzz(tmp_path, pristine, _mutate_dcp, attempt, SEED + 1)
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - memory_before) / 1024
     assert grown_mb < 256, f"peak memory grew by {grown_mb:.0f} MB"
     assert outcomes["refused"] > 0
@@ -333,22 +343,11 @@ def test_fuzzed_index_files_load_or_fail_clearly(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
     pristine = str(tmp_path / "pristine")
     assert len(write_model_files(model.state_dict(), pristine, max_shard_size=300)) > 1
-    rng = random.Random(SEED + 2)
-    outcomes = {"loaded": 0, "refused": 0}
-    for case in range(max(CASES // 3, 20)):
-        case_rng = random.Random(rng.random())
-        if ONLY is not None and case != int(ONLY):
-            continue
-        folder = str(tmp_path / "case")
-        shutil.rmtree(folder, ignore_errors=True)
-        shutil.copytree(pristine, folder)
-        what = _mutate_index(folder, case_rng)
-        try:
-            load_checkpoint_in_model(model, os.path.join(folder, "model.safetensors.index.json"))
-        except CheckpointError:
-            outcomes["refused"] += 1
-        except Exception as exc:
-            pytest.fail(f"case {case} ({what}): {type(exc).__name__}: {exc}")
-        else:
-            outcomes["loaded"] += 1
+    outcomes = _fuzz(
+        tmp_path,
+        pristine,
+        _mutate_index,
+        lambda folder: load_checkpoint_in_model(model, os.path.join(folder, "model.safetensors.index.json")),
+        SEED + 2,
+    )
     assert outcomes["refused"] > 0

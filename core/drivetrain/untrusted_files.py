@@ -47,7 +47,7 @@ def _depth(value: Any) -> int:
     while pending:
         item, depth = pending.pop()
         if isinstance(item, dict):
-            children = item.values()
+            children = list(item.values())
         elif isinstance(item, list):
             children = item
         else:

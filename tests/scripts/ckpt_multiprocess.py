@@ -13,8 +13,9 @@
                                                       saves again
     python ckpt_multiprocess.py nodes  BASE EACH      two machines: save with save_on_each_node=EACH (each
                                                       machine's own BASE/node<k> when EACH is 1), load back
-    python ckpt_multiprocess.py loader PROJECT        save PROJECT/ckpt with a prepared data loader, for a
-                                                      load under another number of processes
+    python ckpt_multiprocess.py loader PROJECT        save PROJECT/ckpt (a folder holding the user's file)
+                                                      twice with a prepared data loader, for a load under
+                                                      another number of processes
 
 Prints ``CHECK <name> ok`` for each check that passed (see drivetrain.testing.assert_checks_passed); the main
 process writes PROJECT/expected_<n>.pt with the weights checkpoint_<n> holds.
@@ -281,8 +282,22 @@ def loader_checkpoint(project_dir: str) -> None:
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
-    location = accelerator.save_state(os.path.join(project_dir, "ckpt"))
-    check(accelerator, "saved_with_two_processes", manifests.is_complete(location))
+    folder = os.path.join(project_dir, "ckpt")
+    if accelerator.is_main_process:  # a folder holding the user's file: every rank saves into it in place
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "notes.txt"), "w") as out:
+            out.write("mine")
+    accelerator.wait_for_everyone()
+    accelerator.save_state(folder)
+    location = accelerator.save_state(folder)  # and over the checkpoint it holds
+    listed = manifests.verify(location)["files"]
+    with open(os.path.join(folder, "notes.txt")) as handle:
+        kept = handle.read() == "mine"
+    rng_files = sorted(name for name in listed if name.startswith("random_states_"))
+    expected = [f"random_states_{rank}.pkl" for rank in range(accelerator.num_processes)]
+    check(
+        accelerator, "saved_with_two_processes", kept and rng_files == expected and "notes.txt" not in listed
+    )
 
 
 def main() -> None:

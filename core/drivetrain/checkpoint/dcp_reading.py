@@ -18,7 +18,7 @@ import io
 import math
 import os
 import pickle
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -117,7 +117,7 @@ def read_dcp_metadata(folder: str | os.PathLike) -> Any:
     return metadata
 
 
-def _whole(value: Any) -> bool:
+def _whole(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
@@ -147,9 +147,10 @@ def _check_storage(folder: str, where: str, storage_data: Any) -> dict[str, int]
             raise CheckpointError(
                 f"{where} points {fqn!r} at {relative!r}, outside the checkpoint folder: refused"
             )
-        if getattr(info, "transform_descriptors", None):
+        transforms = getattr(info, "transform_descriptors", None)
+        if transforms:
             raise CheckpointError(
-                f"{where} stores {fqn!r} transformed ({', '.join(map(str, info.transform_descriptors))}): "
+                f"{where} stores {fqn!r} transformed ({transforms!r}): "
                 "drivetrain reads only DCP checkpoints written without storage transforms, whose sizes it can "
                 "check against the bytes on disk"
             )
@@ -192,7 +193,7 @@ def _check_metadata(folder: str, where: str, metadata: Any) -> None:
         TensorStorageMetadata,
     )
 
-    storage = getattr(metadata, "storage_data", None)
+    storage: Any = getattr(metadata, "storage_data", None)
     sizes = _check_storage(folder, where, storage)
     items = getattr(metadata, "state_dict_metadata", None)
     if not isinstance(items, dict):

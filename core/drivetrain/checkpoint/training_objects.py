@@ -382,16 +382,16 @@ def read_kernel_objects(
         objects.add(accelerator.scaler.load_state_dict, state)
     for index, loader in enumerate(prepared.dataloaders):
         load = getattr(loader, "load_resume_state", None) or getattr(loader, "load_state_dict", None)
-        path = _present(input_dir, dataloader_file_name(index))
-        if path is None or not callable(load):
+        loader_path = _present(input_dir, dataloader_file_name(index))
+        if loader_path is None or not callable(load):
             continue
-        state = safe_load(path, map_location="cpu", **load_kwargs)
+        state = safe_load(loader_path, map_location="cpu", **load_kwargs)
         check = getattr(loader, "check_resume_state", None)
         if callable(check):
             try:
                 check(state)
             except CheckpointError as exc:
-                raise CheckpointError(f"{path}: {exc}") from None
+                raise CheckpointError(f"{loader_path}: {exc}") from None
         objects.add(load, state)
     for index, obj in enumerate(prepared.custom_objects):
         path = _require(input_dir, custom_object_file_name(index), f"registered object {index}")

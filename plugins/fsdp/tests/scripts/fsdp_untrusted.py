@@ -28,6 +28,15 @@ class RunsCode:
         return (os.system, (f"touch {self.marker}",))
 
 
+def load_outcome(accelerator: Accelerator, folder: str) -> str:
+    """Why load_state(folder) was refused, or "loaded"."""
+    try:
+        accelerator.load_state(folder)
+    except CheckpointError as exc:
+        return str(exc)
+    return "loaded"
+
+
 def main() -> None:
     torch.set_num_threads(1)
     folder = sys.argv[1]
@@ -43,11 +52,7 @@ def main() -> None:
     os.remove(os.path.join(folder, manifests.MANIFEST_NAME))
     manifests.write_manifest(folder, {})
     before = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
-    try:
-        accelerator.load_state(folder)
-        message = "loaded"
-    except CheckpointError as exc:
-        message = str(exc)
+    message = load_outcome(accelerator, folder)
     check("sharded_metadata_refused", "pytorch_model_fsdp_0/.metadata was refused" in message, message)
     check("sharded_metadata_ran_nothing", not os.path.exists(marker), marker)
     after = model.state_dict()
@@ -65,11 +70,7 @@ def main() -> None:
         pickle.dump(metadata, out)
     os.remove(os.path.join(folder, manifests.MANIFEST_NAME))
     manifests.write_manifest(folder, {})
-    try:
-        accelerator.load_state(folder)
-        message = "loaded"
-    except CheckpointError as exc:
-        message = str(exc)
+    message = load_outcome(accelerator, folder)
     check("outside_path_refused", "outside the checkpoint folder: refused" in message, message)
     after = model.state_dict()
     check("outside_model_untouched", all(torch.equal(before[k], after[k].full_tensor()) for k in before), "")
