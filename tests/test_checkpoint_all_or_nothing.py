@@ -225,3 +225,38 @@ def test_a_checkpoint_from_another_number_of_processes_changes_nothing(tmp_path)
     ):
         objects[0].load_state(tmp_path / "two" / "ckpt")
     _same(before, _everything(*objects))
+
+
+def test_a_chained_scheduler_is_checked_to_its_inner_states_without_copying_the_optimizer(monkeypatch):
+    """SequentialLR keeps the schedulers it chains: their saved states are checked too, and the copy the
+    state is tried on shares the optimizer (copying it would duplicate every parameter)."""
+    import copy
+
+    from drivetrain.checkpoint.state_checks import check_scheduler_state
+
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters())
+    chained = torch.optim.lr_scheduler.SequentialLR(
+        optimizer,
+        [torch.optim.lr_scheduler.LinearLR(optimizer), torch.optim.lr_scheduler.StepLR(optimizer, 1)],
+        milestones=[2],
+    )
+    state = chained.state_dict()
+    copied = []
+    original_deepcopy = copy.deepcopy
+
+    def recording_deepcopy(value, memo=None):
+        result = original_deepcopy(value, memo)
+        copied.append(result)
+        return result
+
+    monkeypatch.setattr(copy, "deepcopy", recording_deepcopy)
+    check_scheduler_state(chained, state, "scheduler.bin")
+    probe_state = next(item for item in copied if isinstance(item, dict) and "_schedulers" in item)
+    assert all(inner.optimizer is optimizer for inner in probe_state["_schedulers"])
+    monkeypatch.undo()
+    state["_schedulers"] = [{"foo": 1}, {"foo": 2}]
+    with pytest.raises(
+        CheckpointError, match=r"not the state of SequentialLR\['_schedulers'\]\[0\]: it lacks"
+    ):
+        check_scheduler_state(chained, state, "scheduler.bin")

@@ -108,7 +108,8 @@ def _kind(value: Any) -> str:
 def check_state_layout(live: Any, saved: Any, where: str, what: str) -> None:
     """Raise :class:`CheckpointError` naming ``where`` unless ``saved`` is a dict that holds every public
     key of ``live`` (a state_dict) and each shared key holds the same kind of value (None matches
-    anything)."""
+    anything); dicts inside are compared the same way, also in lists of the same length (the states of
+    the schedulers a SequentialLR chains)."""
     if not isinstance(saved, dict):
         raise CheckpointError(f"{where} holds a {type(saved).__name__}, not the state of {what}")
     missing = sorted(str(key) for key in live if key not in saved and not str(key).startswith("_"))
@@ -122,6 +123,12 @@ def check_state_layout(live: Any, saved: Any, where: str, what: str) -> None:
                 f"{where} is not the state of {what}: {key!r} holds a {type(saved[key]).__name__} where "
                 f"{what} has a {type(value).__name__}"
             )
+        if isinstance(value, dict):
+            check_state_layout(value, saved[key], where, f"{what}[{key!r}]")
+        elif _kind(value) == "sequence" and len(value) == len(saved[key]):
+            for index, (item, saved_item) in enumerate(zip(value, saved[key])):
+                if isinstance(item, dict):
+                    check_state_layout(item, saved_item, where, f"{what}[{key!r}][{index}]")
 
 
 def check_scheduler_state(scheduler: Any, state: Any, where: str) -> None:
@@ -131,10 +138,16 @@ def check_scheduler_state(scheduler: Any, state: Any, where: str) -> None:
     inner = getattr(scheduler, "scheduler", scheduler)
     what = type(inner).__name__
     check_state_layout(inner.state_dict(), state, where, what)
+    # The optimizers it (or a scheduler it chains, as SequentialLR does) refers to are shared, not copied:
+    # a copy would duplicate every parameter.
+    shared = {}
+    for owner in (inner, *getattr(inner, "_schedulers", ())):
+        optimizer = getattr(owner, "optimizer", None)
+        while optimizer is not None and id(optimizer) not in shared:
+            shared[id(optimizer)] = optimizer
+            optimizer = getattr(optimizer, "optimizer", None)
     probe = copy.copy(inner)
-    probe.__dict__ = {
-        key: value if key == "optimizer" else copy.deepcopy(value) for key, value in inner.__dict__.items()
-    }
+    probe.__dict__ = copy.deepcopy(inner.__dict__, memo=dict(shared))
     try:
         probe.load_state_dict(copy.deepcopy(state))
     except Exception as exc:
