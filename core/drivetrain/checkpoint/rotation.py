@@ -29,7 +29,7 @@ from drivetrain.checkpoint.manifest import (
     read_manifest,
     start_verification,
 )
-from drivetrain.checkpoint.publishing import recover
+from drivetrain.checkpoint.publishing import recover, roll_forward
 from drivetrain.errors import CheckpointError, CheckpointWarning
 
 _CHECKPOINT_FOLDER = re.compile(r"^checkpoint_(\d+)$")
@@ -57,7 +57,7 @@ def _numbered_folders(root: str) -> list[str]:
         number = checkpoint_number(name)
         path = os.path.join(root, name)
         if number is not None and os.path.isdir(path):
-            recover(path)
+            roll_forward(path)
             found.append((number, path))
     return [path for _, path in sorted(found)]
 
