@@ -12,9 +12,10 @@ from safetensors.torch import load_file
 
 from drivetrain import Accelerator
 from drivetrain.checkpoint import manifest as manifests
+from drivetrain.checkpoint import rotation
 from drivetrain.checkpoint.files import sha256_of_file
 from drivetrain.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, SCALER_NAME, WEIGHTS_NAME
-from drivetrain.errors import CheckpointError
+from drivetrain.errors import CheckpointError, CheckpointWarning
 from drivetrain.utils import ProjectConfiguration, set_seed
 
 
@@ -128,14 +129,16 @@ def test_automatic_naming_total_limit_and_latest(tmp_path):
     accelerator.wait_for_everyone()  # also completes the last save
     root = tmp_path / "checkpoints"
     assert [os.path.basename(p) for p in saved] == [f"checkpoint_{n}" for n in range(4)]
-    assert sorted(os.listdir(root)) == ["checkpoint_2", "checkpoint_3"]
+    assert sorted(os.listdir(root)) == [rotation.LOCK_NAME, "checkpoint_2", "checkpoint_3"]
     assert accelerator.save_iteration == 4
     expected = load_file(os.path.join(saved[-1], SAFE_WEIGHTS_NAME))
 
-    # The newest folder is damaged (manifest gone): load_state() falls back to the newest complete one.
+    # The newest folder is damaged (manifest gone): load_state() falls back to the newest complete one,
+    # and says which it skipped and why.
     os.remove(root / "checkpoint_3" / manifests.MANIFEST_NAME)
     _train(accelerator, model, optimizer, scheduler, steps=1)
-    assert os.path.basename(accelerator.load_state()) == "checkpoint_2"
+    with pytest.warns(CheckpointWarning, match=r"skipped checkpoint_3 \(.*has no drivetrain_manifest.json"):
+        assert os.path.basename(accelerator.load_state()) == "checkpoint_2"
     assert accelerator.save_iteration == 3
     with pytest.raises(CheckpointError, match="already exists"):
         accelerator.save_state()  # checkpoint_3 (the damaged one) is in the way and is not overwritten

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from drivetrain import Accelerator
-from drivetrain.checkpoint import files
+from drivetrain.checkpoint import files, rotation
 from drivetrain.checkpoint import manifest as manifests
 from drivetrain.errors import CheckpointError
 from drivetrain.utils import ProjectConfiguration, set_seed
@@ -68,13 +68,13 @@ def test_training_goes_on_while_the_save_finishes_and_the_checkpoint_holds_the_s
     # Not complete yet: only the temporary folder exists, and nothing would load it.
     assert not os.path.exists(location)
     assert os.path.isdir(manifests.incomplete_path(location))
-    assert manifests.complete_checkpoints(str(tmp_path / "checkpoints")) == []
+    assert rotation.complete_checkpoints(str(tmp_path / "checkpoints")) == []
     for _ in range(3):  # the training loop changes every weight meanwhile
         _step(accelerator, model, optimizer)
     assert any(not torch.equal(saved[k], v) for k, v in model.state_dict().items())
     release.set()
     accelerator.wait_for_checkpoint()
-    assert manifests.complete_checkpoints(str(tmp_path / "checkpoints")) == [location]
+    assert rotation.complete_checkpoints(str(tmp_path / "checkpoints")) == [location]
     manifests.verify(location, checksum="sha256")
     accelerator.load_state()
     assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
@@ -112,12 +112,12 @@ def test_a_failure_while_finishing_is_raised_at_the_next_wait_and_costs_nothing_
         accelerator.wait_for_checkpoint()
     accelerator.wait_for_checkpoint()  # reported once; nothing is pending any more
     assert not os.path.exists(second) and not os.path.exists(manifests.incomplete_path(second))
-    assert manifests.complete_checkpoints(str(tmp_path / "checkpoints")) == [first]  # total_limit=1 kept it
+    assert rotation.complete_checkpoints(str(tmp_path / "checkpoints")) == [first]  # total_limit=1 kept it
     monkeypatch.setattr(files, "on_stage", lambda name, path: None)
     third = accelerator.save_state()
     assert third == second  # the number of the save that was not written is taken again
     accelerator.wait_for_everyone()
-    assert manifests.complete_checkpoints(str(tmp_path / "checkpoints")) == [third]
+    assert rotation.complete_checkpoints(str(tmp_path / "checkpoints")) == [third]
 
 
 def test_the_next_save_raises_an_unreported_failure_of_the_previous_one(tmp_path, monkeypatch):
@@ -218,8 +218,9 @@ def test_save_state_is_complete_when_it_returns_by_default_like_accelerate(tmp_p
     model = accelerator.prepare(torch.nn.Linear(4, 2))
     before = set(os.listdir(tmp_path))
     location = accelerator.save_state()
-    # The folder is there under its final name, sealed, and nothing else new beside it.
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_0"]
+    # The folder is there under its final name, sealed, and nothing else new beside it but the hidden lock
+    # that keeps a second run from saving into this project_dir.
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == [rotation.LOCK_NAME, "checkpoint_0"]
     assert set(os.listdir(tmp_path)) - before == {"checkpoints"}
     manifests.verify(location)
     assert model.weight is not None

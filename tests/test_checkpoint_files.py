@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from safetensors.torch import save_file as reference_save_file
 
-from drivetrain.checkpoint import files
+from drivetrain.checkpoint import files, publishing, rotation
 from drivetrain.checkpoint import manifest as manifests
 from drivetrain.checkpoint.model_files import write_model_files
 from drivetrain.checkpoint.serialization import (
@@ -203,12 +203,12 @@ def test_save_model_files_bin_names(tmp_path):
 # -- manifests --------------------------------------------------------------------------------------------------
 def _make_checkpoint(root, name, payload=b"weights", checksums=files.DEFAULT_CHECKSUMS):
     final = os.path.join(root, name)
-    temporary = manifests.start_incomplete(final)
+    temporary = publishing.start_staging(final)
     torch_save_into_checkpoint({"w": torch.arange(100)}, os.path.join(temporary, "optimizer.bin"))
     with open(os.path.join(temporary, "extra.txt"), "wb") as handle:  # a file another library wrote
         handle.write(payload)
     manifests.write_manifest(temporary, {"step": 1}, checksums)
-    manifests.seal(temporary, final)
+    publishing.publish(temporary, final)
     return final
 
 
@@ -251,7 +251,7 @@ def test_folder_without_manifest_is_not_a_checkpoint(tmp_path):
     os.remove(os.path.join(final, manifests.MANIFEST_NAME))
     with pytest.raises(CheckpointError, match="no drivetrain_manifest.json.*verify_manifest=False"):
         manifests.verify(final)
-    assert manifests.complete_checkpoints(str(tmp_path)) == []
+    assert rotation.complete_checkpoints(str(tmp_path)) == []
 
 
 def test_manifest_cannot_point_outside_the_folder(tmp_path):
@@ -272,7 +272,7 @@ def test_latest_complete_skips_incomplete_and_numbers_sort_numerically(tmp_path)
         _make_checkpoint(root, f"checkpoint_{number}")
     os.makedirs(os.path.join(root, "checkpoint_11"))  # no manifest: never complete
     manifests.start_incomplete(os.path.join(root, "checkpoint_12"))  # a killed save
-    assert [os.path.basename(p) for p in manifests.complete_checkpoints(root)] == [
+    assert [os.path.basename(p) for p in rotation.complete_checkpoints(root)] == [
         "checkpoint_2",
         "checkpoint_9",
         "checkpoint_10",
@@ -285,11 +285,11 @@ def test_prune_keeps_newest_and_limit_and_foreign_folders(tmp_path):
         _make_checkpoint(root, f"checkpoint_{number}")
     os.makedirs(os.path.join(root, "checkpoint_7"))  # not ours, no manifest: left alone
     manifests.start_incomplete(os.path.join(root, "checkpoint_8"))  # leftover of a killed save: removed
-    deleted = manifests.prune(root, 2, keep=os.path.join(root, "checkpoint_3"))
+    deleted = rotation.prune(root, 2, keep=os.path.join(root, "checkpoint_3"))
     assert sorted(os.path.basename(p) for p in deleted) == ["checkpoint_0", "checkpoint_1"]
     assert sorted(os.listdir(root)) == ["checkpoint_2", "checkpoint_3", "checkpoint_7"]
     # total_limit=1 still keeps the checkpoint just written.
-    manifests.prune(root, 1, keep=os.path.join(root, "checkpoint_3"))
+    rotation.prune(root, 1, keep=os.path.join(root, "checkpoint_3"))
     assert sorted(os.listdir(root)) == ["checkpoint_3", "checkpoint_7"]
 
 
@@ -301,7 +301,7 @@ def test_resaving_into_an_existing_folder_replaces_it_and_recovers_after_a_crash
         assert handle.read() == b"new!"
     # A save that died between its two renames leaves only the moved-aside copy: recover() puts it back.
     os.rename(final, os.path.join(root, ".run.replaced"))
-    manifests.recover(final)
+    publishing.recover(final)
     assert manifests.verify(final)
 
 
@@ -422,7 +422,7 @@ def test_version_1_manifests_still_verify_and_catch_tampering(tmp_path):
     _rewrite_as_version_1(final)
     manifest = manifests.verify(final)
     assert manifest["version"] == 1 and "sha256" in manifest["files"]["optimizer.bin"]
-    assert manifests.complete_checkpoints(str(tmp_path)) == [final]
+    assert rotation.complete_checkpoints(str(tmp_path)) == [final]
     with open(os.path.join(final, "extra.txt"), "wb") as handle:
         handle.write(b"WEIGHTS")
     with pytest.raises(CheckpointError, match=r"extra\.txt does not match its sha256 checksum"):
@@ -447,7 +447,7 @@ def test_version_2_manifests_still_verify_and_catch_tampering(tmp_path, monkeypa
         json.dump(manifest, handle)
     assert manifests.verify(final)["version"] == 2
     assert manifests.verify(final, checksum="sha256")["version"] == 2
-    assert manifests.complete_checkpoints(str(tmp_path)) == [final]
+    assert rotation.complete_checkpoints(str(tmp_path)) == [final]
     with open(os.path.join(final, "optimizer.bin"), "r+b") as handle:
         handle.seek(300)
         byte = handle.read(1)

@@ -176,3 +176,178 @@ def test_fuzzed_checkpoints_load_or_fail_clearly(tmp_path):
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - memory_before) / 1024
     assert grown_mb < 256, f"peak memory grew by {grown_mb:.0f} MB over {CASES} cases"
     assert outcomes["refused"] > 0 and (ONLY is not None or outcomes["loaded"] + outcomes["refused"] == CASES)
+
+
+# -- DCP metadata (issue 29, finding 4) -------------------------------------------------------------------------
+#: What a field of DCP metadata is set to.
+ODD_DCP_VALUES = [
+    -1,
+    0,
+    2**40,
+    2**63,
+    None,
+    "",
+    "../x",
+    "/etc/passwd",
+    "a/../../b",
+    "__0_0.distcp/../__0_0.distcp",
+    "\x00",
+    [],
+    {},
+    1.5,
+    [2**40],
+    [-1, 4],
+]
+
+
+def _dcp_pristine(folder: str) -> None:
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    state = {"w": torch.arange(12.0).reshape(3, 4), "b": torch.ones(5, dtype=torch.float16), "lr": 0.5}
+    dcp.save(state, checkpoint_id=folder, no_dist=True)
+
+
+def _mutate_dcp(folder: str, rng: random.Random) -> str:
+    """One random mutation of a DCP folder's ``.metadata`` (or, less often, of its data file)."""
+    import pickle
+
+    from drivetrain.checkpoint.dcp_reading import read_dcp_metadata
+
+    path = os.path.join(folder, ".metadata")
+    kind = rng.choice(["flip", "truncate", "field", "field", "field", "data"])
+    if kind in ("flip", "truncate") or kind == "data":
+        victim = path if kind != "data" else os.path.join(folder, "__0_0.distcp")
+        data = bytearray(open(victim, "rb").read())
+        if kind == "truncate":
+            data = data[: rng.randrange(len(data))]
+        else:
+            for _ in range(rng.randint(1, 8)):
+                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        open(victim, "wb").write(bytes(data))
+        return f"{kind} of {os.path.basename(victim)}"
+    metadata = read_dcp_metadata(folder)
+    value = rng.choice(ODD_DCP_VALUES)
+    tensors = [k for k, v in metadata.state_dict_metadata.items() if hasattr(v, "chunks")]
+    fqn = rng.choice(tensors)
+    item = metadata.state_dict_metadata[fqn]
+    where = rng.choice(
+        ["path", "offset", "length", "size", "chunk_sizes", "chunk_offsets", "items", "storage"]
+    )
+    if where in ("path", "offset", "length"):
+        info = rng.choice(list(metadata.storage_data.values()))
+        setattr(info, {"path": "relative_path"}.get(where, where), value)
+    elif where == "size":
+        item.size = torch.Size(value) if isinstance(value, list) and all(v >= 0 for v in value) else value
+    elif where in ("chunk_sizes", "chunk_offsets"):
+        chunk = rng.choice(item.chunks)
+        setattr(chunk, where.split("_")[1], value)
+    elif where == "items":
+        metadata.state_dict_metadata = value if rng.random() < 0.5 else {fqn: value}
+    else:
+        metadata.storage_data = value if rng.random() < 0.5 else {next(iter(metadata.storage_data)): value}
+    with open(path, "wb") as out:
+        pickle.dump(metadata, out)
+    return f"{where} of {fqn} set to {value!r}"
+
+
+def _fuzz(tmp_path, pristine: str, mutate, attempt, seed: int) -> dict[str, int]:
+    """``attempt(folder)`` on mutated copies of the folder ``pristine``: each must succeed or raise one
+    CheckpointError (anything else fails the test, naming the case and its mutation)."""
+    rng = random.Random(seed)
+    outcomes = {"loaded": 0, "refused": 0}
+    for case in range(max(CASES // 3, 20)):
+        case_rng = random.Random(rng.random())
+        if ONLY is not None and case != int(ONLY):
+            continue
+        folder = str(tmp_path / "case")
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(pristine, folder)
+        what = mutate(folder, case_rng)
+        try:
+            attempt(folder)
+        except CheckpointError:
+            outcomes["refused"] += 1
+        except Exception as exc:
+            pytest.fail(f"case {case} ({what}): {type(exc).__name__}: {exc}")
+        else:
+            outcomes["loaded"] += 1
+    return outcomes
+
+
+def test_fuzzed_dcp_metadata_reads_or_fails_clearly(tmp_path):
+    """Random damage to a DCP folder: reading its metadata, allocating the tensors it declares (as
+    ``merge-weights`` does) and loading them ends in success or one CheckpointError, never another
+    exception, and memory does not grow with the sizes the metadata declares."""
+    from drivetrain.checkpoint.dcp_reading import read_dcp_metadata, safe_dcp_load
+
+    def attempt(folder: str) -> None:
+        metadata = read_dcp_metadata(folder)
+        state = {
+            key: torch.empty(item.size, dtype=item.properties.dtype)
+            for key, item in metadata.state_dict_metadata.items()
+            if hasattr(item, "chunks")
+        }
+        state["lr"] = 0.0
+        safe_dcp_load(state, folder, no_dist=True)
+
+    pristine = str(tmp_path / "pristine")
+    _dcp_pristine(pristine)
+    memory_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    outcomes = _fuzz(tmp_path, pristine, _mutate_dcp, attempt, SEED + 1)
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - memory_before) / 1024
+    assert grown_mb < 256, f"peak memory grew by {grown_mb:.0f} MB"
+    assert outcomes["refused"] > 0
+
+
+# -- weights index files (issue 29, findings 3 and 4) -----------------------------------------------------------
+def _mutate_index(folder: str, rng: random.Random) -> str:
+    index_path = os.path.join(folder, "model.safetensors.index.json")
+    kind = rng.choice(["bytes", "map_value", "map_value", "nest", "shard", "top"])
+    if kind == "bytes":
+        raw = bytearray(open(index_path, "rb").read())
+        cut = rng.randrange(len(raw))
+        raw[cut] = rng.randrange(256)
+        open(index_path, "wb").write(bytes(raw[: rng.choice([len(raw), cut + 1])]))
+        return f"index byte {cut} replaced"
+    if kind == "nest":
+        depth = rng.choice([65, 1000, 100_000])
+        open(index_path, "w").write('{"weight_map": ' + "[" * depth + "]" * depth + "}")
+        return f"index nested {depth} deep"
+    if kind == "shard":
+        shard = rng.choice(sorted(n for n in os.listdir(folder) if n.endswith(".safetensors")))
+        path = os.path.join(folder, shard)
+        data = bytearray(open(path, "rb").read())
+        data = data[: rng.randrange(len(data))] if rng.random() < 0.5 else data
+        if data:
+            data[rng.randrange(min(len(data), 64))] ^= 0xFF
+        open(path, "wb").write(bytes(data))
+        return f"shard {shard} damaged"
+    index = json.load(open(index_path))
+    value = rng.choice(ODD_DCP_VALUES + ["model-00001-of-00002.safetensors", "missing.safetensors"])
+    if kind == "top":
+        index = value
+    else:
+        index["weight_map"][rng.choice(sorted(index["weight_map"]))] = value
+    open(index_path, "w").write(json.dumps(index))
+    return f"{kind} set to {value!r}"
+
+
+def test_fuzzed_index_files_load_or_fail_clearly(tmp_path):
+    from drivetrain.big_modeling import load_checkpoint_in_model
+    from drivetrain.checkpoint.model_files import write_model_files
+
+    set_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    pristine = str(tmp_path / "pristine")
+    assert len(write_model_files(model.state_dict(), pristine, max_shard_size=300)) > 1
+    outcomes = _fuzz(
+        tmp_path,
+        pristine,
+        _mutate_index,
+        lambda folder: load_checkpoint_in_model(model, os.path.join(folder, "model.safetensors.index.json")),
+        SEED + 2,
+    )
+    assert outcomes["refused"] > 0

@@ -12,6 +12,7 @@ import torch
 
 from drivetrain import Accelerator
 from drivetrain.checkpoint import manifest as manifests
+from drivetrain.checkpoint import rotation
 from drivetrain.errors import CheckpointError, CheckpointWarning
 from drivetrain.utils import ProjectConfiguration, set_seed
 
@@ -59,7 +60,7 @@ def test_failed_prune_is_a_warning_and_later_saves_go_on(tmp_path):
     assert not any(name.endswith(".incomplete") for name in os.listdir(root))
     with pytest.warns(CheckpointWarning):
         assert accelerator.save_state() == str(root / "checkpoint_3")  # no "already exists"
-    assert sorted(os.listdir(root)) == ["checkpoint_0", "checkpoint_2", "checkpoint_3"]
+    assert sorted(os.listdir(root)) == [rotation.LOCK_NAME, "checkpoint_0", "checkpoint_2", "checkpoint_3"]
     assert accelerator.project_configuration.iteration == 4
 
 
@@ -198,11 +199,24 @@ def test_load_state_follows_no_symbolic_link(tmp_path):
         json.dump(manifest, out)
     with pytest.raises(CheckpointError, match=r"holds symbolic links \(optimizer.bin\)"):
         accelerator.load_state(folder)
-    # A linked folder inside the checkpoint is refused the same way.
+    # A file listed inside a linked folder is refused the same way.
     os.remove(target)
     os.symlink("/etc", os.path.join(folder, "extra"))
+    manifest["files"]["extra/hostname"] = {"size": os.path.getsize("/etc/hostname")}
+    with open(os.path.join(folder, manifests.MANIFEST_NAME), "w") as out:
+        json.dump(manifest, out)
     with pytest.raises(CheckpointError, match=r"symbolic links \(extra\)"):
         manifests.verify(folder)
+
+
+def test_a_link_beside_the_checkpoint_is_not_part_of_it(tmp_path):
+    """The folder may be the user's, with the user's own links in it: a link the manifest does not list is
+    no part of the checkpoint, never read, and does not stop the load."""
+    accelerator, model, folder = _saved(tmp_path)
+    os.symlink("/etc", os.path.join(folder, "extra"))
+    os.symlink("/proc/self/environ", os.path.join(folder, "model_1.safetensors"))
+    assert "extra" not in manifests.verify(folder)["files"]
+    accelerator.load_state(folder)
 
 
 def test_save_refuses_to_seal_a_folder_with_a_link(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from drivetrain.checkpoint import manifest as manifests
+from drivetrain.checkpoint import rotation
 from drivetrain.commands.launch import free_port
 from drivetrain.testing import assert_checks_passed, launch_script
 
@@ -48,7 +49,7 @@ def test_sigkill_of_a_rank_during_save_keeps_the_previous_checkpoint(tmp_path, k
     assert "SIGKILL" in output or "exitcode  : -9" in output, output[-3000:]
 
     root = tmp_path / "checkpoints"
-    complete = [os.path.basename(p) for p in manifests.complete_checkpoints(str(root))]
+    complete = [os.path.basename(p) for p in rotation.complete_checkpoints(str(root))]
     assert complete[-1] == f"checkpoint_{survivor}"
     if survivor == 0:
         assert not (root / "checkpoint_1").exists(), "a partial save is visible under its final name"

@@ -17,14 +17,9 @@ from drivetrain.checkpoint.checkpointer import (
     save,
 )
 from drivetrain.checkpoint.files import atomic_write, sha256_of_file
-from drivetrain.checkpoint.manifest import (
-    MANIFEST_NAME,
-    complete_checkpoints,
-    is_complete,
-    read_manifest,
-    verify,
-)
+from drivetrain.checkpoint.manifest import MANIFEST_NAME, is_complete, read_manifest, verify
 from drivetrain.checkpoint.model_files import write_model_files
+from drivetrain.checkpoint.rotation import complete_checkpoints
 from drivetrain.checkpoint.serialization import (
     UNSAFE_OPT_OUT,
     deduplicate_shared,

@@ -13,6 +13,9 @@
                                                       saves again
     python ckpt_multiprocess.py nodes  BASE EACH      two machines: save with save_on_each_node=EACH (each
                                                       machine's own BASE/node<k> when EACH is 1), load back
+    python ckpt_multiprocess.py loader PROJECT        save PROJECT/ckpt (a folder holding the user's file)
+                                                      twice with a prepared data loader, for a load under
+                                                      another number of processes
 
 Prints ``CHECK <name> ok`` for each check that passed (see drivetrain.testing.assert_checks_passed); the main
 process writes PROJECT/expected_<n>.pt with the weights checkpoint_<n> holds.
@@ -30,6 +33,7 @@ from ckpt_crash import install_kill_switch
 
 from drivetrain import Accelerator
 from drivetrain.checkpoint import manifest as manifests
+from drivetrain.checkpoint import rotation
 from drivetrain.errors import CheckpointError
 from drivetrain.utils import ProjectConfiguration, set_seed
 
@@ -116,7 +120,11 @@ def resume(project_dir: str, survivor: int) -> None:
     accelerator.wait_for_everyone()
     root = os.path.dirname(saved)
     check(accelerator, "next_number", os.path.basename(saved) == f"checkpoint_{survivor + 1}")
-    check(accelerator, "leftovers_cleared", sorted(os.listdir(root)) == [f"checkpoint_{survivor + 1}"])
+    check(
+        accelerator,
+        "leftovers_cleared",
+        sorted(os.listdir(root)) == [rotation.LOCK_NAME, f"checkpoint_{survivor + 1}"],
+    )
 
 
 def fail(project_dir: str, who: str) -> None:
@@ -147,9 +155,9 @@ def fail(project_dir: str, who: str) -> None:
         raised = False
     check(accelerator, "every_rank_raised_naming_the_failed_rank", raised)
     root = os.path.dirname(first)
-    latest = manifests.complete_checkpoints(root)
+    latest = rotation.complete_checkpoints(root)
     check(accelerator, "previous_is_latest", [os.path.basename(p) for p in latest] == ["checkpoint_0"])
-    check(accelerator, "no_leftover_folder", sorted(os.listdir(root)) == ["checkpoint_0"])
+    check(accelerator, "no_leftover_folder", sorted(os.listdir(root)) == [rotation.LOCK_NAME, "checkpoint_0"])
 
     # Loading a checkpoint with a tampered file (same size): every rank refuses, nothing is applied.
     accelerator.wait_for_everyone()
@@ -206,11 +214,11 @@ def finish_failure(project_dir: str) -> None:
     check(accelerator, "every_rank_raised_at_the_next_wait", raised)
     files.on_stage = lambda stage, path: None
     root = os.path.dirname(first)
-    check(accelerator, "previous_is_latest", manifests.complete_checkpoints(root) == [first])
-    check(accelerator, "no_leftover_folder", sorted(os.listdir(root)) == ["checkpoint_0"])
+    check(accelerator, "previous_is_latest", rotation.complete_checkpoints(root) == [first])
+    check(accelerator, "no_leftover_folder", sorted(os.listdir(root)) == [rotation.LOCK_NAME, "checkpoint_0"])
     third = accelerator.save_state()
     accelerator.wait_for_everyone()
-    check(accelerator, "next_save_completes", manifests.complete_checkpoints(root) == [first, third])
+    check(accelerator, "next_save_completes", rotation.complete_checkpoints(root) == [first, third])
     check(accelerator, "next_save_takes_the_failed_number", third == second)
 
 
@@ -245,6 +253,53 @@ def nodes(base: str, each: bool) -> None:
     check(accelerator, "equal_on_every_rank", all(same(everyone[0], other) for other in everyone))
 
 
+class Counter:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def state_dict(self) -> dict:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count = state["count"]
+
+
+def loader_checkpoint(project_dir: str) -> None:
+    """The objects of tests/test_checkpoint_all_or_nothing.py, two steps in, saved under this many
+    processes (each loader's share of a batch is 4 samples)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    set_seed(0)
+    accelerator = Accelerator(project_config=ProjectConfiguration(project_dir=project_dir))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    loader = DataLoader(TensorDataset(torch.randn(32, 8)), batch_size=4, shuffle=True)
+    accelerator.register_for_checkpointing(Counter())
+    model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
+    for _, (batch,) in zip(range(2), loader):
+        accelerator.backward(model(batch).sum())
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    folder = os.path.join(project_dir, "ckpt")
+    if accelerator.is_main_process:  # a folder holding the user's file: every rank saves into it in place
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "notes.txt"), "w") as out:
+            out.write("mine")
+    accelerator.wait_for_everyone()
+    accelerator.save_state(folder)
+    location = accelerator.save_state(folder)  # and over the checkpoint it holds
+    listed = manifests.verify(location)["files"]
+    with open(os.path.join(folder, "notes.txt")) as handle:
+        kept = handle.read() == "mine"
+    rng_files = sorted(name for name in listed if name.startswith("random_states_"))
+    expected = [f"random_states_{rank}.pkl" for rank in range(accelerator.num_processes)]
+    check(
+        accelerator, "saved_with_two_processes", kept and rng_files == expected and "notes.txt" not in listed
+    )
+
+
 def main() -> None:
     torch.set_num_threads(1)
     mode, where = sys.argv[1], sys.argv[2]
@@ -258,6 +313,8 @@ def main() -> None:
         finish_failure(where)
     elif mode == "nodes":
         nodes(where, sys.argv[3] == "1")
+    elif mode == "loader":
+        loader_checkpoint(where)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -11,7 +11,6 @@ releasing the mapped pages as they go.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import tempfile
@@ -41,6 +40,7 @@ from drivetrain.compat.names import QUANTIZATION_DISTRIBUTION
 from drivetrain.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 from drivetrain.errors import CheckpointError, CheckpointMismatchError
 from drivetrain.progress import track
+from drivetrain.untrusted_files import link_on_the_way, outside_folder, read_json_within
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,10 @@ class LoadResult(NamedTuple):
 # ---------------------------------------------------------------------------------------------------------
 # Finding the files
 # ---------------------------------------------------------------------------------------------------------
+
+
+#: Largest weights index read: a genuine one takes about 100 bytes per tensor.
+MAX_INDEX_BYTES = 64 * 1024 * 1024
 
 
 def checkpoint_files(checkpoint: str | os.PathLike) -> list[str]:
@@ -79,16 +83,28 @@ def checkpoint_files(checkpoint: str | os.PathLike) -> list[str]:
         raise CheckpointError(f"checkpoint {path} does not exist")
     if path.endswith(".json"):
         try:
-            with open(path) as handle:
-                index = json.load(handle)
-        except (OSError, json.JSONDecodeError) as exc:
+            index = read_json_within(path, MAX_INDEX_BYTES, "checkpoint index")
+        except OSError as exc:
             raise CheckpointError(f"cannot read checkpoint index {path}: {exc}") from exc
         # Transformers' format nests the map under "weight_map"; Accelerate's docs show the bare map.
         weight_map = index.get("weight_map", index) if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise CheckpointError(f"checkpoint index {path} must map tensor names to file names")
+        names = list(dict.fromkeys(weight_map.values()))
+        outside = [name for name in names if outside_folder(name)]
+        if outside:
+            raise CheckpointError(
+                f"checkpoint index {path} names shard(s) outside its folder: {outside[:5]}; shards are read "
+                "only from the index's own folder"
+            )
         folder = os.path.dirname(path)
-        files = list(dict.fromkeys(os.path.join(folder, name) for name in weight_map.values()))
+        files = [os.path.join(folder, name) for name in names]
+        linked = [name for name in names if link_on_the_way(folder, name)]
+        if linked:
+            raise CheckpointError(
+                f"checkpoint index {path} names shard(s) reached through a symbolic link: {linked[:5]}; shards "
+                "are read only from the index's own folder"
+            )
         absent = [f for f in files if not os.path.isfile(f)]
         if absent:
             raise CheckpointError(f"checkpoint index {path} names shard(s) that do not exist: {absent}")

@@ -127,7 +127,7 @@ def read_header(path: str) -> dict[str, TensorRecord]:
             if length > min(size - 8, _MAX_HEADER):
                 raise _damaged(path, size, f"header of {length} bytes does not fit in the file")
             header = json.loads(handle.read(length))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise _damaged(path, size, f"unreadable header ({type(exc).__name__}: {exc})") from exc
     if not isinstance(header, dict):
         raise _damaged(path, size, "the header is not a JSON object")

@@ -1,15 +1,18 @@
 """Checkpoints of one Accelerator: save_state / load_state and what they call around the backend.
 
 The order of a save: pre-hooks see the state dicts; the backend's ``save_state`` hook writes models,
-optimizers and schedulers into a temporary folder; the kernel adds RNG states, the GradScaler, data loader
+optimizers and schedulers into a staging folder; the kernel adds RNG states, the GradScaler, data loader
 positions and registered objects; once every process reports success, the writing process fsyncs and
-checksums every file, lists them in a manifest and renames the folder into place, then prunes old automatic
+checksums every file, lists them in a manifest and puts them in place (``checkpoint/publishing.py``: a new
+folder is renamed into place, an existing one gets only the checkpoint's files), then prunes old automatic
 checkpoints — on a background thread unless the save is blocking (see ``checkpoint/finishing.py``). A
 failure on any process makes every process raise (see ``_agree``) instead of leaving the others waiting.
 
 The order of a load: a save still finishing is waited for; the checking process reads the manifest, checks
-names and sizes, and starts checksumming every file in background threads; the backend reads (the reference backend: everything, into memory);
-then all processes agree that the hashes matched and nothing failed, and only then is anything applied.
+names and sizes, and starts checksumming every file in background threads; the kernel reads its own files
+and checks them against their objects (``checkpoint/state_checks.py``); the backend reads and checks its
+files (the reference backend: everything, into memory); then all processes agree that the hashes matched
+and nothing failed, and only then is anything applied.
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ import logging
 import os
 import shutil
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from drivetrain.checkpoint import files
+from drivetrain.checkpoint import files, publishing, rotation
 from drivetrain.checkpoint import manifest as manifests
 from drivetrain.checkpoint.dcp_reading import dcp_failure
 from drivetrain.checkpoint.files import atomic_write
@@ -75,6 +79,8 @@ class Checkpointer:
         self._load_state_pre_hooks: dict[int, Callable] = collections.OrderedDict()
         #: the last save whose background finish was not collected yet
         self._finishing_save: FinishingSave | None = None
+        #: the project_dir writer lock this Checkpointer holds (taken by its first automatic save)
+        self._writer_lock: str | None = None
 
     # -- registration ------------------------------------------------------------------------------------
     def register_for_checkpointing(self, *objects: Any) -> None:
@@ -121,18 +127,19 @@ class Checkpointer:
     def _save_location(self, output_dir: str | os.PathLike | None) -> str:
         config = self.project_configuration
         if config.automatic_checkpoint_naming:
-            location = os.path.join(self._checkpoints_root(), f"checkpoint_{config.iteration}")
-            if os.path.exists(location):
-                raise CheckpointError(
-                    f"checkpoint folder {location} already exists; set "
-                    "accelerator.project_configuration.iteration to the number to continue from"
-                )
-            return location
+            return os.path.join(self._checkpoints_root(), f"checkpoint_{config.iteration}")
         if output_dir is None:
             raise ValueError(
                 "save_state() needs output_dir, unless ProjectConfiguration(automatic_checkpoint_naming=True)"
             )
         return os.fspath(output_dir)
+
+    def _become_the_writer(self) -> None:
+        """Hold the lock that makes this run the only one saving into ``project_dir/checkpoints`` (see
+        :mod:`drivetrain.checkpoint.rotation`), until this Checkpointer is gone or the process ends."""
+        if self._writer_lock is None:
+            self._writer_lock = rotation.acquire_writer_lock(self._checkpoints_root())
+            weakref.finalize(self, rotation.release_writer_lock, self._writer_lock)
 
     def _gather(self, value: Any) -> list[Any]:
         return self.accelerator.state.collectives.all_gather_object(value)
@@ -198,18 +205,28 @@ class Checkpointer:
             # load_state reads the folder the writer names, whatever the others pass.
             location = self._gather(location)[self._writer_rank()]
         writer = writes_shared_files(self.accelerator)
-        temporary = manifests.incomplete_path(location)
+        config = self.project_configuration
         not_written = f"; {location} was not written and earlier checkpoints are untouched"
         error: BaseException | None = None
+        temporary = None
         if writer:
             try:
+                if config.automatic_checkpoint_naming:
+                    self._become_the_writer()
+                    if os.path.exists(location):
+                        raise CheckpointError(
+                            f"checkpoint folder {location} already exists; set "
+                            "accelerator.project_configuration.iteration to the number to continue from"
+                        )
                 os.makedirs(os.path.dirname(location), exist_ok=True)
-                manifests.start_incomplete(location)
+                temporary = publishing.start_staging(location)
             except Exception as exc:
                 error = exc
-        self._agree(f"save_state: creating {temporary}", error, after=not_written)
-
-        config = self.project_configuration
+        # Every process writes into the folder its writer staged (inside or beside the destination).
+        temporary = self._agree(f"save_state into {location}", error, temporary, after=not_written)[
+            self._writer_rank()
+        ]
+        assert temporary is not None
         wait = (not config.async_save) if blocking is None else blocking
         checksums = files.SHA256_CHECKSUMS if config.checkpoint_sha256 else files.DEFAULT_CHECKSUMS
         try:
@@ -237,8 +254,11 @@ class Checkpointer:
                 "iteration": config.iteration,
                 "safe_serialization": safe_serialization,
             }
-            limit = config.total_limit if config.automatic_checkpoint_naming else None
-            finish = functools.partial(_finish_save, temporary, location, metadata, limit, checksums)
+            automatic = config.automatic_checkpoint_naming
+            limit = config.total_limit if automatic else None
+            finish = functools.partial(
+                _finish_save, temporary, location, metadata, limit, checksums, replace=not automatic
+            )
         number = config.iteration if config.automatic_checkpoint_naming else None
         self._finishing_save = FinishingSave(location, finish, number)
         config.iteration += 1
@@ -309,21 +329,23 @@ class Checkpointer:
         self, input_dir: str | None, verify_manifest: bool | str
     ) -> tuple[str, manifests.Verification | None]:
         """(folder, its checksums being checked) on a process that checks files; raises CheckpointError."""
+        checksum = "fast" if verify_manifest is True else str(verify_manifest)
         if input_dir is None:
             root = self._checkpoints_root()
-            complete = manifests.complete_checkpoints(root)
+            if verify_manifest:
+                return rotation.newest_verified(root, checksum)
+            complete = rotation.complete_checkpoints(root)
             if not complete:
                 raise CheckpointError(
                     f"no complete checkpoint under {root} (a folder counts once its {manifests.MANIFEST_NAME} "
                     "lists files that are all present)"
                 )
             input_dir = complete[-1]
-        manifests.recover(input_dir)
+        publishing.recover(input_dir)
         if not verify_manifest:
             if not os.path.isdir(input_dir):
                 raise CheckpointError(f"checkpoint folder {input_dir} does not exist")
             return input_dir, None
-        checksum = "fast" if verify_manifest is True else str(verify_manifest)
         return input_dir, manifests.start_verification(input_dir, checksum)
 
     def _reads_while_verifying(self) -> bool:
@@ -341,12 +363,14 @@ class Checkpointer:
     ) -> str:
         """Restore everything :meth:`save_state` wrote; returns the folder loaded.
 
-        With no ``input_dir``, picks the newest complete ``project_dir/checkpoints/checkpoint_<n>``
-        (``automatic_checkpoint_naming``); a save still finishing in the background is waited for first.
-        Every file is checked against the manifest (size and xxh3-128 checksums; ``verify_manifest="sha256"``
-        checks the sha256 digests instead) before anything read from the folder is applied: a mismatch
-        raises a :class:`CheckpointError` naming the file and leaves models, optimizers and the rest as they
-        were. ``map_location`` ("cpu" by
+        With no ``input_dir``, picks the newest ``project_dir/checkpoints/checkpoint_<n>`` whose files all
+        match their manifest (``automatic_checkpoint_naming``), with a :class:`CheckpointWarning` for each
+        newer one it skipped; a save still finishing in the background is waited for first. Every file is
+        checked against the manifest (size and xxh3-128 checksums; ``verify_manifest="sha256"`` checks the
+        sha256 digests instead), and everything read is checked against the object it is for (names and
+        shapes, parameter groups, the layout of scheduler, scaler, loader and random states, the step), before
+        anything is applied: a mismatch raises one :class:`CheckpointError` naming the file and leaves models,
+        optimizers and the rest as they were. Only the files the manifest lists are read. ``map_location`` ("cpu" by
         default, "on_device" for this process's device) places loaded optimizer states; ``load_kwargs`` go to
         ``torch.load`` — ``{"weights_only": False}`` is the explicit opt-out of safe unpickling, for
         checkpoints you trust. ``verify_manifest=False`` loads a folder without a manifest (e.g. written by
@@ -374,6 +398,7 @@ class Checkpointer:
             try:
                 folder, verification = self._resolve_checkpoint(input_dir, verify_manifest)
                 resolved = (folder, verification.manifest.get("metadata", {}) if verification else {})
+                _check_step(folder, resolved[1])
             except CheckpointError as exc:
                 error = exc
         gathered = self._agree("load_state", error, resolved)
@@ -394,11 +419,12 @@ class Checkpointer:
         for hook in list(self._load_state_pre_hooks.values()):
             hook(models, location)
         load_kwargs = dict(load_kwargs or {})
-        # The kernel's files are read before the backend applies anything, so a bad one leaves all untouched.
-        apply_kernel_objects = None
+        # The kernel's files are read and checked before the backend applies anything, so a bad one leaves
+        # all untouched: read now, and tried on their objects once the checksums matched (in the gate).
+        kernel_objects = None
         error = None
         try:
-            apply_kernel_objects = read_kernel_objects(
+            kernel_objects = read_kernel_objects(
                 location, self.accelerator, self.prepared, map_location, load_kwargs
             )
         except Exception as exc:
@@ -406,9 +432,17 @@ class Checkpointer:
         if deferred:
             if error is not None:
                 gate.wait(error)
+            assert kernel_objects is not None
+            gate.checks = kernel_objects.check
         else:
+            if error is None:
+                assert kernel_objects is not None
+                try:
+                    kernel_objects.check()
+                except Exception as exc:
+                    error = exc
             self._agree(f"load_state({location})", error, after="; nothing was loaded from the checkpoint")
-        assert apply_kernel_objects is not None
+        assert kernel_objects is not None
         loaded = self.plugins.call(
             "load_state",
             input_dir=location,
@@ -423,10 +457,10 @@ class Checkpointer:
         gate.wait()
         if not loaded:
             raise CheckpointError("no plugin loaded the checkpoint (every load_state hook returned None)")
-        apply_kernel_objects()
+        kernel_objects.apply()
         if "step" in metadata:
-            self.accelerator.step = int(metadata["step"])
-        number = manifests.checkpoint_number(location)
+            self.accelerator.step = metadata["step"]
+        number = rotation.checkpoint_number(location)
         config = self.project_configuration
         if (
             config.automatic_checkpoint_naming
@@ -515,27 +549,27 @@ def _finish_save(
     metadata: dict[str, Any],
     total_limit: int | None,
     checksums: tuple[str, ...] = files.DEFAULT_CHECKSUMS,
+    replace: bool = True,
 ) -> list[str]:
     """The writing process's part of a save after every process wrote its files: make them durable and
-    checksum them, write the manifest, rename the folder into place, then prune old automatic checkpoints.
-    Runs on a background thread (see :mod:`drivetrain.checkpoint.finishing`).
+    checksum them, write the manifest, put the checkpoint in place (``replace``: into an existing folder,
+    beside the user's files; otherwise a folder that exists already is refused), then prune old automatic
+    checkpoints. Runs on a background thread (see :mod:`drivetrain.checkpoint.finishing`).
 
-    Pruning is not part of the save: once the rename is done the checkpoint is complete whatever happens
+    Pruning is not part of the save: once the checkpoint is in place it is complete whatever happens
     to older ones, so a failed prune comes back as a warning (returned), never as a failed save."""
     try:
         manifests.write_manifest(temporary, metadata, checksums)
-        manifests.seal(temporary, location)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
+    publishing.publish(temporary, location, replace=replace)
     if total_limit is None:
         return []
     try:
-        manifests.prune(os.path.dirname(location), total_limit, keep=location)
+        rotation.prune(os.path.dirname(location), total_limit, keep=location)
     except Exception as exc:
-        left = (
-            "; ".join(exc.left) if isinstance(exc, manifests.PruneError) else f"{type(exc).__name__}: {exc}"
-        )
+        left = "; ".join(exc.left) if isinstance(exc, rotation.PruneError) else f"{type(exc).__name__}: {exc}"
         return [
             f"checkpoint {location} is complete, but pruning older checkpoints (total_limit={total_limit}) "
             f"left behind: {left}. Delete it by hand; later saves are not affected"
@@ -554,6 +588,8 @@ class _VerificationGate:
         self._verification = verification
         self._location = location
         self._done = False
+        #: what else must pass once the checksums matched, before anything is applied
+        self.checks: Callable[[], None] | None = None
 
     def wait(self, error: Exception | None = None) -> None:
         """Collective: every process calls it once (later calls return at once, or raise ``error``)."""
@@ -567,8 +603,23 @@ class _VerificationGate:
                 self._verification.wait()
             except CheckpointError as exc:
                 error = exc
+        if error is None and self.checks is not None:
+            try:
+                self.checks()
+            except Exception as exc:
+                error = exc
         self._checkpointer._agree(
             f"load_state({self._location})", error, after="; nothing was loaded from the checkpoint"
+        )
+
+
+def _check_step(folder: str, metadata: dict[str, Any]) -> None:
+    """The manifest's ``metadata.step`` is restored into ``Accelerator.step``: a whole number >= 0."""
+    step = metadata.get("step", 0)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(
+            f"{os.path.join(folder, manifests.MANIFEST_NAME)} has metadata.step={step!r}; a whole number >= 0 "
+            "is needed: the manifest is damaged"
         )
 
 

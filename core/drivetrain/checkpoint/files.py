@@ -339,4 +339,5 @@ def on_file_written(path: str) -> None:
 
 def on_stage(stage: str, path: str) -> None:
     """Called at each stage of finishing a checkpoint (``objects_written``, ``files_synced``,
-    ``manifest_written``, ``renamed``, ``pruned``). A no-op, replaced by crash tests."""
+    ``manifest_written``, then ``renamed`` for a new folder or ``committed``, ``file_moved`` (each file) and
+    ``published`` for an existing one, then ``pruned``). A no-op, replaced by crash tests."""

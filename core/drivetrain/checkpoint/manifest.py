@@ -15,11 +15,9 @@ earlier version is still read: 2, and 1 (one whole-file ``sha256``).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
-import re
 import shutil
 import stat
 import threading
@@ -35,13 +33,12 @@ from drivetrain.checkpoint.files import (
     hashing_pool,
 )
 from drivetrain.errors import CheckpointError
+from drivetrain.untrusted_files import link_on_the_way, outside_folder, read_json_within
 
 MANIFEST_NAME = "drivetrain_manifest.json"
 MANIFEST_FORMAT = "drivetrain-checkpoint"
 MANIFEST_VERSION = 3
 _INCOMPLETE_SUFFIX = ".incomplete"
-_REPLACED_SUFFIX = ".replaced"
-_CHECKPOINT_FOLDER = re.compile(r"^checkpoint_(\d+)$")
 
 #: Bounds on what a manifest may say, so a tampered one cannot make verification exhaust memory or time: a
 #: genuine manifest of a 1 TB checkpoint is about 2 MB, and drivetrain writes 64 MiB pieces.
@@ -56,14 +53,14 @@ def incomplete_path(final: str) -> str:
     return os.path.join(parent, f".{name}{_INCOMPLETE_SUFFIX}")
 
 
-def _replaced_path(final: str) -> str:
-    parent, name = os.path.split(os.path.abspath(final))
-    return os.path.join(parent, f".{name}{_REPLACED_SUFFIX}")
-
-
 def start_incomplete(final: str) -> str:
-    """Create an empty temporary folder for a save into ``final`` (removing one a killed save left)."""
-    temporary = incomplete_path(final)
+    """Create an empty temporary folder beside ``final`` for a save into it (removing one a killed save
+    left)."""
+    return make_staging_folder(incomplete_path(final))
+
+
+def make_staging_folder(temporary: str) -> str:
+    """Create ``temporary`` empty, for a save to write its files into (removing what a killed save left)."""
     shutil.rmtree(temporary, ignore_errors=True)
     files.forget_written_checksums(temporary)
     os.makedirs(temporary)
@@ -150,27 +147,6 @@ def write_manifest(
     files.on_stage("manifest_written", directory)
 
 
-def seal(temporary: str, final: str) -> None:
-    """Rename the finished temporary folder to ``final``. An existing ``final`` is moved aside first and
-    deleted after; a crash between the two renames is repaired by :func:`recover`."""
-    final = os.path.abspath(final)
-    replaced = _replaced_path(final)
-    if os.path.lexists(final):
-        shutil.rmtree(replaced, ignore_errors=True)
-        os.rename(final, replaced)
-    os.rename(temporary, final)
-    fsync_path(os.path.dirname(final))
-    files.on_stage("renamed", final)
-    shutil.rmtree(replaced, ignore_errors=True)
-
-
-def recover(final: str) -> None:
-    """Undo a save that died between moving the old ``final`` aside and renaming the new one in."""
-    replaced = _replaced_path(final)
-    if not os.path.lexists(final) and os.path.isdir(replaced) and is_complete(replaced):
-        os.rename(replaced, final)
-
-
 def read_manifest(directory: str) -> dict[str, Any]:
     """The folder's manifest, or a :class:`CheckpointError` saying why the folder is not a checkpoint."""
     path = os.path.join(directory, MANIFEST_NAME)
@@ -184,14 +160,7 @@ def read_manifest(directory: str) -> dict[str, Any]:
     try:
         if os.path.islink(path):
             raise CheckpointError(f"{path} is a symbolic link: a checkpoint's files must be in its folder")
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_MANIFEST_BYTES + 1)
-        if len(data) > MAX_MANIFEST_BYTES:
-            raise CheckpointError(
-                f"{path} is larger than {MAX_MANIFEST_BYTES} bytes, far more than any checkpoint needs: "
-                "the checkpoint is damaged or was tampered with"
-            )
-        manifest = json.loads(data)
+        manifest = read_json_within(path, MAX_MANIFEST_BYTES, "checkpoint manifest")
     except FileNotFoundError:
         raise CheckpointError(
             f"{directory} has no {MANIFEST_NAME}: it is an incomplete save or was not written by drivetrain. "
@@ -233,11 +202,22 @@ def _links_inside(directory: str) -> list[str]:
     return sorted(found)
 
 
+def _links_on_the_way(directory: str, relatives: list[str]) -> list[str]:
+    """The listed files, and the folders on the way to them, that are symbolic links (the folder may hold
+    the user's own files and links too: only the checkpoint's are checked, and only they are read)."""
+    return sorted({link for link in (link_on_the_way(directory, name) for name in relatives) if link})
+
+
 def _checked_paths(directory: str, manifest: dict[str, Any]) -> dict[str, str]:
-    """The manifest's files as paths, after the cheap checks: inside the folder, no symbolic link anywhere
-    in it (a link would make the load read any file the user can read), present as a regular file, of the
-    recorded size."""
-    links = _links_inside(directory)
+    """The manifest's files as paths, after the cheap checks: inside the folder, no symbolic link on the
+    way to any of them (a link would make the load read any file the user can read), present as a regular
+    file, of the recorded size."""
+    for relative in manifest["files"]:
+        if outside_folder(relative):
+            raise CheckpointError(
+                f"{directory}/{MANIFEST_NAME} lists a file outside the folder: {relative!r}"
+            )
+    links = _links_on_the_way(directory, list(manifest["files"]))
     if links:
         raise CheckpointError(
             f"checkpoint folder {directory} holds symbolic links ({', '.join(links[:5])}"
@@ -245,10 +225,6 @@ def _checked_paths(directory: str, manifest: dict[str, Any]) -> dict[str, str]:
         )
     paths = {}
     for relative, expected in manifest["files"].items():
-        if not relative or os.path.isabs(relative) or ".." in relative.split("/") or "\x00" in relative:
-            raise CheckpointError(
-                f"{directory}/{MANIFEST_NAME} lists a file outside the folder: {relative!r}"
-            )
         path = os.path.join(directory, relative)
         size = expected.get("size") if isinstance(expected, dict) else None
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -398,6 +374,36 @@ def verify(directory: str, check_hashes: bool = True, checksum: str = "fast") ->
     return start_verification(directory, checksum).wait()
 
 
+def checkpoint_path(folder: str, name: str) -> str | None:
+    """The path of ``name`` (a file, or a subfolder holding files) in the checkpoint ``folder`` if the
+    checkpoint holds it, else None. When the folder has a manifest only what it lists counts: a file beside
+    them that it does not list (the user's, or planted) is no part of the checkpoint and is never read.
+    Without a manifest (``verify_manifest=False``), whatever is there counts."""
+    path = os.path.join(folder, name)
+    listed = _listed_names(folder)
+    if listed is None:
+        return path if os.path.exists(path) else None
+    if name in listed or any(entry.startswith(f"{name}/") for entry in listed):
+        return path
+    return None
+
+
+def _listed_names(folder: str) -> frozenset[str] | None:
+    """The names the folder's manifest lists (None without one), read again only when it changed."""
+    try:
+        status = os.stat(os.path.join(folder, MANIFEST_NAME))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {os.path.join(folder, MANIFEST_NAME)}: {exc}") from exc
+    return _listed_names_of(os.path.abspath(folder), status.st_ino, status.st_size, status.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _listed_names_of(folder: str, inode: int, size: int, mtime_ns: int) -> frozenset[str]:
+    return frozenset(read_manifest(folder)["files"])
+
+
 def is_complete(directory: str) -> bool:
     """A cheap test (manifest present, files present with their sizes) used to pick checkpoints; loading
     still verifies the hashes."""
@@ -406,79 +412,3 @@ def is_complete(directory: str) -> bool:
     except CheckpointError:
         return False
     return True
-
-
-def checkpoint_number(path: str) -> int | None:
-    """``n`` for a folder named ``checkpoint_<n>``, else None."""
-    match = _CHECKPOINT_FOLDER.match(os.path.basename(os.path.normpath(path)))
-    return int(match.group(1)) if match else None
-
-
-def complete_checkpoints(root: str) -> list[str]:
-    """The complete ``checkpoint_<n>`` folders under ``root``, oldest (smallest n) first."""
-    if not os.path.isdir(root):
-        return []
-    for name in os.listdir(root):
-        if name.startswith(".checkpoint_") and name.endswith(_REPLACED_SUFFIX):
-            recover(os.path.join(root, name[1 : -len(_REPLACED_SUFFIX)]))
-    found = []
-    for name in os.listdir(root):
-        number = checkpoint_number(name)
-        path = os.path.join(root, name)
-        if number is not None and os.path.isdir(path) and is_complete(path):
-            found.append((number, path))
-    return [path for _, path in sorted(found)]
-
-
-def prune(root: str, total_limit: int, keep: str) -> list[str]:
-    """Delete the oldest complete checkpoints under ``root`` so at most ``total_limit`` remain, never
-    ``keep`` (the one just written), and the leftovers of killed saves. Folders without a manifest that are
-    not our temporaries are left alone: they may be someone else's; so are symbolic links (a checkpoint
-    linked in from elsewhere is never deleted through its link). Returns the deleted paths; raises
-    :class:`PruneError` naming what it could not delete after trying everything else."""
-    deleted = []
-    left: list[str] = []
-    complete = [path for path in complete_checkpoints(root) if os.path.abspath(path) != os.path.abspath(keep)]
-    excess = len(complete) + 1 - total_limit
-    for path in complete[: max(excess, 0)]:
-        if os.path.islink(path):
-            left.append(f"{path} (a symbolic link: drivetrain deletes no checkpoint through a link)")
-            continue
-        # Rename first (atomic), so a crash mid-delete leaves a temporary, never a half-deleted checkpoint.
-        doomed = incomplete_path(path)
-        try:
-            _remove_leftover(doomed)
-            os.rename(path, doomed)
-        except OSError as exc:
-            left.append(f"{path} ({type(exc).__name__}: {exc})")
-            continue
-        deleted.append(path)
-        try:
-            shutil.rmtree(doomed)
-        except OSError as exc:
-            left.append(f"{doomed}, the remains of {os.path.basename(path)} ({type(exc).__name__}: {exc})")
-    for name in os.listdir(root):
-        if name.startswith(".checkpoint_") and name.endswith(_INCOMPLETE_SUFFIX):
-            with contextlib.suppress(OSError):
-                _remove_leftover(os.path.join(root, name))
-    files.on_stage("pruned", root)
-    if left:
-        raise PruneError(left, deleted)
-    return deleted
-
-
-def _remove_leftover(path: str) -> None:
-    """Remove a temporary folder of ours (a link is unlinked, never followed)."""
-    if os.path.islink(path):
-        os.unlink(path)
-    elif os.path.lexists(path):
-        shutil.rmtree(path)
-
-
-class PruneError(OSError):
-    """Old checkpoints that pruning could not delete; the checkpoint just written is complete regardless."""
-
-    def __init__(self, left: list[str], deleted: list[str]) -> None:
-        self.left = left
-        self.deleted = deleted
-        super().__init__("could not delete " + "; ".join(left))

@@ -9,6 +9,7 @@ unwrapped (no ``module.`` prefix), so a checkpoint loads under any number of pro
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -16,11 +17,20 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from drivetrain.checkpoint.files import checkpoint_writer
+from drivetrain.checkpoint.manifest import checkpoint_path
 from drivetrain.checkpoint.serialization import (
     deduplicate_shared,
     load_safetensors_into_module,
     safe_load,
     save_safetensors,
+)
+from drivetrain.checkpoint.state_checks import (
+    check_model_source,
+    check_optimizer_layout,
+    check_scheduler_state,
+    check_state_layout,
+    try_loading,
+    try_rng_state,
 )
 from drivetrain.constants import (
     MODEL_NAME,
@@ -136,87 +146,35 @@ def write_training_objects(
         )
 
 
-def _require(path: str, what: str) -> str:
-    if not os.path.isdir(os.path.dirname(path)):
+def _require(input_dir: str, name: str, what: str) -> str:
+    """The path of ``name`` in the checkpoint, or a :class:`CheckpointError` saying which object lacks it."""
+    if not os.path.isdir(input_dir):
         raise CheckpointError(
-            f"checkpoint folder {os.path.dirname(path)} disappeared during the load: another run may have "
+            f"checkpoint folder {input_dir} disappeared during the load: another run may have "
             "pruned or replaced it"
         )
-    if not os.path.isfile(path):
+    path = checkpoint_path(input_dir, name)
+    if path is None or not os.path.isfile(path):
         raise CheckpointError(
-            f"{path} not found: the checkpoint has no {what} (was it saved with the same "
-            "number of prepared objects?)"
+            f"{os.path.join(input_dir, name)} not found: the checkpoint has no {what} (was it saved with the "
+            "same number of prepared objects?)"
         )
     return path
 
 
+def _present(input_dir: str, name: str) -> str | None:
+    """The path of ``name`` if the checkpoint holds that file (listed in its manifest when it has one)."""
+    path = checkpoint_path(input_dir, name)
+    return path if path is not None and os.path.isfile(path) else None
+
+
 def _read_model_source(input_dir: str, index: int, map_location: Any, load_kwargs: dict[str, Any]) -> Any:
     """Model ``index``'s safetensors path (copied in only when applied), else its pickled state dict."""
-    safe_path = os.path.join(input_dir, model_file_name(index, True))
-    if os.path.isfile(safe_path):
+    safe_path = _present(input_dir, model_file_name(index, True))
+    if safe_path is not None:
         return safe_path
-    path = _require(os.path.join(input_dir, model_file_name(index, False)), f"weights for model {index}")
+    path = _require(input_dir, model_file_name(index, False), f"weights for model {index}")
     return safe_load(path, map_location=map_location, **load_kwargs)
-
-
-def check_model_source(model: torch.nn.Module, source: Any, where: str) -> None:
-    """Raise :class:`CheckpointError` unless ``source`` (a safetensors path or a state dict) fits ``model``
-    exactly (names, shapes; tied weights saved once count for every name), before anything is copied."""
-    from drivetrain.big_modeling.reader import read_header
-    from drivetrain.checkpoint.serialization import _shared_groups
-
-    targets = model.state_dict()
-    if isinstance(source, str):
-        shapes = {name: tuple(record.shape) for name, record in read_header(source).items()}
-    elif isinstance(source, dict):
-        shapes = {
-            name: tuple(value.shape) for name, value in source.items() if isinstance(value, torch.Tensor)
-        }
-    else:
-        raise CheckpointError(f"{where} holds a {type(source).__name__}, not a state dict")
-    groups = _shared_groups(targets)
-    unexpected = [name for name in shapes if name not in targets]
-    mismatched = [
-        f"{name}: checkpoint {shapes[name]}, model {tuple(targets[name].shape)}"
-        for name in shapes
-        if name in targets
-        and isinstance(targets[name], torch.Tensor)
-        and shapes[name] != tuple(targets[name].shape)
-    ]
-    missing = [
-        name
-        for name, value in targets.items()
-        if isinstance(value, torch.Tensor) and not any(other in shapes for other in groups.get(name, [name]))
-    ]
-    problems = []
-    if mismatched:
-        problems.append("shape mismatch for " + "; ".join(mismatched[:10]))
-    if missing:
-        problems.append(f"missing keys {missing[:10]}{' ...' if len(missing) > 10 else ''}")
-    if unexpected:
-        problems.append(f"unexpected keys {unexpected[:10]}{' ...' if len(unexpected) > 10 else ''}")
-    if problems:
-        raise CheckpointError(f"cannot load {where} into {type(model).__name__}: " + "; ".join(problems))
-
-
-def check_optimizer_layout(optimizer: Any, state: Any, where: str) -> None:
-    """Raise :class:`CheckpointError` unless the saved optimizer state has this optimizer's parameter groups
-    (their number, and the number of parameters in each): what ``load_state_dict`` would refuse, checked
-    before anything is applied."""
-    inner = getattr(optimizer, "optimizer", optimizer)
-    saved_groups = state.get("param_groups") if isinstance(state, dict) else None
-    if not isinstance(saved_groups, list) or not all(
-        isinstance(group, dict) and isinstance(group.get("params"), list) for group in saved_groups
-    ):
-        raise CheckpointError(f"{where} is not an optimizer state (no list of parameter groups)")
-    saved = [len(group["params"]) for group in saved_groups]
-    current = [len(group["params"]) for group in inner.param_groups]
-    if saved != current:
-        raise CheckpointError(
-            f"{where} holds {len(saved)} parameter group(s) of {saved} parameters but "
-            f"{type(inner).__name__} has {len(current)} of {current}: build the optimizer with the same "
-            "parameter groups as the run that saved it"
-        )
 
 
 def _apply_model_source(model: torch.nn.Module, source: Any) -> None:
@@ -309,20 +267,13 @@ def read_training_objects(
         ]
         optimizer_states = [
             read_optimizer_state(
-                _require(os.path.join(input_dir, optimizer_file_name(index)), f"state for optimizer {index}"),
+                _require(input_dir, optimizer_file_name(index), f"state for optimizer {index}"),
                 map_location,
                 load_kwargs,
             )
             for index in range(len(optimizers))
         ]
-        scheduler_states = [
-            safe_load(
-                _require(os.path.join(input_dir, scheduler_file_name(index)), f"state for scheduler {index}"),
-                map_location=map_location,
-                **load_kwargs,
-            )
-            for index in range(len(schedulers))
-        ]
+        scheduler_states = read_scheduler_states(input_dir, schedulers, map_location, load_kwargs)
         # Everything that can be checked is, before anything is applied: a failure leaves all untouched.
         for index, (model, source) in enumerate(zip(models, model_sources)):
             check_model_source(
@@ -340,6 +291,28 @@ def read_training_objects(
         apply_optimizer_state(optimizer, state)
     for scheduler, state in zip(schedulers, scheduler_states):
         scheduler.load_state_dict(state)
+
+
+def read_scheduler_state(
+    input_dir: str, index: int, scheduler: Any, map_location: Any, load_kwargs: dict[str, Any]
+) -> Any:
+    """Scheduler ``index``'s saved state (``scheduler.bin``, ``scheduler_1.bin`` ...), read and checked
+    against ``scheduler`` (:func:`~drivetrain.checkpoint.state_checks.check_scheduler_state`) so that
+    applying it cannot fail: a backend's ``load_state`` reads them before it changes anything."""
+    path = _require(input_dir, scheduler_file_name(index), f"state for scheduler {index}")
+    state = safe_load(path, map_location=map_location, **load_kwargs)
+    check_scheduler_state(scheduler, state, path)
+    return state
+
+
+def read_scheduler_states(
+    input_dir: str, schedulers: list, map_location: Any, load_kwargs: dict[str, Any]
+) -> list[Any]:
+    """:func:`read_scheduler_state` of every scheduler, in order."""
+    return [
+        read_scheduler_state(input_dir, index, scheduler, map_location, load_kwargs)
+        for index, scheduler in enumerate(schedulers)
+    ]
 
 
 def write_kernel_objects(output_dir: str, accelerator: Any, prepared: PreparedObjects) -> None:
@@ -363,49 +336,80 @@ def write_kernel_objects(output_dir: str, accelerator: Any, prepared: PreparedOb
         torch_save_into_checkpoint(obj.state_dict(), os.path.join(output_dir, custom_object_file_name(index)))
 
 
+class KernelObjects:
+    """What :func:`write_kernel_objects` saved, read back by :func:`read_kernel_objects`: :meth:`check`
+    finishes checking it (trying what only the objects themselves can judge, and putting them back), then
+    :meth:`apply` restores it, which can no longer fail."""
+
+    def __init__(self) -> None:
+        self._checks: list[Callable[[], None]] = []
+        self._steps: list[Callable[[], None]] = []
+
+    def add(self, apply: Callable[[Any], Any], value: Any, check: Callable[[], None] | None = None) -> None:
+        if check is not None:
+            self._checks.append(check)
+        self._steps.append(lambda: apply(value))
+
+    def check(self) -> None:
+        for check in self._checks:
+            check()
+
+    def apply(self) -> None:
+        for step in self._steps:
+            step()
+
+
 def read_kernel_objects(
     input_dir: str,
     accelerator: Any,
     prepared: PreparedObjects,
     map_location: Any,
     load_kwargs: dict[str, Any],
-) -> Callable[[], None]:
-    """Read what :func:`write_kernel_objects` saved and return the function that applies it: every file is
-    read (and refused if it must be) before anything changes. A data loader whose state is absent (the
-    checkpoint predates it) starts from its beginning, as in Accelerate; every other missing file is an
-    error."""
+) -> KernelObjects:
+    """Read what :func:`write_kernel_objects` saved and check what can be checked from the files alone;
+    every file is read (and refused if it must be) before anything changes. A data loader whose state is
+    absent (the checkpoint predates it) starts from its beginning, as in Accelerate; every other missing
+    file is an error."""
     from drivetrain.operations.random import restore_rng_state
 
-    steps: list[Callable[[], None]] = []
-
-    def later(target: Callable[[Any], Any], value: Any) -> None:
-        steps.append(lambda: target(value))
-
+    objects = KernelObjects()
     if accelerator.scaler is not None:
-        path = _require(os.path.join(input_dir, SCALER_NAME), "GradScaler state")
-        later(accelerator.scaler.load_state_dict, safe_load(path, map_location=map_location, **load_kwargs))
+        path = _require(input_dir, SCALER_NAME, "GradScaler state")
+        state = safe_load(path, map_location=map_location, **load_kwargs)
+        live = accelerator.scaler.state_dict()
+        if live:  # a disabled scaler has no state and loads none
+            check_state_layout(live, state, path, type(accelerator.scaler).__name__)
+        objects.add(accelerator.scaler.load_state_dict, state)
     for index, loader in enumerate(prepared.dataloaders):
-        path = os.path.join(input_dir, dataloader_file_name(index))
         load = getattr(loader, "load_resume_state", None) or getattr(loader, "load_state_dict", None)
-        if os.path.isfile(path) and callable(load):
-            later(load, safe_load(path, map_location="cpu", **load_kwargs))
+        loader_path = _present(input_dir, dataloader_file_name(index))
+        if loader_path is None or not callable(load):
+            continue
+        state = safe_load(loader_path, map_location="cpu", **load_kwargs)
+        check = getattr(loader, "check_resume_state", None)
+        if callable(check):
+            try:
+                check(state)
+            except CheckpointError as exc:
+                raise CheckpointError(f"{loader_path}: {exc}") from None
+        objects.add(load, state)
     for index, obj in enumerate(prepared.custom_objects):
-        path = _require(os.path.join(input_dir, custom_object_file_name(index)), f"registered object {index}")
-        later(obj.load_state_dict, safe_load(path, map_location=map_location, **load_kwargs))
-    rng_path = os.path.join(input_dir, rng_file_name(accelerator.process_index))
-    if os.path.isfile(rng_path):
-        later(restore_rng_state, safe_load(rng_path, map_location="cpu", **load_kwargs))
+        path = _require(input_dir, custom_object_file_name(index), f"registered object {index}")
+        state = safe_load(path, map_location=map_location, **load_kwargs)
+        objects.add(obj.load_state_dict, state, functools.partial(try_loading, obj, state, path))
+    rng_path = _present(input_dir, rng_file_name(accelerator.process_index))
+    if rng_path is not None:
+        state = safe_load(rng_path, map_location="cpu", **load_kwargs)
+        if not isinstance(state, dict):
+            raise CheckpointError(f"{rng_path} holds a {type(state).__name__}, not random generator states")
+        objects.add(restore_rng_state, state, functools.partial(try_rng_state, state, rng_path))
     else:
         # Resuming under more processes than saved: the extra ranks keep their seeded state.
         import warnings
 
         warnings.warn(
-            f"{rng_path} not found: process {accelerator.process_index} keeps its current RNG state",
+            f"{os.path.join(input_dir, rng_file_name(accelerator.process_index))} not found: process "
+            f"{accelerator.process_index} keeps its current RNG state",
             stacklevel=3,
         )
-
-    def apply() -> None:
-        for step in steps:
-            step()
-
-    return apply
+    return objects

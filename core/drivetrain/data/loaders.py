@@ -457,19 +457,39 @@ class _PreparedDataLoader(DataLoader):
             state["loader"] = (self._progress.loader_state if self._in_epoch else None) or {}
         return state
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume from :meth:`resume_state` or :meth:`state_dict` (a stateful loader also takes torchdata's
-        ``StatefulDataLoader`` state): the next iteration starts at the sample after the last one used."""
-        if self._stateful and not {"epoch", "batches_yielded"} & set(state_dict):
-            if not state_dict or "_iterator_finished" in state_dict:
-                self._load_torchdata_state(state_dict)
-                return
+    def _is_torchdata_state(self, state_dict: dict[str, Any]) -> bool:
+        return (
+            self._stateful
+            and not {"epoch", "batches_yielded"} & set(state_dict)
+            and (not state_dict or "_iterator_finished" in state_dict)
+        )
+
+    def check_resume_state(self, state_dict: Any) -> None:
+        """Raise :class:`CheckpointError` if :meth:`load_state_dict` would refuse ``state_dict`` (its form,
+        or a batch size or number of processes other than this loader's), without changing anything:
+        ``load_state`` checks every loader's state before it applies any."""
+        if not isinstance(state_dict, dict):
+            raise CheckpointError(f"data loader state is a {type(state_dict).__name__}, not a dict")
+        if self._is_torchdata_state(state_dict):
+            return
         missing = {"epoch", "batches_yielded"} - set(state_dict)
         if missing:
             raise CheckpointError(
                 f"data loader state is missing {', '.join(sorted(missing))}; it must come from a prepared "
                 "loader's resume_state() or state_dict()"
                 + (" (or a torchdata StatefulDataLoader's state_dict())" if self._stateful else "")
+            )
+        for key in ("epoch", "batches_yielded"):
+            value = state_dict[key]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise CheckpointError(f"data loader state has {key}={value!r}; a whole number >= 0 is needed")
+        generator_state = state_dict.get("generator_state")
+        if generator_state is not None and not (
+            isinstance(generator_state, torch.Tensor) and generator_state.dtype == torch.uint8
+        ):
+            raise CheckpointError(
+                f"data loader state has a generator_state of type {type(generator_state).__name__}, not the "
+                "uint8 tensor torch.Generator.get_state() gives"
             )
         for key in ("total_batch_size", "num_processes"):
             saved, here = (
@@ -481,6 +501,14 @@ class _PreparedDataLoader(DataLoader):
                     f"data loader state was saved with {key}={saved} but this loader has {key}={here}; "
                     "resume with the same batch size and number of processes"
                 )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from :meth:`resume_state` or :meth:`state_dict` (a stateful loader also takes torchdata's
+        ``StatefulDataLoader`` state): the next iteration starts at the sample after the last one used."""
+        self.check_resume_state(state_dict)
+        if self._is_torchdata_state(state_dict):
+            self._load_torchdata_state(state_dict)
+            return
         self.iteration = int(state_dict["epoch"])
         generator_state = state_dict.get("generator_state")
         if generator_state is not None and self._indices is not None and self._indices.generator is not None:

@@ -18,7 +18,15 @@ from typing import Any
 NAMESPACES = ("settings", "state", "training", "data", "checkpoint", "big_model", "tracking", "tooling")
 
 #: Names of the namespaces that contract 1.2 added: they were never flat names.
-ADDED_IN_1_2 = frozenset({"reference_backward", "resolve_backend_config", "BackendConfigReader"})
+ADDED_IN_1_2 = frozenset(
+    {
+        "reference_backward",
+        "resolve_backend_config",
+        "BackendConfigReader",
+        "checkpoint_path",
+        "read_scheduler_state",
+    }
+)
 
 #: 1.1 flat names that contract 1.2 leaves out (no plugin used them) -> (kernel module, name there, what to
 #: use instead). They still import as 1.1 names, with the advice in the warning; contract 2.0 drops them.

@@ -19,6 +19,8 @@ import torch
 
 from drivetrain.plugin_api import CheckpointError, PluginAccelerator
 from drivetrain.plugin_api.checkpoint import (
+    checkpoint_path,
+    read_scheduler_state,
     safe_load,
     scheduler_file_name,
     torch_save_into_checkpoint,
@@ -137,6 +139,20 @@ def _refuse_unsafe_files(folder: str) -> None:
                 )
 
 
+def _refuse_unlisted_files(input_dir: str, tag: str) -> None:
+    """DeepSpeed picks the files of an engine's folder by their names: one that the checkpoint's manifest
+    does not list (planted beside the engine's own) would be read. Such a folder is refused."""
+    for root, _dirs, names in os.walk(os.path.join(input_dir, tag)):
+        for name in sorted(names):
+            relative = os.path.relpath(os.path.join(root, name), input_dir).replace(os.sep, "/")
+            if checkpoint_path(input_dir, relative) is None:
+                raise CheckpointError(
+                    f"{os.path.join(input_dir, relative)} is not listed in the checkpoint's manifest: DeepSpeed "
+                    f"would read it with the engine's files; remove it, or load a checkpoint whose {tag}/ folder "
+                    "holds only what the save wrote"
+                )
+
+
 def load_state(
     input_dir: str,
     accelerator: PluginAccelerator,
@@ -148,20 +164,20 @@ def load_state(
     engines = _training_engines(models)
     for index, _engine in engines:
         tag = engine_tag(index)
-        if not os.path.isdir(os.path.join(input_dir, tag)):
+        folder = checkpoint_path(input_dir, tag)
+        if folder is None or not os.path.isdir(folder):
             raise CheckpointError(
                 f"{os.path.join(input_dir, tag)} not found: the checkpoint holds no DeepSpeed engine {index} (was it "
                 "saved by the deepspeed backend with the same number of models?)"
             )
+        _refuse_unlisted_files(input_dir, tag)
         if load_kwargs.get("weights_only", True):
-            _refuse_unsafe_files(os.path.join(input_dir, tag))
-    # Read before any engine changes its model, so a bad file leaves everything as it was.
-    scheduler_states = []
-    for index, scheduler in _user_schedulers(schedulers):
-        path = os.path.join(input_dir, scheduler_file_name(index))
-        if not os.path.isfile(path):
-            raise CheckpointError(f"{path} not found: the checkpoint has no state for scheduler {index}")
-        scheduler_states.append((scheduler, safe_load(path, map_location=map_location, **load_kwargs)))
+            _refuse_unsafe_files(folder)
+    # Read and checked before any engine changes its model, so a bad file leaves everything as it was.
+    scheduler_states = [
+        (scheduler, read_scheduler_state(input_dir, index, scheduler, map_location, load_kwargs))
+        for index, scheduler in _user_schedulers(schedulers)
+    ]
     for index, engine in engines:
         tag = engine_tag(index)
         with _safe_engine_loading(engine, load_kwargs):

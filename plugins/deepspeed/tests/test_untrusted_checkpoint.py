@@ -51,3 +51,28 @@ def test_load_state_refuses_engine_files_that_run_code(tmp_path, victim):
         accelerator.load_state(folder)
     assert not marker.exists()
     assert all(torch.equal(before[k], v) for k, v in model.module.state_dict().items())
+
+
+def test_load_state_refuses_an_engine_folder_holding_a_file_the_manifest_does_not_list(tmp_path):
+    """DeepSpeed picks the files of an engine's folder by their names: one planted there after the save
+    (unlisted in the manifest) would be read with the engine's own, so the load is refused, in one line, with
+    the model as it was (issue 29, finding 3)."""
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
+    model = torch.nn.Linear(3, 1)
+    batches = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 3)), 4)
+    model, optimizer, batches = accelerator.prepare(
+        model, torch.optim.AdamW(model.parameters(), lr=0.1), batches
+    )
+    folder = accelerator.save_state(str(tmp_path / "ckpt"))
+    accelerator.backward(model(torch.randn(4, 3)).sum())
+    optimizer.step()
+    planted = os.path.join(folder, "pytorch_model", "zero_pp_rank_1_mp_rank_00_optim_states.pt")
+    torch.save({"optimizer_state_dict": {}}, planted)
+    before = {k: v.clone() for k, v in model.module.state_dict().items()}
+    with pytest.raises(
+        CheckpointError, match=r"zero_pp_rank_1_mp_rank_00_optim_states.pt is not listed in the"
+    ):
+        accelerator.load_state(folder)
+    assert all(torch.equal(before[k], v) for k, v in model.module.state_dict().items())
+    os.remove(planted)
+    accelerator.load_state(folder)

@@ -18,8 +18,10 @@ import torch
 
 from drivetrain.plugin_api import CheckpointError, PluginAccelerator
 from drivetrain.plugin_api.checkpoint import (
+    checkpoint_path,
     model_file_name,
     optimizer_file_name,
+    read_scheduler_state,
     safe_dcp_load,
     safe_load,
     scheduler_file_name,
@@ -136,10 +138,19 @@ def save(
             )
 
 
+def _held(input_dir: str, name: str, folder: bool = False) -> str | None:
+    """The path of ``name`` if the checkpoint holds it (listed in its manifest: a file beside the
+    checkpoint's own is never read), as a file, or as a folder with ``folder``."""
+    path = checkpoint_path(input_dir, name)
+    if path is None or not (os.path.isdir(path) if folder else os.path.isfile(path)):
+        return None
+    return path
+
+
 def _full_model_file(input_dir: str, index: int) -> str | None:
     for safe in (True, False):
-        path = os.path.join(input_dir, model_file_name(index, safe))
-        if os.path.isfile(path):
+        path = _held(input_dir, model_file_name(index, safe))
+        if path is not None:
             return path
     return None
 
@@ -164,10 +175,15 @@ def load(
     from drivetrain_fsdp.fsdp1 import is_fsdp1, load_sharded_optimizer_state
 
     is_rank0 = dist.get_rank() == 0
+    # Read and checked before any model changes: applying them cannot fail after the weights are in.
+    scheduler_states = [
+        read_scheduler_state(input_dir, index, scheduler, "cpu", load_kwargs)
+        for index, scheduler in enumerate(schedulers)
+    ]
     modules = [_module(model, accelerator) for model in models]
     for index, module in enumerate(modules):
         folder = model_folder(input_dir, index)
-        if os.path.isdir(folder):
+        if _held(input_dir, os.path.basename(folder), folder=True):
             state = {MODEL_KEY: get_model_state_dict(module)}
             safe_dcp_load(state, folder)
             set_model_state_dict(module, state[MODEL_KEY])
@@ -193,16 +209,17 @@ def load(
         inner = _inner(optimizer)
         module = owner_of(inner, all_modules)
         folder = optimizer_folder(input_dir, index)
-        if os.path.isdir(folder) and is_fsdp1(module):
+        sharded = _held(input_dir, os.path.basename(folder), folder=True) is not None
+        if sharded and is_fsdp1(module):
             load_sharded_optimizer_state(module, inner, folder, OPTIMIZER_KEY)
             continue
-        if os.path.isdir(folder):
+        if sharded:
             loaded: dict[str, Any] = {OPTIMIZER_KEY: get_optimizer_state_dict(module, inner)}
             safe_dcp_load(loaded, folder)
             set_optimizer_state_dict(module, inner, loaded[OPTIMIZER_KEY])
             continue
-        path = os.path.join(input_dir, optimizer_file_name(index))
-        if not os.path.isfile(path):
+        path = _held(input_dir, optimizer_file_name(index))
+        if path is None:
             raise CheckpointError(
                 f"{input_dir} holds no state for optimizer {index} (neither "
                 f"{os.path.basename(folder)}/ nor {optimizer_file_name(index)})"
@@ -210,8 +227,5 @@ def load(
         full_state = safe_load(path, map_location="cpu", **load_kwargs) if is_rank0 else {}
         set_optimizer_state_dict(module, inner, full_state, options=_options(True, broadcast_from_rank0=True))
 
-    for index, scheduler in enumerate(schedulers):
-        path = os.path.join(input_dir, scheduler_file_name(index))
-        if not os.path.isfile(path):
-            raise CheckpointError(f"{path} not found: the checkpoint has no state for scheduler {index}")
-        scheduler.load_state_dict(safe_load(path, map_location="cpu", **load_kwargs))
+    for scheduler, state in zip(schedulers, scheduler_states):
+        scheduler.load_state_dict(state)

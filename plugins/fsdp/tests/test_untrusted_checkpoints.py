@@ -52,6 +52,63 @@ def test_merge_weights_refuses_metadata_that_runs_code(tmp_path, capsys):
     assert not marker.exists() and not (tmp_path / "merged2").exists()
 
 
+def _rewrite_metadata(folder: Path, change) -> None:
+    from drivetrain.plugin_api import read_dcp_metadata
+
+    metadata = read_dcp_metadata(folder)
+    change(metadata)
+    with open(folder / ".metadata", "wb") as out:
+        pickle.dump(metadata, out)
+
+
+@pytest.mark.parametrize("outside", ["../secret/__0_0.distcp", "ABSOLUTE"])
+def test_merge_weights_refuses_metadata_pointing_outside_the_folder(tmp_path, capsys, outside):
+    """The storage table of a DCP ``.metadata`` names the file each tensor is in: pointed outside the
+    folder (at another genuine checkpoint's shard), merge-weights exits 1 with one line and writes nothing."""
+    folder = _sharded_folder(tmp_path / "ckpt")
+    secret = _sharded_folder(tmp_path / "secret_ckpt")
+    os.rename(secret, tmp_path / "ckpt" / "secret")
+    target = str(tmp_path / "ckpt" / "secret" / "__0_0.distcp") if outside == "ABSOLUTE" else outside
+
+    def point_outside(metadata):
+        for info in metadata.storage_data.values():
+            info.relative_path = target
+
+    _rewrite_metadata(folder, point_outside)
+    capsys.readouterr()
+    assert drivetrain_main(["merge-weights", str(tmp_path / "ckpt"), str(tmp_path / "merged")]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "outside the checkpoint folder: refused" in error, error
+    assert not (tmp_path / "merged").exists()
+
+
+def test_merge_weights_refuses_a_declared_size_the_files_do_not_hold(tmp_path, capsys):
+    """A tensor declared with 2**40 elements: one line and exit 1 before anything is allocated (it used to
+    try to allocate 4 TB and print a traceback)."""
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+    folder = _sharded_folder(tmp_path / "ckpt")
+
+    def huge(metadata):
+        item = metadata.state_dict_metadata["model.weight"]
+        item.size = torch.Size([2**40])
+        item.chunks = [ChunkStorageMetadata(offsets=torch.Size([0]), sizes=torch.Size([2**40]))]
+        for index in list(metadata.storage_data):
+            if index.fqn == "model.weight":
+                metadata.storage_data[type(index)("model.weight", torch.Size([0]))] = (
+                    metadata.storage_data.pop(index)
+                )
+
+    _rewrite_metadata(folder, huge)
+    capsys.readouterr()
+    assert drivetrain_main(["merge-weights", str(tmp_path / "ckpt"), str(tmp_path / "merged")]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "declares 4398046511104 bytes for a chunk of 'model.weight'" in error, (
+        error
+    )
+    assert not (tmp_path / "merged").exists()
+
+
 @pytest.mark.multiprocess
 def test_load_state_refuses_sharded_metadata_that_runs_code(tmp_path):
     env = {"TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
@@ -59,5 +116,12 @@ def test_load_state_refuses_sharded_metadata_that_runs_code(tmp_path):
         str(SCRIPTS / "fsdp_untrusted.py"), num_processes=1, args=[str(tmp_path / "ckpt")], env=env
     )
     assert_checks_passed(
-        result, ["sharded_metadata_refused", "sharded_metadata_ran_nothing", "sharded_model_untouched"]
+        result,
+        [
+            "sharded_metadata_refused",
+            "sharded_metadata_ran_nothing",
+            "sharded_model_untouched",
+            "outside_path_refused",
+            "outside_model_untouched",
+        ],
     )
