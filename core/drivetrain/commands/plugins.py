@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any
 
@@ -70,11 +71,10 @@ def plugin_records(hook: str | None = None, detailed: bool = False) -> list[dict
             entry.update(
                 description=info.description,
                 contract=info.contract,
+                # every declared field (docs/plugins/capabilities.md), tuples as JSON lists
                 capabilities={
-                    "multi_process": info.capabilities.multi_process,
-                    "sharded_state": info.capabilities.sharded_state,
-                    "precisions": list(info.capabilities.precisions),
-                    "devices": list(info.capabilities.devices),
+                    field.name: _plain(getattr(info.capabilities, field.name))
+                    for field in dataclasses.fields(info.capabilities)
                 },
                 commands=sorted(k for k, v in extensions.commands.items() if v[0] == name),
                 trackers=sorted(k for k, v in extensions.trackers.items() if v[0] == name),
@@ -84,6 +84,14 @@ def plugin_records(hook: str | None = None, detailed: bool = False) -> list[dict
         if hook is None or hook in entry["hooks"]:
             records.append(entry)
     return records
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def format_table(records: list[dict[str, Any]], detailed: bool) -> str:
@@ -106,12 +114,8 @@ def format_table(records: list[dict[str, Any]], detailed: bool) -> str:
         if detailed and entry["kind"] is not None:
             if entry["description"]:
                 lines.append(f"    {entry['description']}")
-            caps = entry["capabilities"]
-            lines.append(
-                f"    capabilities: multi_process={caps['multi_process']}, sharded_state="
-                f"{caps['sharded_state']}, precisions={','.join(caps['precisions'])}, "
-                f"devices={','.join(caps['devices'])}; contract {entry['contract']}"
-            )
+            caps = ", ".join(f"{name}={_shown(value)}" for name, value in entry["capabilities"].items())
+            lines.append(f"    capabilities: {caps}; contract {entry['contract']}")
             for label in ("commands", "trackers", "launchers"):
                 if entry[label]:
                     lines.append(f"    {label}: {', '.join(entry[label])}")
