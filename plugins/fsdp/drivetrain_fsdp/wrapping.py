@@ -121,8 +121,7 @@ def data_parallel_layout(config: FullyShardedDataParallelPlugin, accelerator: An
             "dp_shard_size instead (HYBRID_SHARD is dp_replicate x dp_shard, NO_SHARD is dp_replicate)"
         )
     if parallelism.dp_shard_cp_dim_names:
-        names = tuple(parallelism.fsdp_dim_names)
-        return "shard", mesh[names] if len(names) > 1 else mesh[names[0]]
+        return "shard", parallelism.submesh(mesh, *parallelism.fsdp_dim_names)
     if parallelism.dp_replicate_enabled:
         return "replicate", mesh["dp_replicate"]
     return None, None
