@@ -11,6 +11,10 @@ import attrs
 
 from drivetrain.plugin_api import PluginInfo
 
+#: Seconds one property may run (``--timeout``, ``run_suite(timeout=...)``) before the suite reports it as a hang
+#: and goes on with the next: well above the slowest property of an in-tree backend on a loaded 2-core machine
+#: (docs/conformance.md gives the measured times).
+DEFAULT_TIMEOUT = 120.0
 #: Mixed-precision modes the reference backend ``local`` runs, hence the ones the suite has an oracle for.
 REFERENCE_PRECISIONS = ("no", "bf16", "fp16")
 
@@ -62,6 +66,12 @@ PROPERTIES = (
         "worker",
     ),
     Property(
+        "prepare_synchronises_weights",
+        "processes seeded differently before building the model all hold process 0's initial weights after "
+        "prepare",
+        "worker",
+    ),
+    Property(
         "adamw_schedule_matches_local",
         "AdamW + an LR scheduler + gradient accumulation + clipping, in each declared precision, equals the "
         "reference backend on the combined batch: weights, learning rates and (where every process holds it) "
@@ -93,6 +103,13 @@ PROPERTIES = (
         "checkpoint_portable",
         "a checkpoint saved here resumes on the reference backend, and a reference checkpoint resumes here, "
         "both equal to the uninterrupted reference run (portable_checkpoints=True)",
+        "worker",
+    ),
+    Property(
+        "checkpoint_per_process_state",
+        "a checkpoint saved while the processes hold different state (random state, loader position, "
+        "optimizer shard, weights diverged under no_sync) loads back into each process as its own; the model "
+        "files hold the main process's (consolidated) model",
         "worker",
     ),
     Property(
@@ -135,7 +152,7 @@ def not_applicable(name: str, info: PluginInfo, processes: int) -> str | None:
             return "needs --processes 2 or more"
     if name == "checkpoint_portable" and not caps.portable_checkpoints:
         return "the backend declares portable_checkpoints=False (its checkpoints load only on itself)"
-    if name == "sharded_state" and processes < 2:
+    if name in ("sharded_state", "prepare_synchronises_weights") and processes < 2:
         return "needs --processes 2 or more"
     if name == "no_sync" and not caps.local_gradients:
         return (
