@@ -62,7 +62,9 @@ reference backend alone — `drivetrain conformance ddp --processes 2 --plugins 
 (`drivetrain_conformance.check("ddp", 2, plugins=("ipex",))` from pytest). The suite runs on the CPU
 (`cpu=True`), so for a device plugin it checks what the plugin does to CPU runs. Results for ipex (which
 runs only in its pinned environment) are in [its guide](ipex.md#conformance), for mps in
-[its guide](mps.md#what-is-tested-where).
+[its guide](mps.md#what-is-tested-where). A precision plugin for a precision the reference backend does not run
+(fp8) is refused with `--plugins`: it acts only for `mixed_precision="fp8"`, for which there is no oracle, and
+named for every run it would convert them all; its own tests check it.
 
 ## Properties
 

@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if timeout <= 0:
         raise UsageError(f"conformance: --timeout must be more than 0 seconds, got {args.timeout:g}")
     from drivetrain.plugin_api import PluginError, get_plugin_manager
+    from drivetrain_conformance.properties import unusable_plugin
     from drivetrain_conformance.targets import is_file_target
 
     manager = get_plugin_manager()
@@ -90,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
                 manager.load(name)
             except PluginError as exc:
                 raise UsageError(f"conformance: {exc}") from None
+    for name in plugins:
+        problem = unusable_plugin(name, manager.info(name))
+        if problem is not None:
+            raise UsageError(f"conformance: --plugins: {problem}")
     reports = run_suite(
         list(args.backends),
         processes=args.processes,

@@ -129,6 +129,19 @@ PROPERTY_NAMES = tuple(prop.name for prop in PROPERTIES)
 WORKER_PROPERTIES = tuple(prop.name for prop in PROPERTIES if prop.where == "worker")
 
 
+def unusable_plugin(name: str, info: PluginInfo) -> str | None:
+    """Why the suite cannot check plugin ``name`` over a backend (``--plugins``), or None. A precision plugin
+    acts only for the ``mixed_precision`` values it provides; named for every run, it would convert runs the
+    reference backend makes in other precisions."""
+    if info.kind == "precision" and not set(info.precisions) & set(REFERENCE_PRECISIONS):
+        return (
+            f"plugin {name!r} provides mixed_precision {', '.join(info.precisions)}, for which the suite has no "
+            f"reference (it checks {', '.join(REFERENCE_PRECISIONS)}); named with --plugins it would act on "
+            "every run. Its own tests check it against training without it"
+        )
+    return None
+
+
 def checked_precisions(info: PluginInfo) -> tuple[str, ...]:
     """Declared precisions the suite can check (those the reference backend also runs)."""
     return tuple(p for p in info.capabilities.precisions if p in REFERENCE_PRECISIONS)

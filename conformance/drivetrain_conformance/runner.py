@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from drivetrain.plugin_api import get_plugin_manager
 from drivetrain_conformance.launching import START_STEP, Hang, Launch, launch
 from drivetrain_conformance.properties import (
     DEFAULT_TIMEOUT,
@@ -25,6 +26,7 @@ from drivetrain_conformance.properties import (
     WORKER_PROPERTIES,
     not_applicable,
     tolerance_for,
+    unusable_plugin,
 )
 from drivetrain_conformance.static import check_spec
 from drivetrain_conformance.targets import target_name
@@ -531,6 +533,11 @@ def run_suite(
         raise ValueError(f"processes must be >= 1, got {processes}")
     if timeout <= 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    manager = get_plugin_manager()
+    for name in plugins:  # one installed for the launched processes only is checked there
+        problem = unusable_plugin(name, manager.info(name)) if name in manager.discovered() else None
+        if problem is not None:
+            raise ValueError(problem)
     with tempfile.TemporaryDirectory(prefix="drivetrain-conformance-") as scratch:
         workdir = workdir or scratch
         static = {spec: check_spec(spec) for spec in targets}

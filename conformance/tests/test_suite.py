@@ -367,6 +367,22 @@ def test_cli_timeout_must_be_positive():
     assert result.stderr.count("\n") == 1
 
 
+def test_cli_refuses_a_precision_plugin_the_suite_has_no_reference_for():
+    """fp8 acts only for mixed_precision='fp8' (no reference run): named with --plugins it would convert every
+    run, so the suite refuses it in one line instead of failing six properties."""
+    result = subprocess.run(
+        [sys.executable, "-m", "drivetrain.commands.main", "conformance", "local", "--plugins", "fp8"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "--plugins: plugin 'fp8' provides mixed_precision fp8, for which the suite has no reference" in (
+        result.stderr
+    )
+    assert result.stderr.count("\n") == 1
+
+
 def test_cli_unknown_backend_is_a_usage_error():
     result = subprocess.run(
         [sys.executable, "-m", "drivetrain.commands.main", "conformance", "no-such-backend"],
