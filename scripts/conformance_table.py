@@ -34,6 +34,14 @@ From pytest, the `drivetrain_conformance` fixture (registered through the `pytes
 same: `drivetrain_conformance.check("my-backend", processes=2)`. Writing a backend: see
 [the plugin tutorial](plugins/tutorial.md).
 
+Verdicts print on stderr as each property finishes, and the report follows on stdout (`--json` for JSON).
+**A hang is a finding**: each property has a time limit, {timeout} s by default (`--timeout SECONDS`,
+`check(..., timeout=...)`; the set-up steps get five times as much). A property that runs longer is reported
+as failed with where each process waits (the hook, the backend's function, the `torch.distributed` call it
+entered last, the check's line) and the stacks of the stuck processes, taken with `faulthandler`; then a new
+launch goes on with the properties not yet judged (after a backend's second hang, its remaining properties
+are reported as not run). See [testing a backend](plugins/testing.md#a-hang-is-a-finding).
+
 Every property uses the reference backend `local` as its oracle: N processes of the backend must do what
 one `local` process does on the combined batch (same global batch), in weights, AdamW state, learning-rate
 schedule and checkpoints. A property outside the capabilities a backend declares (`PluginInfo.capabilities`)
@@ -54,7 +62,9 @@ reference backend alone — `drivetrain conformance ddp --processes 2 --plugins 
 (`drivetrain_conformance.check("ddp", 2, plugins=("ipex",))` from pytest). The suite runs on the CPU
 (`cpu=True`), so for a device plugin it checks what the plugin does to CPU runs. Results for ipex (which
 runs only in its pinned environment) are in [its guide](ipex.md#conformance), for mps in
-[its guide](mps.md#what-is-tested-where).
+[its guide](mps.md#what-is-tested-where). A precision plugin for a precision the reference backend does not run
+(fp8) is refused with `--plugins`: it acts only for `mixed_precision="fp8"`, for which there is no oracle, and
+named for every run it would convert them all; its own tests check it.
 
 ## Properties
 
@@ -66,11 +76,18 @@ one-process runs compare with `local` directly; the multi-process properties nee
 
 Time for one backend with two processes (`drivetrain conformance NAME --processes 2`: the reference
 backend's oracle launch, the backend's launch, and the one-process launch resuming its checkpoints on
-`local`), measured on this project's 2-core machine shared with other jobs: ddp 78 s (load average 6.2 at
-the start, 8.9 at the end), zero1 90 s (8.9 to 10.0), fsdp 47 s (10.0 to 9.4). The target is under 2
+`local`), measured on this project's 2-core machine shared with other jobs: {timings}. The target is under 2
 minutes per backend. Several backends in one command share those launches
 (`drivetrain conformance ddp fsdp zero1 --processes 2`), as the suite's own tests do.
 """
+
+#: Measured with `drivetrain conformance NAME --processes 2`, one backend at a time (load averages at the
+#: start and the end), DeepSpeed's C++ extension built already (its first build adds minutes).
+TIMINGS = (
+    "ddp 88 s (load average 11.7 at the start, 12.3 at the end), fsdp 86 s (12.3 to 15.8), deepspeed 78 s "
+    "(15.8 to 12.0), megatron 47 s (12.0 to 10.0), zero1 60 s (10.0 to 9.1), bf16-ddp 37 s (9.1 to 7.5), and "
+    "flat-dp (`conformance/tests/newcomer/flat_dp.py`) 65 s (7.5 to 9.3)"
+)
 
 TOLERANCE_TEXT = """
 ## Tolerances
@@ -93,7 +110,10 @@ bit for bit.
 The recipe of `adamw_schedule_matches_local` is what a user trains with: AdamW (lr 0.02, weight decay 0.01),
 a `LambdaLR` schedule, 2 gradient accumulation steps, `clip_grad_norm_` at 0.05 (small enough to clip every
 step), {recipe_steps} optimizer steps, in each declared precision (fp16 with an initial loss scale of 256, so
-that no micro batch overflows on one side only). The reference runs one process on the combined batch and
+that no micro batch overflows on one side only). A backend whose optimizer clips by a setting of its own
+(`Capabilities.clipping_setting`: DeepSpeed's and Megatron's `gradient_clipping`) gets that setting at 0.05
+for the recipe and at 0 everywhere else, as a script would configure it. The reference runs one process on
+the combined batch and
 advances the schedule N steps per optimizer step, as the kernel's `AcceleratedScheduler` does for N
 processes. Learning rates must agree to 1e-6 (relative), weights and AdamW's `exp_avg`/`exp_avg_sq` within the
 tolerances above; AdamW's state is compared where every process holds it (`sharded_state=False`), and for
@@ -130,7 +150,34 @@ reason naming the mistake:
 | `shard_saved_as_whole.py` | every process saves its shard under one file name | checkpoint_resume ("a shard saved as if it were the whole state") | 2 |
 | `dirty_exit.py` | the process exits with code 3 | clean_exit (the CLI test) | 1 |
 
-Cost: one launch per process count for all of them, beside the repository's backends (see below).
+The `flat_dp_*.py` ones are copies of flat-dp (`conformance/tests/newcomer/flat_dp.py`, a data-parallel backend
+without torch's DDP written from the plugin docs alone), each with one mistake a newcomer made or could
+make:
+
+| broken backend | mistake | caught by |
+|---|---|---|
+| `flat_dp_no_broadcast.py` | the wrapper never broadcasts process 0's weights: processes seeded differently train different models | prepare_synchronises_weights ("wrap_model must broadcast the parameters and buffers from process 0") |
+| `flat_dp_broadcast_from_last.py` | broadcasts from the last process | prepare_synchronises_weights ("not process 0's initial ones") |
+| `flat_dp_own_view_saved.py` | every process writes its own view into the checkpoint's shared files | checkpoint_per_process_state ("written by the main process only") |
+| `flat_dp_summed.py` | gradients summed over the processes, not averaged | multi_process_matches_combined_batch ("summed over the processes: average them") |
+| `flat_dp_averaged_in_step.py` | gradients averaged in `optimizer.step()`, after clipping read them | adamw_schedule_matches_local, no_sync ("averaged by the end of the synchronised backward"), checkpoint_portable (resumes that training) |
+| `flat_dp_no_sync_ignored.py` | `no_sync()` does nothing | no_sync |
+| `flat_dp_first_model_only.py` | averages `accelerator.prepared.models[0]` only | no_sync (its second model is prepared by the same Accelerator) |
+| `flat_dp_unscaled_backward.py` | backward re-implemented without the fp16 GradScaler | multi_process_matches_combined_batch, adamw_schedule_matches_local ("scaler.scale(loss") |
+| `flat_dp_deadlock.py` | its collectives' all-reduce receives before it sends: every process waits | collectives, reported as a hang (timed out, each process waiting in `recv`); every other property is still judged |
+
+**Summing without dividing is caught by one property, on purpose.** Adam normalises the gradients' scale and
+the recipe's clipping cuts it, so `adamw_schedule_matches_local` cannot see a factor of N; only
+`multi_process_matches_combined_batch`, which trains with SGD, does. The other properties compare the
+backend with itself (accumulated vs full batches, `no_sync` then a synchronised backward), where the factor
+cancels, or check the gradients' direction only. Keep SGD in that property: it is what catches this mistake.
+
+Two mistakes were caught by no property before `prepare_synchronises_weights` and
+`checkpoint_per_process_state`, since every other property starts all processes from the same weights and
+saves only while they hold the same state.
+
+Cost: one launch per process count for all of them, beside the repository's backends (see below); the
+deadlocked copy runs alone, with a 30 s limit.
 """
 
 
@@ -169,7 +216,10 @@ def main() -> int:
     backends = repository_backends(REPOSITORY, unavailable=unavailable)
     reports = {count: run_suite(backends, processes=count) for count in (1, 2)}
 
-    lines = [INTRO.replace("{where}", _where_table(PROPERTIES))]
+    from drivetrain_conformance.properties import DEFAULT_TIMEOUT
+
+    intro = INTRO.replace("{where}", _where_table(PROPERTIES)).replace("{timings}", TIMINGS)
+    lines = [intro.replace("{timeout}", f"{DEFAULT_TIMEOUT:g}")]
     lines += [f"- **{prop.name}**: {prop.summary}." for prop in PROPERTIES]
     lines.append(
         TOLERANCE_TEXT.format(

@@ -51,6 +51,28 @@ def test_plugins_lists_local_and_ddp_with_hooks_and_json(capsys):
     assert "local" in [r["name"] for r in only_local] and "ddp" not in [r["name"] for r in only_local]
 
 
+def test_plugins_all_shows_every_capability(capsys):
+    """docs/plugins/capabilities.md: `drivetrain plugins --all` shows every declared capability field."""
+    import dataclasses
+
+    from drivetrain.contract.info import Capabilities
+
+    assert main(["plugins", "--all", "--hook", "setup_process_group"]) == 0
+    table = capsys.readouterr().out
+    ddp_line = next(
+        line for line in table.splitlines() if "capabilities:" in line and "mesh_dimensions=" in line
+    )
+    for field in dataclasses.fields(Capabilities):
+        assert f"{field.name}=" in ddp_line, ddp_line
+    assert main(["plugins", "--all", "--json"]) == 0
+    records = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert records["ddp"]["capabilities"]["portable_checkpoints"] is True
+    assert records["ddp"]["capabilities"]["local_gradients"] is True
+    assert records["fsdp"]["capabilities"]["local_gradients"] is False
+    assert records["deepspeed"]["capabilities"]["clipping_setting"] == "gradient_clipping"
+    assert records["fsdp"]["capabilities"]["mesh_dimensions"] == ["dp_shard", "dp_replicate", "tp", "cp"]
+
+
 def test_plugins_reports_missing_library(capsys):
     from drivetrain.contract.info import PluginInfo
     from drivetrain.contract.manager import get_plugin_manager

@@ -113,3 +113,29 @@ def test_tracing_sees_the_per_step_hook(monkeypatch, caplog):
     monkeypatch.setattr(calling, "_emit_trace", traced.append)
     stack.caller("backward")(**ARGUMENTS)
     assert len(traced) == 1 and traced[0].startswith("hook backward -> plugin local")
+
+
+@pytest.mark.parametrize(
+    ("answers", "listed"),  # (backend's, feature's, local's) -> the plugins the trace names
+    [
+        (
+            ("backend", None, True),
+            "p1, p0",
+        ),  # the feature returned None, the backend answered: local never ran
+        ((None, None, True), "p1, p0, local"),
+        ((None, "feature", True), "p1"),
+    ],
+)
+def test_trace_lists_only_the_implementations_that_ran(monkeypatch, answers, listed):
+    """DRIVETRAIN_TRACE_PLUGINS names the implementations that ran, in order, not every one that could have."""
+    monkeypatch.setenv("DRIVETRAIN_TRACE_PLUGINS", "1")
+    import drivetrain.contract.calling as calling
+
+    traced: list[str] = []
+    monkeypatch.setattr(calling, "_emit_trace", traced.append)
+    calls: list[str] = []
+    backend, feature, local = (recording_plugin(calls, name, answer) for name, answer in zip(NAMES, answers))
+    stack = stack_of(backend, feature, fallback=local)
+    stack.caller("backward")(**ARGUMENTS)
+    assert len(traced) == 1 and traced[0].startswith(f"hook backward -> plugin {listed} ("), traced
+    assert len(calls) == len(listed.split(", "))

@@ -8,8 +8,10 @@ reference backend ``local`` (the oracle run, compared by the runner) or from pla
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -316,11 +318,41 @@ def require_direction(what: str, actual: list[torch.Tensor], expected: list[torc
         raise PropertyFailure(f"{what}: off by up to {off:.3g}")
 
 
+#: The likely mistake when a synchronised backward leaves each process's own gradients.
+NOT_AVERAGED_BY_BACKWARD = (
+    "gradients must be averaged by the end of the synchronised backward (accelerator.backward), not later: "
+    "clip_grad_norm_ reads them before optimizer.step()"
+)
+
+
 def no_sync(ctx: Context) -> str:
     accelerator = ctx.accelerator()
     model, optimizer = prepared_with_sgd(accelerator, ctx)
     accelerator.backward(loss_of(model, ctx.batch(0)) + loss_of(model, ctx.batch(1)))
     synchronised_once = current_gradients(model)
+    if ctx.processes > 1:
+        # What one synchronised backward leaves: the processes' gradients averaged (any positive multiple of
+        # the average: the scale is multi_process_matches_combined_batch's business).
+        every = [
+            [
+                a + b
+                for a, b in zip(
+                    reference_gradients(ctx.batch(0, rank)), reference_gradients(ctx.batch(1, rank))
+                )
+            ]
+            for rank in range(ctx.processes)
+        ]
+        averaged = [sum(grads) / ctx.processes for grads in zip(*every)]
+        try:
+            require_direction("", synchronised_once, averaged)
+        except PropertyFailure:
+            own = every[ctx.rank]
+            if max_difference(synchronised_once, own) <= 1e-5 * max(float(t.abs().max()) for t in own):
+                raise PropertyFailure(
+                    "gradients after a synchronised backward are this process's own, not averaged over the "
+                    f"processes: {NOT_AVERAGED_BY_BACKWARD}"
+                ) from None
+            raise
     del model, optimizer
 
     model, optimizer = prepared_with_sgd(accelerator, ctx)
@@ -333,10 +365,19 @@ def no_sync(ctx: Context) -> str:
         reference_gradients(ctx.batch(0)),
     )
     accelerator.backward(loss_of(model, ctx.batch(1)))
+    after = current_gradients(model)
+    own_both = [a + b for a, b in zip(reference_gradients(ctx.batch(0)), reference_gradients(ctx.batch(1)))]
+    if ctx.processes > 1 and max_difference(after, own_both) <= 1e-5 * max(
+        float(t.abs().max()) for t in own_both
+    ):
+        raise PropertyFailure(
+            "gradients after the synchronised backward that follows no_sync() are this process's own, not "
+            f"averaged: {NOT_AVERAGED_BY_BACKWARD}"
+        )
     require_close(
         "gradients after the synchronised backward that follows no_sync() (expected those of one "
         "synchronised backward of both losses)",
-        current_gradients(model),
+        after,
         synchronised_once,
         rtol=1e-4,
     )
@@ -537,6 +578,13 @@ def agree(ctx: Context, problem: str | None) -> None:
         raise PropertyFailure(problem)
 
 
+#: The likely mistake when load_state refuses what save_state wrote.
+MISFIT = (
+    "what save_state wrote does not fit the objects it was saved from: optimizer state saved without "
+    "consolidating its shards, or one process's shard saved as if it were the whole state?"
+)
+
+
 def _load_problem(
     ctx: Context,
     accelerator: Any,
@@ -553,10 +601,8 @@ def _load_problem(
     try:
         accelerator.load_state(folder)
     except Exception as exc:
-        return where + (
-            f"load_state raised {type(exc).__name__}: {' '.join(str(exc).split())[:300]} -- what save_state "
-            "wrote does not fit the objects it was saved from: optimizer state saved without consolidating "
-            "its shards, or one process's shard saved as if it were the whole state?"
+        return (
+            where + f"load_state raised {type(exc).__name__}: {' '.join(str(exc).split())[:300]} -- {MISFIT}"
         )
     if max_difference(parameters_of(model), saved) != 0:
         return where + (
@@ -615,6 +661,143 @@ def checkpoint_resume(ctx: Context) -> str:
             "were restored (random state or gradient scaler state not restored?)"
         )
     return "bit-identical continuation (model, Adam, StepLR)"
+
+
+def prepare_synchronises_weights(ctx: Context) -> str:
+    """Processes seeded differently build different initial weights (a script that seeds by rank, or forgets
+    ``set_seed``); after ``prepare`` every process must hold process 0's, and keep training in step. Every
+    other property starts all processes from the same weights, so only this one sees a backend that never
+    broadcasts them."""
+    from drivetrain import utils as operations
+
+    torch.manual_seed(100 + ctx.rank)
+    model = ConformanceNet()
+    initial = [p.detach().clone() for p in model.parameters()]
+    first = [weights for _, weights in sorted(operations.gather_object([(ctx.rank, initial)]))][0]
+    accelerator = ctx.accelerator()
+    model, optimizer = prepare_training(ctx, accelerator, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    held = parameters_of(model)
+    every = [weights for _, weights in sorted(operations.gather_object([(ctx.rank, held)]))]
+    problem = None
+    if any(max_difference(weights, every[0]) != 0 for weights in every[1:]):
+        problem = (
+            "after prepare the processes hold different weights (they were seeded differently before building "
+            "the model): wrap_model must broadcast the parameters and buffers from process 0 when it wraps "
+            "(torch's DDP does; a wrapper of your own calls torch.distributed.broadcast(tensor, src=0) on each)"
+        )
+    elif max_difference(held, first) != 0:
+        problem = (
+            f"after prepare every process holds the same weights, but not process 0's initial ones (max "
+            f"difference {max_difference(held, first):.3g}): broadcast from process 0"
+        )
+    agree(ctx, problem)
+    train_steps(accelerator, model, optimizer, [ctx.batch(0)])
+    every = [weights for _, weights in sorted(operations.gather_object([(ctx.rank, parameters_of(model))]))]
+    if any(max_difference(weights, every[0]) != 0 for weights in every[1:]):
+        raise PropertyFailure("after one training step from process 0's weights the processes disagree")
+    return "every process holds process 0's initial weights after prepare"
+
+
+def _same(left: list[torch.Tensor], right: list[torch.Tensor]) -> bool:
+    return len(left) == len(right) and all(
+        a.shape == b.shape and torch.equal(a, b) for a, b in zip(left, right)
+    )
+
+
+def checkpoint_per_process_state(ctx: Context) -> str:
+    """A checkpoint taken while the processes hold different state loads back into each process as its
+    own: its random state, its place in its share of a shuffled loader, its shard of a sharded backend's
+    optimizer state; and the model the checkpoint holds is the main process's (the consolidated model of
+    a sharded backend), also where the processes' weights diverged (a step inside ``no_sync()``)."""
+    from drivetrain import utils as operations
+
+    accelerator = ctx.accelerator()
+    model = make_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    count = 4 * ctx.processes * PER_RANK
+    loader = torch.utils.data.DataLoader(torch.arange(count), batch_size=PER_RANK, shuffle=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    batches = iter(loader)
+    next(batches)
+    train_steps(accelerator, model, optimizer, [ctx.batch(0)])
+    caps = ctx.info.capabilities
+    if ctx.processes > 1 and caps.local_gradients and not caps.sharded_state:
+        # Each process steps on its own gradients: the weights diverge, as in a script stepping inside
+        # no_sync(); Accelerate's checkpoint then holds the main process's model.
+        with accelerator.no_sync(model):
+            accelerator.backward(loss_of(model, ctx.batch(1)))
+        optimizer.step()
+        optimizer.zero_grad()
+    every = [weights for _, weights in sorted(operations.gather_object([(ctx.rank, parameters_of(model))]))]
+    main_model = every[0]
+    diverged = any(not _same(weights, main_model) for weights in every[1:])
+    own_state = [t.detach().clone() for t in _state_tensors(optimizer)] if caps.sharded_state else []
+    torch.manual_seed(2000 + ctx.rank)  # each process's own random state
+    folder = os.path.join(ctx.workdir, f"per-process-{ctx.target_id or ctx.backend}")
+    accelerator.save_state(folder)
+    expected_draw = torch.rand(4)
+    expected_batch = next(batches).tolist()
+
+    torch.manual_seed(0)  # whatever the process holds now must not survive the load
+    problem = None
+    where = f"rank {ctx.rank}: " if ctx.processes > 1 else ""
+    try:
+        accelerator.load_state(folder)
+    except Exception as exc:
+        problem = (
+            where + f"load_state raised {type(exc).__name__}: {' '.join(str(exc).split())[:300]} -- {MISFIT}"
+        )
+    agree(ctx, problem)  # every process stops here if one could not load: the steps below are collective
+    if problem is None:
+        draw = torch.rand(4)
+        batch = next(iter(loader)).tolist()
+        loaded = parameters_of(model)
+        if not _same(loaded, main_model):
+            writer = next((r for r, weights in enumerate(every) if r > 0 and _same(loaded, weights)), None)
+            if diverged and writer is not None:
+                problem = (
+                    f"{where}after load_state the model holds process {writer}'s weights, not the main "
+                    "process's: the checkpoint's shared files must be written by the main process only "
+                    "(every process wrote its own view into the same files)"
+                )
+            else:
+                problem = (
+                    f"{where}after load_state the model differs from the main process's model at the save by "
+                    f"{max_difference(loaded, main_model):.3g}: the checkpoint must hold the main process's "
+                    "(consolidated) model"
+                )
+        elif not torch.equal(draw, expected_draw):
+            problem = (
+                f"{where}after load_state the random state is not the one this process saved (each process "
+                "restores its own)"
+            )
+        elif batch != expected_batch:
+            problem = (
+                f"{where}after load_state the loader's next batch is {batch}, expected {expected_batch} (this "
+                "process's share of the batch that followed the save)"
+            )
+        elif caps.sharded_state and not _same([t.detach() for t in _state_tensors(optimizer)], own_state):
+            problem = (
+                f"{where}after load_state the optimizer state this process holds is not the shard it saved"
+            )
+    safetensors_file = os.path.join(folder, "model.safetensors")
+    if problem is None and ctx.info.capabilities.portable_checkpoints and os.path.isfile(safetensors_file):
+        from safetensors.torch import load_file
+
+        stored = load_file(safetensors_file)
+        keys = list(accelerator.unwrap_model(model).state_dict())
+        if set(stored) != set(keys) or not _same([stored[k].float() for k in keys], main_model):
+            problem = (
+                "model.safetensors does not hold the main process's model under the user's module's keys "
+                f"({sorted(stored)[:4]}...): with portable_checkpoints=True the file is the reference format"
+            )
+    agree(ctx, problem)
+    return (
+        "random state, loader position"
+        + (", optimizer shard" if caps.sharded_state else "")
+        + (" and the main process's diverged weights" if diverged else " and the model")
+        + " restored per process"
+    )
 
 
 def unwrap_model(ctx: Context) -> str:
@@ -706,6 +889,31 @@ def recipe_lambda(step: int) -> float:
     return 1.0 / (1.0 + step)
 
 
+#: The backend settings ``drivetrain launch`` hands to the processes (docs/launching.md), as JSON.
+BACKEND_SETTINGS_VARIABLE = "DRIVETRAIN_BACKEND_CONFIG"
+
+
+@contextlib.contextmanager
+def clipping_setting(info: Any, max_norm: float) -> Iterator[None]:
+    """For a backend whose optimizer step clips by a setting of its own configuration
+    (``Capabilities.clipping_setting``: DeepSpeed's and Megatron's ``gradient_clipping``) that setting at
+    ``max_norm`` (0: no clipping) while the block runs, handed over the way ``drivetrain launch
+    --<setting> <max_norm>`` does. Nothing for other backends: they clip in ``clip_grad_norm_`` only."""
+    setting = info.capabilities.clipping_setting if info is not None else None
+    if setting is None:
+        yield
+        return
+    before = os.environ.get(BACKEND_SETTINGS_VARIABLE)
+    os.environ[BACKEND_SETTINGS_VARIABLE] = json.dumps({**json.loads(before or "{}"), setting: max_norm})
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[BACKEND_SETTINGS_VARIABLE]
+        else:
+            os.environ[BACKEND_SETTINGS_VARIABLE] = before
+
+
 class Recipe:
     """One training run of the recipe: AdamW + LambdaLR + 2 accumulation steps + clip_grad_norm_.
 
@@ -729,24 +937,27 @@ class Recipe:
         self.scheduler_bound, self.clip = scheduler_bound, clip
         from drivetrain import GradScalerKwargs
 
-        self.accelerator = ctx.accelerator(
-            mixed_precision=precision,
-            gradient_accumulation_steps=RECIPE_ACCUMULATION,
-            # fp16's default initial loss scale (2**16) overflows on some micro batches and not on others,
-            # so N processes would skip other steps than one process on the combined batch.
-            kwargs_handlers=[GradScalerKwargs(init_scale=256.0)],
-        )
-        model = make_model()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, recipe_lambda)
-        if portable:
-            # A checkpoint resumed on another number of processes: no data loader in it (a loader's position
-            # is refused on another number of processes, by design).
-            self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
-        else:
-            self.model, self.optimizer, self.scheduler = prepare_training(
-                ctx, self.accelerator, model, optimizer, scheduler
+        with clipping_setting(ctx.info, RECIPE_MAX_NORM if clip and not combined else 0.0):
+            self.accelerator = ctx.accelerator(
+                mixed_precision=precision,
+                gradient_accumulation_steps=RECIPE_ACCUMULATION,
+                # fp16's default initial loss scale (2**16) overflows on some micro batches and not on others,
+                # so N processes would skip other steps than one process on the combined batch.
+                kwargs_handlers=[GradScalerKwargs(init_scale=256.0)],
             )
+            model = make_model()
+            optimizer = torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01)
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, recipe_lambda)
+            if portable:
+                # A checkpoint resumed on another number of processes: no data loader in it (a loader's
+                # position is refused on another number of processes, by design).
+                self.model, self.optimizer, self.scheduler = self.accelerator.prepare(
+                    model, optimizer, scheduler
+                )
+            else:
+                self.model, self.optimizer, self.scheduler = prepare_training(
+                    ctx, self.accelerator, model, optimizer, scheduler
+                )
         self.lrs: list[float] = []
 
     def micro_batch(self, step: int, micro: int) -> tuple[torch.Tensor, ...]:
@@ -909,6 +1120,10 @@ DOING = {
     "dataloader_modes": "iterating the loaders shard_dataloader returned",
     "checkpoint_resume": "save_state / load_state of model, Adam and StepLR",
     "checkpoint_portable": "saving, or loading a reference checkpoint (AdamW, LambdaLR, no data loader)",
+    "checkpoint_per_process_state": (
+        "save_state / load_state while the processes hold different random states and weights"
+    ),
+    "prepare_synchronises_weights": "preparing a model whose processes built different initial weights",
     "sharded_state": "counting the model and AdamW state each process holds",
     "unwrap_model": "unwrap_model after a training step",
     "autocast": "forward passes under accelerator.autocast()",
@@ -920,6 +1135,8 @@ CHECKS: dict[str, Callable[[Context], str]] = {
     "multi_process_matches_combined_batch": training,
     "adamw_schedule_matches_local": recipe,
     "checkpoint_portable": checkpoint_portable,
+    "checkpoint_per_process_state": checkpoint_per_process_state,
+    "prepare_synchronises_weights": prepare_synchronises_weights,
     "sharded_state": sharded_state,
     "gradient_accumulation": gradient_accumulation,
     "no_sync": no_sync,

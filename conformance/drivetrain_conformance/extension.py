@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from typing import Any
 
 from drivetrain import hookimpl
 from drivetrain.plugin_api import PluginInfo
@@ -13,6 +15,8 @@ HELP = "Check that a backend keeps the plugin contract: one verdict per property
 
 
 def register_parser(parser: argparse.ArgumentParser) -> None:
+    from drivetrain_conformance.properties import DEFAULT_TIMEOUT
+
     parser.add_argument(
         "backends",
         nargs="+",
@@ -27,7 +31,12 @@ def register_parser(parser: argparse.ArgumentParser) -> None:
         help="run the multi-process properties with N processes (gloo on CPU; default 1)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=600, metavar="SECONDS", help="limit for the whole run"
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="time limit of each property (default %(default)g s): one that runs longer is reported as a "
+        "hang, naming the hook and the collective each process waits in, and the suite goes on",
     )
     parser.add_argument(
         "--plugins",
@@ -44,14 +53,35 @@ def register_parser(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _print_as_it_comes(processes: int) -> Any:
+    """Each verdict on stderr as soon as it is known, one line (stdout keeps the report, with the stacks of a
+    hang, or the JSON)."""
+    from drivetrain_conformance.targets import target_name
+
+    def show(target: str, verdict: Any, seconds: float | None) -> None:
+        took = f" ({seconds:.1f} s)" if seconds is not None else ""
+        reason = f": {verdict.reason}" if verdict.status != "pass" and verdict.reason else ""
+        print(
+            f"[{target_name(target)}, {processes}p] {verdict.status} {verdict.property}{took}{reason}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return show
+
+
 def run(args: argparse.Namespace) -> int:
     from drivetrain.plugin_api import UsageError
     from drivetrain_conformance.runner import run_suite
 
     if args.processes < 1:
         raise UsageError(f"conformance: --processes must be 1 or more, got {args.processes}")
+    timeout = args.timeout
+    if timeout <= 0:
+        raise UsageError(f"conformance: --timeout must be more than 0 seconds, got {args.timeout:g}")
     from drivetrain.plugin_api import PluginError
     from drivetrain.plugin_api.tooling import get_plugin_manager
+    from drivetrain_conformance.properties import unusable_plugin
     from drivetrain_conformance.targets import is_file_target
 
     manager = get_plugin_manager()
@@ -62,14 +92,26 @@ def run(args: argparse.Namespace) -> int:
                 manager.load(name)
             except PluginError as exc:
                 raise UsageError(f"conformance: {exc}") from None
-    reports = run_suite(list(args.backends), processes=args.processes, timeout=args.timeout, plugins=plugins)
+    for name in plugins:
+        problem = unusable_plugin(name, manager.info(name))
+        if problem is not None:
+            raise UsageError(f"conformance: --plugins: {problem}")
+    reports = run_suite(
+        list(args.backends),
+        processes=args.processes,
+        timeout=timeout,
+        plugins=plugins,
+        on_verdict=_print_as_it_comes(args.processes),
+    )
     if getattr(args, "nd", False):
-        from drivetrain_conformance.nd_suite import run_nd_suite
+        from drivetrain_conformance.nd_suite import ND_PROPERTIES, run_nd_suite
 
         for name in list(args.backends):
             if not is_file_target(name):
                 info = manager.info(name)
-                reports[f"{name} (N-D)"] = run_nd_suite(name, info, args.processes, args.timeout)
+                # one launch for every layout: the limit of one property for each of them
+                nd_timeout = timeout * len(ND_PROPERTIES)
+                reports[f"{name} (N-D)"] = run_nd_suite(name, info, args.processes, nd_timeout)
     if args.json:
         print(json.dumps([report.to_json() for report in reports.values()], indent=2))
     else:

@@ -11,6 +11,10 @@ import attrs
 
 from drivetrain.plugin_api import PluginInfo
 
+#: Seconds one property may run (``--timeout``, ``run_suite(timeout=...)``) before the suite reports it as a hang
+#: and goes on with the next: well above the slowest property of an in-tree backend on a loaded 2-core machine
+#: (docs/conformance.md gives the measured times).
+DEFAULT_TIMEOUT = 120.0
 #: Mixed-precision modes the reference backend ``local`` runs, hence the ones the suite has an oracle for.
 REFERENCE_PRECISIONS = ("no", "bf16", "fp16")
 
@@ -62,6 +66,12 @@ PROPERTIES = (
         "worker",
     ),
     Property(
+        "prepare_synchronises_weights",
+        "processes seeded differently before building the model all hold process 0's initial weights after "
+        "prepare",
+        "worker",
+    ),
+    Property(
         "adamw_schedule_matches_local",
         "AdamW + an LR scheduler + gradient accumulation + clipping, in each declared precision, equals the "
         "reference backend on the combined batch: weights, learning rates and (where every process holds it) "
@@ -96,6 +106,13 @@ PROPERTIES = (
         "worker",
     ),
     Property(
+        "checkpoint_per_process_state",
+        "a checkpoint saved while the processes hold different state (random state, loader position, "
+        "optimizer shard, weights diverged under no_sync) loads back into each process as its own; the model "
+        "files hold the main process's (consolidated) model",
+        "worker",
+    ),
+    Property(
         "sharded_state",
         "the sharded_state declaration matches what the processes hold: part of the state on some process, "
         "or all of it on every process",
@@ -110,6 +127,19 @@ PROPERTIES = (
 )
 PROPERTY_NAMES = tuple(prop.name for prop in PROPERTIES)
 WORKER_PROPERTIES = tuple(prop.name for prop in PROPERTIES if prop.where == "worker")
+
+
+def unusable_plugin(name: str, info: PluginInfo) -> str | None:
+    """Why the suite cannot check plugin ``name`` over a backend (``--plugins``), or None. A precision plugin
+    acts only for the ``mixed_precision`` values it provides; named for every run, it would convert runs the
+    reference backend makes in other precisions."""
+    if info.kind == "precision" and not set(info.precisions) & set(REFERENCE_PRECISIONS):
+        return (
+            f"plugin {name!r} provides mixed_precision {', '.join(info.precisions)}, for which the suite has no "
+            f"reference (it checks {', '.join(REFERENCE_PRECISIONS)}); named with --plugins it would act on "
+            "every run. Its own tests check it against training without it"
+        )
+    return None
 
 
 def checked_precisions(info: PluginInfo) -> tuple[str, ...]:
@@ -135,7 +165,7 @@ def not_applicable(name: str, info: PluginInfo, processes: int) -> str | None:
             return "needs --processes 2 or more"
     if name == "checkpoint_portable" and not caps.portable_checkpoints:
         return "the backend declares portable_checkpoints=False (its checkpoints load only on itself)"
-    if name == "sharded_state" and processes < 2:
+    if name in ("sharded_state", "prepare_synchronises_weights") and processes < 2:
         return "needs --processes 2 or more"
     if name == "no_sync" and not caps.local_gradients:
         return (

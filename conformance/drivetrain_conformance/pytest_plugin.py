@@ -19,16 +19,23 @@ class ConformanceFixture:
     def __init__(self, workdir: str) -> None:
         self.workdir = workdir
 
-    def run(self, backend: str, processes: int = 1, plugins: tuple[str, ...] = ()):
+    def run(
+        self, backend: str, processes: int = 1, plugins: tuple[str, ...] = (), timeout: float | None = None
+    ):
         """The :class:`~drivetrain_conformance.Report` for one backend (with ``plugins`` named by every
-        Accelerator of the checks)."""
+        Accelerator of the checks; ``timeout``: each property's limit in seconds, by default
+        ``DEFAULT_TIMEOUT``)."""
+        from drivetrain_conformance.properties import DEFAULT_TIMEOUT
         from drivetrain_conformance.runner import run_suite
 
-        return run_suite([backend], processes=processes, plugins=plugins)[backend]
+        limit = DEFAULT_TIMEOUT if timeout is None else timeout
+        return run_suite([backend], processes=processes, plugins=plugins, timeout=limit)[backend]
 
-    def check(self, backend: str, processes: int = 1, plugins: tuple[str, ...] = ()):
+    def check(
+        self, backend: str, processes: int = 1, plugins: tuple[str, ...] = (), timeout: float | None = None
+    ):
         """Run the suite and fail the test with the verdict table when any property fails."""
-        report = self.run(backend, processes, plugins)
+        report = self.run(backend, processes, plugins, timeout)
         if not report.ok:
             pytest.fail(report.format(), pytrace=False)
         return report

@@ -1,27 +1,40 @@
-"""Running the suite: check the spec here, launch the worker, turn its records into verdicts.
+"""Running the suite: check the spec here, launch the worker, turn its records into verdicts as they come.
 
 One launch checks many backends (``run_suite([...])``): each launch costs seconds of process start-up, so
 the suite's own tests batch the backends they check. The oracle (the reference backend on combined batches,
 for 1..8 processes) is computed once per Python process and reused.
+
+Every step of a launch has a time limit (``timeout``, per property). A property that runs over it is a
+finding: its verdict names the hook and the collective each rank waits in (launching.py), the launch is
+stopped, and the next launch goes on with the properties not yet judged.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
-from drivetrain_conformance import worker
-from drivetrain_conformance.properties import PROPERTIES, not_applicable, tolerance_for
+from drivetrain.plugin_api.tooling import get_plugin_manager
+from drivetrain_conformance.launching import START_STEP, Hang, Launch, launch
+from drivetrain_conformance.properties import (
+    DEFAULT_TIMEOUT,
+    PROPERTIES,
+    WORKER_PROPERTIES,
+    not_applicable,
+    tolerance_for,
+    unusable_plugin,
+)
 from drivetrain_conformance.static import check_spec
 from drivetrain_conformance.targets import target_name
+from drivetrain_conformance.worker import ORACLE_STEP, SETUP_STEP, SHUTDOWN_STEP
 
 PASS, FAIL, NOT_APPLICABLE = "pass", "FAIL", "n/a"
+#: After this many hangs of one backend, its properties not yet run are reported without running them.
+HANGS_PER_BACKEND = 2
 #: The oracle's tensors, keyed "<what>/<precision>/<processes>", for the process counts in _oracle_counts.
 _oracle_cache: dict[str, Any] = {}
 _oracle_counts: set[int] = set()
@@ -45,6 +58,8 @@ class Verdict:
     property: str
     status: str
     reason: str = ""
+    #: for a property that hung: the main thread's stack of every rank when the launch was stopped
+    stacks: str = ""
 
 
 @attrs.define
@@ -74,6 +89,7 @@ class Report:
         lines = [f"drivetrain conformance: backend {self.backend!r}{named}, {self.processes} process(es)"]
         for v in self.verdicts:
             lines.append(f"  {v.status:<4}  {v.property:<{width}}  {v.reason}".rstrip())
+            lines += [f"        {line}" for line in v.stacks.splitlines()]
         failed = self.failed
         lines.append(
             f"{len(failed)} failed: {', '.join(failed)}" if failed else "all applicable properties pass"
@@ -90,65 +106,27 @@ class Report:
         }
 
 
-@attrs.define
-class Launch:
-    returncode: int | None
-    output: str
-    records: dict[int, list[dict]]
-    tensors_dir: str
-
-
-def _launch(args: list[str], processes: int, workdir: str, timeout: float) -> Launch:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TMPDIR": workdir}
-    if processes == 1:
-        command = [sys.executable, worker.__file__, *args]
-    else:
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={processes}",
-            "--monitor_interval=0.1",
-            worker.__file__,
-            *args,
-        ]
-    try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-        returncode, output = done.returncode, done.stdout + done.stderr
-    except subprocess.TimeoutExpired as exc:
-        returncode = None
-        output = f"timed out after {timeout:.0f} s\n" + "".join(
-            part.decode(errors="replace") if isinstance(part, bytes) else (part or "")
-            for part in (exc.stdout, exc.stderr)
-        )
-    records = {}
-    for rank in range(processes):
-        path = os.path.join(workdir, f"rank{rank}.jsonl")
-        records[rank] = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
-    return Launch(returncode, output, records, workdir)
-
-
 def _oracle_args(processes: int) -> list[str]:
     return ["--oracle", str(processes), "--checkpoints", _checkpoints_dir()]
 
 
-def oracle_tensors(processes: int = 1, timeout: float = 300) -> dict[str, Any]:
+def oracle_tensors(processes: int = 1, timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
     """The reference backend on the combined batches of ``processes`` processes (computed once per process
     count in this Python process)."""
     if processes not in _oracle_counts:
         with tempfile.TemporaryDirectory(prefix="drivetrain-oracle-") as workdir:
-            launch = _launch([*_oracle_args(processes), "--out", workdir], 1, workdir, timeout)
-            _store_oracle(launch, processes)
+            done = launch([*_oracle_args(processes), "--out", workdir], 1, workdir, timeout)
+            _store_oracle(done, processes)
     return _oracle_cache
 
 
-def _store_oracle(launch: Launch, processes: int) -> None:
+def _store_oracle(done: Launch, processes: int) -> None:
     import torch
 
-    path = os.path.join(launch.tensors_dir, "oracle.rank0.pt")
+    path = os.path.join(done.tensors_dir, "oracle.rank0.pt")
     if not os.path.exists(path):
-        raise RuntimeError(f"the reference backend's oracle run failed:\n{launch.output[-4000:]}")
+        why = done.hang.describe() if done.hang is not None else done.output[-4000:]
+        raise RuntimeError(f"the reference backend's oracle run failed:\n{why}")
     _oracle_cache.update(torch.load(path))
     _oracle_counts.add(processes)
 
@@ -284,7 +262,8 @@ def _recipe_verdict(target_id: str, launch: Launch, processes: int, info: Any) -
                     f"{tolerance.atol:g} + {tolerance.rtol:g}*|ref|) with a matching learning rate schedule: "
                     "check mixed precision (autocast's dtype, loss scaling), gradient accumulation (the loss is "
                     "divided by the accumulation steps once), clip_grad_norm_ (the norm of the whole model, "
-                    "after unscaling) and the optimizer step"
+                    "after unscaling; gradients must be averaged by the end of the synchronised backward, "
+                    "since clipping reads them before optimizer.step()) and the optimizer step"
                 )
             moments = tensors.get(f"{key}/moments")
             expected_moments = _oracle_cache.get(f"{reference}/moments")
@@ -362,18 +341,25 @@ def _portable_verdict(
 
 
 def _worker_verdict(
-    prop: str, target_id: str, launch: Launch, processes: int, info: Any, on_local: Launch | None = None
+    prop: str,
+    target_id: str,
+    launch: Launch,
+    processes: int,
+    info: Any,
+    results: dict[int, dict],
+    on_local: Launch | None = None,
 ) -> Verdict:
+    """The verdict on ``prop`` from every rank's result record (``results``) and the tensors they saved."""
     details = {}
     for rank in range(processes):
-        mine = [r for r in launch.records[rank] if r.get("target") == target_id and r.get("property") == prop]
-        if not mine:
-            why = "timed out" if launch.returncode is None else f"exit code {launch.returncode}"
+        mine = results.get(rank)
+        if mine is None:
+            why = f"exit code {launch.returncode}" if launch.returncode is not None else "stopped"
             return Verdict(prop, FAIL, f"no result from rank {rank} ({why}): {_tail(launch.output)}")
-        if not mine[0]["ok"]:
-            prefix = f"rank {rank}: " if processes > 1 and not mine[0]["detail"].startswith("rank ") else ""
-            return Verdict(prop, FAIL, prefix + mine[0]["detail"])
-        details[rank] = mine[0]["detail"]
+        if not mine["ok"]:
+            prefix = f"rank {rank}: " if processes > 1 and not mine["detail"].startswith("rank ") else ""
+            return Verdict(prop, FAIL, prefix + mine["detail"])
+        details[rank] = mine["detail"]
     if prop in ("one_process_matches_local", "multi_process_matches_combined_batch"):
         try:
             ok, detail = _training_verdict(target_id, launch, processes, info)
@@ -397,8 +383,8 @@ def _exit_verdict(launch: Launch, processes: int) -> Verdict:
     unfinished = [
         rank for rank in range(processes) if not any(r.get("finished") for r in launch.records[rank])
     ]
-    if launch.returncode is None:
-        return Verdict("clean_exit", FAIL, f"the run timed out: {_tail(launch.output)}")
+    if launch.hang is not None:
+        return Verdict("clean_exit", FAIL, launch.hang.describe(), _stacks_of(launch.hang))
     if launch.returncode != 0 or unfinished or "terminate called" in launch.output:
         what = f"exit code {launch.returncode}" + (
             f", ranks {unfinished} did not finish" if unfinished else ""
@@ -407,80 +393,231 @@ def _exit_verdict(launch: Launch, processes: int) -> Verdict:
     return Verdict("clean_exit", PASS, f"exit code 0 on {processes} rank(s)")
 
 
+def _stacks_of(hang: Hang) -> str:
+    return "\n".join(
+        f"rank {rank}, main thread (most recent call first):\n{stack}"
+        for rank, stack in sorted(hang.stacks.items())
+        if stack
+    )
+
+
+#: ``on_verdict(target, verdict, seconds)``: called as each verdict is known (seconds: the property's
+#: duration on its slowest rank, None for verdicts that need no run)
+VerdictCallback = Callable[[str, Verdict, "float | None"], None]
+
+
+class _Run:
+    """The verdicts of one :func:`run_suite` call, judged as the ranks' records come in."""
+
+    def __init__(
+        self,
+        targets: list[str],
+        static: dict[str, tuple[str | None, Any]],
+        processes: int,
+        workdir: str,
+        on_verdict: VerdictCallback | None,
+    ) -> None:
+        self.targets, self.static, self.processes = targets, static, processes
+        self.ids = {spec: f"t{index}" for index, spec in enumerate(targets)}
+        self.spec_of = {target_id: spec for spec, target_id in self.ids.items()}
+        self.on_verdict = on_verdict
+        self.verdicts: dict[str, dict[str, Verdict]] = {spec: {} for spec in targets}
+        #: (target id, property) -> rank -> the rank's result record
+        self.results: dict[tuple[str, str], dict[int, dict]] = {}
+        #: checkpoint_portable results waiting for the reference backend's resume launch
+        self.deferred: set[str] = set()
+        self.skipped: set[str] = set()  # target ids not to run again
+        self.hangs: dict[str, list[str]] = {}
+        #: stands for the launch in progress where verdicts read the saved tensors
+        self.current = Launch(None, "", {}, workdir)
+
+    def give(self, spec: str, verdict: Verdict, seconds: float | None = None) -> None:
+        self.verdicts[spec][verdict.property] = verdict
+        if self.on_verdict is not None:
+            self.on_verdict(spec, verdict, seconds)
+
+    def info(self, spec: str) -> Any:
+        return self.static[spec][1]
+
+    def remaining(self, spec: str) -> list[str]:
+        """Worker properties of ``spec`` that apply here and have no verdict (nor a deferred one) yet."""
+        return [
+            prop
+            for prop in WORKER_PROPERTIES
+            if prop not in self.verdicts[spec]
+            and not (prop == "checkpoint_portable" and spec in self.deferred)
+            and not_applicable(prop, self.info(spec), self.processes) is None
+        ]
+
+    def record(self, rank: int, record: dict) -> None:
+        """One record of a rank, as the launch writes it: judge a property once every rank reported it."""
+        target_id, prop = record.get("target"), record.get("property")
+        if prop == ORACLE_STEP and self.processes not in _oracle_counts:
+            if os.path.exists(os.path.join(self.current.tensors_dir, "oracle.rank0.pt")):
+                _store_oracle(self.current, 1)
+            return
+        spec = self.spec_of.get(target_id or "")
+        if spec is None or prop not in WORKER_PROPERTIES or "ok" not in record:
+            return
+        results = self.results.setdefault((target_id, prop), {})
+        results[rank] = record
+        if len(results) < self.processes or prop in self.verdicts[spec]:
+            return
+        if prop == "checkpoint_portable" and all(r["ok"] for r in results.values()):
+            self.deferred.add(spec)
+            return
+        verdict = _worker_verdict(prop, target_id, self.current, self.processes, self.info(spec), results)
+        self.give(spec, verdict, max(r.get("seconds", 0.0) for r in results.values()))
+
+    def skip_arguments(self) -> list[str]:
+        pairs = []
+        for spec, target_id in self.ids.items():
+            if target_id in self.skipped or not self.remaining(spec):
+                pairs.append(f"{target_id}:*")
+            else:
+                pairs += [
+                    f"{target_id}:{prop}" for prop in WORKER_PROPERTIES if prop not in self.remaining(spec)
+                ]
+        return ["--skip", ",".join(pairs)] if pairs else []
+
+    def fail_remaining(self, spec: str, reason: str, stacks: str = "") -> None:
+        for index, prop in enumerate(self.remaining(spec)):
+            self.give(spec, Verdict(prop, FAIL, reason, stacks if index == 0 else ""))  # the stacks once
+        self.skipped.add(self.ids[spec])
+
+    def after_hang(self, hang: Hang) -> bool:
+        """Turn a hang into verdicts; whether the next launch should go on with what is left."""
+        spec = self.spec_of.get(hang.target)
+        stacks = _stacks_of(hang)
+        if hang.step == SHUTDOWN_STEP:
+            return False  # every property was judged; clean_exit reports the hang
+        if spec is None or hang.step in (START_STEP, ORACLE_STEP):
+            what = "the processes did not start" if hang.step == START_STEP else "the reference backend hung"
+            for each in self.targets:
+                if self.info(each) is not None:
+                    self.fail_remaining(each, f"not run: {what}: {hang.describe()}", stacks)
+            return False
+        if hang.step in WORKER_PROPERTIES:
+            self.give(spec, Verdict(hang.step, FAIL, hang.describe(), stacks), hang.limit)
+            self.hangs.setdefault(spec, []).append(hang.step)
+            if len(self.hangs[spec]) >= HANGS_PER_BACKEND:
+                self.fail_remaining(
+                    spec,
+                    f"not run: the backend hung {len(self.hangs[spec])} times (in {', '.join(self.hangs[spec])}); "
+                    "fix those first",
+                )
+            return True
+        where = "starting the backend" if hang.step == SETUP_STEP else f"between properties ({hang.step})"
+        self.fail_remaining(spec, f"not run: the backend hung while {where}: {hang.describe()}", stacks)
+        return True
+
+
 def run_suite(
     targets: list[str],
     processes: int = 1,
-    timeout: float = 600,
+    timeout: float = DEFAULT_TIMEOUT,
     workdir: str | None = None,
     plugins: tuple[str, ...] = (),
+    on_verdict: VerdictCallback | None = None,
 ) -> dict[str, Report]:
     """Check every backend in ``targets`` (installed plugin names or ``.py`` files) with ``processes``
     processes in one launch. Returns a :class:`Report` per target, keyed by the target as given.
+
+    ``timeout`` limits each property (seconds): one that runs longer is reported as a hang, naming where each
+    rank waits, and a new launch goes on with the properties not yet judged. ``on_verdict(target, verdict,
+    seconds)`` is called as each verdict is known (the CLI prints them as they come).
 
     ``plugins`` are named by every Accelerator the checks build (``Accelerator(plugins=[...])``), so a device
     or feature plugin is checked over each backend, against the oracle of the reference backend alone."""
     if processes < 1:
         raise ValueError(f"processes must be >= 1, got {processes}")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    manager = get_plugin_manager()
+    for name in plugins:  # one installed for the launched processes only is checked there
+        problem = unusable_plugin(name, manager.info(name)) if name in manager.discovered() else None
+        if problem is not None:
+            raise ValueError(problem)
     with tempfile.TemporaryDirectory(prefix="drivetrain-conformance-") as scratch:
         workdir = workdir or scratch
         static = {spec: check_spec(spec) for spec in targets}
-        ids = {spec: f"t{index}" for index, spec in enumerate(targets)}
-        launched = [
-            spec
-            for spec in targets
-            if static[spec][1] is not None
-            and any(
-                not_applicable(p.name, static[spec][1], processes) is None
-                for p in PROPERTIES
-                if p.where == "worker"
-            )
-        ]
-        args = ["--out", workdir, "--targets", ",".join(f"{ids[spec]}={spec}" for spec in launched)]
-        args += ["--checkpoints", _checkpoints_dir()]
+        run = _Run(targets, static, processes, workdir, on_verdict)
+        for spec in targets:
+            problem, info = static[spec]
+            run.give(spec, Verdict("hooks_match_spec", FAIL if problem else PASS, problem or ""))
+            for prop in PROPERTIES[1:]:
+                if info is None:
+                    run.give(spec, Verdict(prop.name, FAIL, "not run: the backend did not load"))
+                elif (reason := not_applicable(prop.name, info, processes)) is not None:
+                    run.give(spec, Verdict(prop.name, NOT_APPLICABLE, reason))
+        launched = [spec for spec in targets if static[spec][1] is not None and run.remaining(spec)]
+        args = ["--out", workdir, "--checkpoints", _checkpoints_dir()]
+        args += ["--targets", ",".join(f"{run.ids[spec]}={spec}" for spec in launched)]
         if plugins:
             args += ["--plugins", ",".join(plugins)]
-        launch = Launch(0, "", {rank: [{"finished": True}] for rank in range(processes)}, workdir)
+        final = Launch(0, "", {rank: [{"finished": True}] for rank in range(processes)}, workdir)
         on_local = None
         if launched:
             # One process: the oracle runs first in the same launch (a launch costs seconds of start-up).
             with_oracle = processes == 1 and processes not in _oracle_counts
             if not with_oracle:
                 oracle_tensors(processes, timeout)
-            launch = _launch(args + (["--oracle", "1"] if with_oracle else []), processes, workdir, timeout)
-            if with_oracle:
-                _store_oracle(launch, processes)
+            for number in range(len(WORKER_PROPERTIES) * len(launched) + 1):
+                oracle = ["--oracle", "1"] if with_oracle and 1 not in _oracle_counts else []
+                final = launch(
+                    args + oracle + run.skip_arguments(), processes, workdir, timeout, number, run.record
+                )
+                run.current = final
+                if oracle and final.hang is None and 1 not in _oracle_counts:
+                    _store_oracle(final, processes)  # raises, with the launch's output: the oracle failed
+                if final.hang is None or not run.after_hang(final.hang):
+                    break
+            for spec in launched:  # a rank that crashed leaves properties without every rank's result
+                for prop in run.remaining(spec):
+                    results = run.results.get((run.ids[spec], prop), {})
+                    run.give(
+                        spec, _worker_verdict(prop, run.ids[spec], final, processes, run.info(spec), results)
+                    )
             portable = [
-                spec
-                for spec in launched
-                if not_applicable("checkpoint_portable", static[spec][1], processes) is None
-                and os.path.isdir(os.path.join(workdir, f"portable-{ids[spec]}"))
+                spec for spec in launched if os.path.isdir(os.path.join(workdir, f"portable-{run.ids[spec]}"))
             ]
             if portable:
                 # Every portable backend's checkpoint resumed by the reference backend, in one more launch.
                 resume_dir = os.path.join(workdir, "on-local")
                 os.makedirs(resume_dir)
                 pairs = ",".join(
-                    f"{ids[spec]}={os.path.join(workdir, 'portable-' + ids[spec])}" for spec in portable
+                    f"{run.ids[spec]}={os.path.join(workdir, 'portable-' + run.ids[spec])}"
+                    for spec in portable
                 )
-                on_local = _launch(
+                on_local = launch(
                     ["--out", resume_dir, "--resume-on-local", pairs, "--as-processes", str(processes)],
                     1,
                     resume_dir,
                     timeout,
                 )
+            for spec in sorted(run.deferred, key=targets.index):
+                target_id = run.ids[spec]
+                results = run.results[(target_id, "checkpoint_portable")]
+                if on_local is not None and on_local.hang is not None and on_local.hang.target == target_id:
+                    verdict = Verdict(
+                        "checkpoint_portable",
+                        FAIL,
+                        f"the reference backend hung resuming this backend's checkpoint: {on_local.hang.describe()}",
+                        _stacks_of(on_local.hang),
+                    )
+                else:
+                    verdict = _worker_verdict(
+                        "checkpoint_portable", target_id, final, processes, run.info(spec), results, on_local
+                    )
+                    recipe = run.verdicts[spec].get("adamw_schedule_matches_local")
+                    if verdict.status == FAIL and recipe is not None and recipe.status == FAIL:
+                        reason = f"{verdict.reason} (adamw_schedule_matches_local, whose training this resumes, fails too: fix it first)"
+                        verdict = attrs.evolve(verdict, reason=reason)
+                run.give(spec, verdict)
         reports = {}
         for spec in targets:
-            problem, info = static[spec]
-            verdicts = [Verdict("hooks_match_spec", FAIL if problem else PASS, problem or "")]
-            for prop in PROPERTIES[1:]:
-                reason = not_applicable(prop.name, info, processes) if info is not None else None
-                if info is None:
-                    verdicts.append(Verdict(prop.name, FAIL, "not run: the backend did not load"))
-                elif reason is not None:
-                    verdicts.append(Verdict(prop.name, NOT_APPLICABLE, reason))
-                elif prop.where == "launch":
-                    verdicts.append(_exit_verdict(launch, processes))
-                else:
-                    verdicts.append(_worker_verdict(prop.name, ids[spec], launch, processes, info, on_local))
+            if static[spec][1] is not None and "clean_exit" not in run.verdicts[spec]:
+                run.give(spec, _exit_verdict(final, processes))
+            verdicts = [run.verdicts[spec][prop.name] for prop in PROPERTIES]
             reports[spec] = Report(target_name(spec), processes, verdicts, tuple(plugins))
         return reports

@@ -16,6 +16,8 @@ from drivetrain_conformance.static import check_spec
 
 HERE = Path(__file__).parent
 BROKEN = HERE / "broken"
+#: flat-dp, the second backend written from the docs alone (README.md there); its broken copies are in broken/
+NEWCOMER = HERE / "newcomer" / "flat_dp.py"
 REPOSITORY = HERE.parents[1]
 TEMPLATE = REPOSITORY / "contrib" / "plugin-template"
 
@@ -39,19 +41,70 @@ BROKEN_BACKENDS = {
     "no_sync_ignored.py": (("no_sync",), 2, "inside no_sync()"),
     "unsharded_loader.py": (("dataloader_modes",), 2, "its own share of every batch"),
     "rng_unsynchronised.py": (("dataloader_modes",), 2, "random state is not synchronised"),
-    "unconsolidated_save.py": (("checkpoint_resume", "checkpoint_portable"), 2, "consolidat"),
-    "shard_saved_as_whole.py": (("checkpoint_resume",), 2, "shard"),
+    "unconsolidated_save.py": (
+        ("checkpoint_resume", "checkpoint_portable", "checkpoint_per_process_state"),
+        2,
+        "consolidat",
+    ),
+    "shard_saved_as_whole.py": (("checkpoint_resume", "checkpoint_per_process_state"), 2, "shard"),
+    # flat-dp's deliberately broken copies: the eight mistakes of issue 30, tried on a backend written from the
+    # docs. The first two were caught by no property before prepare_synchronises_weights and
+    # checkpoint_per_process_state; summing without dividing is caught by one property on purpose.
+    "flat_dp_no_broadcast.py": (
+        ("prepare_synchronises_weights",),
+        2,
+        "wrap_model must broadcast the parameters and buffers from process 0",
+    ),
+    "flat_dp_broadcast_from_last.py": (
+        ("prepare_synchronises_weights",),
+        2,
+        "but not process 0's initial ones",
+    ),
+    "flat_dp_own_view_saved.py": (
+        ("checkpoint_per_process_state",),
+        2,
+        "written by the main process only (every process wrote its own view",
+    ),
+    "flat_dp_summed.py": (
+        ("multi_process_matches_combined_batch",),
+        2,
+        "summed over the processes: average them",
+    ),
+    "flat_dp_averaged_in_step.py": (
+        ("adamw_schedule_matches_local", "no_sync", "checkpoint_portable"),
+        2,
+        {
+            "adamw_schedule_matches_local": "averaged by the end of the synchronised backward",
+            "no_sync": "averaged by the end of the synchronised backward",
+            "checkpoint_portable": "adamw_schedule_matches_local, whose training this resumes, fails too",
+        },
+    ),
+    "flat_dp_no_sync_ignored.py": (("no_sync",), 2, "inside no_sync()"),
+    "flat_dp_first_model_only.py": (
+        ("no_sync",),
+        2,
+        "after the synchronised backward that follows no_sync()",
+    ),
+    "flat_dp_unscaled_backward.py": (
+        ("multi_process_matches_combined_batch", "adamw_schedule_matches_local"),
+        2,
+        "scaler.scale(loss",
+    ),
 }
+#: A broken copy that deadlocks: run alone with a short per-property limit (a hang costs the whole limit).
+DEADLOCK = BROKEN / "flat_dp_deadlock.py"
+DEADLOCK_LIMIT_S = 30.0
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _megatron_without_default_clipping():
-    """The megatron backend clips gradients to 1.0 in its optimizer step by default (Accelerate's default);
-    the oracle does not clip, so the processes this module launches turn that off (Accelerate's variable).
-    Module-scoped and undone after: other tests' megatron runs keep the default."""
+def _newcomer_importable():
+    """flat-dp's broken copies import it by its module name: here (the suite loads a backend to check its
+    hooks) and in the processes the suite launches."""
     with pytest.MonkeyPatch.context() as patch:
-        if "MEGATRON_LM_GRADIENT_CLIPPING" not in os.environ:
-            patch.setenv("MEGATRON_LM_GRADIENT_CLIPPING", "0")
+        patch.syspath_prepend(str(NEWCOMER.parent))
+        patch.setenv(
+            "PYTHONPATH", os.pathsep.join(filter(None, [str(NEWCOMER.parent), os.environ.get("PYTHONPATH")]))
+        )
         yield
 
 
@@ -59,14 +112,7 @@ def _megatron_without_default_clipping():
 REPOSITORY_BACKENDS = repository_backends(REPOSITORY, ("plugins",))
 
 #: Known, open failures: strict, so the test turns red the day the backend is fixed and this entry must go.
-_DEEPSPEED_CLIPS_BY_CONFIG = (
-    "deepspeed clips by its config's gradient_clipping, not in accelerator.clip_grad_norm_ (as Accelerate does): "
-    "adamw_schedule_matches_local reports that the weights equal training without clipping"
-)
-KNOWN_FAILURES: dict[tuple[str, int], str] = {
-    ("deepspeed", 1): _DEEPSPEED_CLIPS_BY_CONFIG,
-    ("deepspeed", 2): _DEEPSPEED_CLIPS_BY_CONFIG,
-}
+KNOWN_FAILURES: dict[tuple[str, int], str] = {}
 
 
 def _with_known_failures(processes: int) -> list:
@@ -99,9 +145,10 @@ def one_process(rendered_template, tmp_path_factory):
     targets = [
         *_broken(1),
         str(rendered_template / "drivetrain_fresh_backend" / "plugin.py"),
+        str(NEWCOMER),
         *REPOSITORY_BACKENDS,
     ]
-    return run_suite(targets, processes=1, workdir=str(tmp_path_factory.mktemp("one")), timeout=300)
+    return run_suite(targets, processes=1, workdir=str(tmp_path_factory.mktemp("one")))
 
 
 @pytest.fixture(scope="module")
@@ -109,9 +156,10 @@ def two_processes(rendered_template, tmp_path_factory):
     targets = [
         *_broken(2),
         str(rendered_template / "drivetrain_fresh_backend" / "plugin.py"),
+        str(NEWCOMER),
         *REPOSITORY_BACKENDS,
     ]
-    return run_suite(targets, processes=2, workdir=str(tmp_path_factory.mktemp("two")), timeout=300)
+    return run_suite(targets, processes=2, workdir=str(tmp_path_factory.mktemp("two")))
 
 
 def _statuses(report) -> dict[str, str]:
@@ -142,12 +190,13 @@ def test_repository_backend_passes_in_two_processes(two_processes, name):
 
 def _assert_caught(report, name: str) -> None:
     """The broken backend fails exactly the properties meant to catch it, each reason naming the mistake
-    (never only a torch error)."""
+    (never only a torch error): ``words`` in every one, or per property."""
     properties, _, words = BROKEN_BACKENDS[name]
     assert report.failed == list(properties), report.format()
     for verdict in report.verdicts:
         if verdict.property in properties:
-            assert words in verdict.reason, report.format()
+            expected = words if isinstance(words, str) else words[verdict.property]
+            assert expected in verdict.reason, report.format()
 
 
 @pytest.mark.parametrize("name", [n for n, (_, p, _) in BROKEN_BACKENDS.items() if p == 1])
@@ -159,6 +208,69 @@ def test_broken_backend_fails_exactly_its_property_in_one_process(one_process, n
 @pytest.mark.parametrize("name", [n for n, (_, p, _) in BROKEN_BACKENDS.items() if p == 2])
 def test_broken_backend_fails_exactly_its_property_in_two_processes(two_processes, name):
     _assert_caught(two_processes[str(BROKEN / name)], name)
+
+
+def test_newcomer_backend_passes_in_one_process(one_process):
+    """flat-dp, written from the docs alone, passes every property with one process (its hooks then hand
+    everything to the reference backend)."""
+    report = one_process[str(NEWCOMER)]
+    assert report.ok, report.format()
+    assert report.status("one_process_matches_local") == "pass", report.format()
+
+
+@pytest.mark.multiprocess
+def test_newcomer_backend_passes_in_two_processes(two_processes):
+    """With two processes flat-dp does its own work: broadcast at wrap, one flat all-reduce per synchronised
+    backward, no_sync for accumulation; every applicable property passes, the new ones included."""
+    report = two_processes[str(NEWCOMER)]
+    assert report.ok, report.format()
+    for name in (
+        "multi_process_matches_combined_batch",
+        "prepare_synchronises_weights",
+        "adamw_schedule_matches_local",
+        "no_sync",
+        "checkpoint_portable",
+        "checkpoint_per_process_state",
+    ):
+        assert report.status(name) == "pass", report.format()
+    assert "diverged weights" in next(
+        v.reason for v in report.verdicts if v.property == "checkpoint_per_process_state"
+    ), report.format()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_deadlocked_backend_is_reported_with_where_each_process_waits_and_the_suite_goes_on(tmp_path):
+    """A hang is a finding: flat-dp whose all-reduce receives before it sends deadlocks in collectives. The
+    verdict arrives (streamed) as soon as the limit passes, names the property, each process's collective and
+    the check's line, carries the stacks; the next launch judges every other property."""
+    streamed = []
+    report = run_suite(
+        [str(DEADLOCK)],
+        processes=2,
+        timeout=DEADLOCK_LIMIT_S,
+        workdir=str(tmp_path),
+        on_verdict=lambda target, verdict, seconds: streamed.append(
+            (verdict.property, verdict.status, seconds)
+        ),
+    )[str(DEADLOCK)]
+    assert report.failed == ["collectives"], report.format()
+    verdict = next(v for v in report.verdicts if v.property == "collectives")
+    assert verdict.reason.startswith(f"timed out after {DEADLOCK_LIMIT_S:g} s (the per-property limit"), (
+        verdict.reason
+    )
+    for rank in (0, 1):
+        assert f"rank {rank}: in reduce (accelerator.py:" in verdict.reason, verdict.reason
+    assert verdict.reason.count("waiting in torch.distributed's recv") == 2, verdict.reason
+    assert verdict.reason.count("in the backend's all_reduce (flat_dp_deadlock.py:") == 2, verdict.reason
+    assert "called from checks.py:" in verdict.reason and "in collectives" in verdict.reason
+    assert "flat_dp_deadlock.py" in verdict.stacks and "rank 1, main thread" in verdict.stacks
+    # streamed in order: the hang as soon as it was found, before the properties that run after it
+    order = [prop for prop, _, _ in streamed]
+    assert ("collectives", "FAIL", DEADLOCK_LIMIT_S) in streamed
+    assert order.index("collectives") < order.index("dataloader_modes") < order.index("clean_exit")
+    statuses = _statuses(report)
+    assert statuses["dataloader_modes"] == statuses["second_accelerator"] == statuses["clean_exit"] == "pass"
 
 
 def test_rendered_template_is_a_ready_package(rendered_template, one_process):
@@ -236,6 +348,39 @@ def test_cli_prints_one_verdict_per_property_and_fails_on_a_dirty_exit(tmp_path)
     assert "exit code 3" in result.stdout
     assert [p for p, status in lines.items() if status == "FAIL"] == ["clean_exit"]
     assert len(lines) == len(PROPERTIES)
+    # each verdict also streamed on stderr as it came, with its duration for the properties that ran
+    streamed = [line for line in result.stderr.splitlines() if line.startswith("[dirty-exit, 1p] ")]
+    assert len(streamed) == len(PROPERTIES), result.stderr
+    assert "[dirty-exit, 1p] pass collectives (" in result.stderr
+    assert "[dirty-exit, 1p] FAIL clean_exit: exit code 3" in result.stderr
+
+
+def test_cli_timeout_must_be_positive():
+    result = subprocess.run(
+        [sys.executable, "-m", "drivetrain.commands.main", "conformance", "local", "--timeout", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "--timeout must be more than 0 seconds, got 0" in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_cli_refuses_a_precision_plugin_the_suite_has_no_reference_for():
+    """fp8 acts only for mixed_precision='fp8' (no reference run): named with --plugins it would convert every
+    run, so the suite refuses it in one line instead of failing six properties."""
+    result = subprocess.run(
+        [sys.executable, "-m", "drivetrain.commands.main", "conformance", "local", "--plugins", "fp8"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "--plugins: plugin 'fp8' provides mixed_precision fp8, for which the suite has no reference" in (
+        result.stderr
+    )
+    assert result.stderr.count("\n") == 1
 
 
 def test_cli_unknown_backend_is_a_usage_error():

@@ -16,6 +16,7 @@ Run as ``python -m drivetrain.commands.plugin_probe FD PARENT_PID [--all] [NAME.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import selectors
@@ -90,11 +91,10 @@ def plugin_record(manager: Any, name: str, detailed: bool) -> dict[str, Any]:
         entry.update(
             description=info.description,
             contract=info.contract,
+            # every declared field (docs/plugins/capabilities.md), tuples as JSON lists
             capabilities={
-                "multi_process": info.capabilities.multi_process,
-                "sharded_state": info.capabilities.sharded_state,
-                "precisions": list(info.capabilities.precisions),
-                "devices": list(info.capabilities.devices),
+                field.name: _plain(getattr(info.capabilities, field.name))
+                for field in dataclasses.fields(info.capabilities)
             },
             commands=sorted(k for k, v in extensions.commands.items() if v[0] == name),
             trackers=sorted(k for k, v in extensions.trackers.items() if v[0] == name),
@@ -102,6 +102,10 @@ def plugin_record(manager: Any, name: str, detailed: bool) -> dict[str, Any]:
             launch_options=any(owner == name for owner, _ in extensions.launch_options),
         )
     return entry
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
 
 def broken_record(name: str, problem: str) -> dict[str, Any]:

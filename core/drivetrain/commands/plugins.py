@@ -44,6 +44,10 @@ def plugin_records(hook: str | None = None, detailed: bool = False) -> list[dict
     return records
 
 
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
 def format_table(records: list[dict[str, Any]], detailed: bool) -> str:
     if not records:
         return "no plugins found"
@@ -64,12 +68,8 @@ def format_table(records: list[dict[str, Any]], detailed: bool) -> str:
         if detailed and entry["kind"] is not None:
             if entry["description"]:
                 lines.append(f"    {entry['description']}")
-            caps = entry["capabilities"]
-            lines.append(
-                f"    capabilities: multi_process={caps['multi_process']}, sharded_state="
-                f"{caps['sharded_state']}, precisions={','.join(caps['precisions'])}, "
-                f"devices={','.join(caps['devices'])}; contract {entry['contract']}"
-            )
+            caps = ", ".join(f"{name}={_shown(value)}" for name, value in entry["capabilities"].items())
+            lines.append(f"    capabilities: {caps}; contract {entry['contract']}")
             for label in ("commands", "trackers", "launchers"):
                 if entry[label]:
                     lines.append(f"    {label}: {', '.join(entry[label])}")

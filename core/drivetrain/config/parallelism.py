@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import warnings
 from typing import Any
@@ -386,27 +387,52 @@ class ParallelismConfig:
         """Accelerate's private name for :meth:`mesh_shape`, which code written for it (and its tests) call."""
         return self.mesh_shape()
 
+    def flattened_dim_names(self) -> dict[str, list[str]]:
+        """The flattened dimensions :meth:`build_device_mesh` adds, each with the enabled dimensions it spans:
+        ``dp`` (data parallel), ``dp_shard_cp`` (what FSDP shards over), ``dp_cp`` (what a loss is averaged
+        over). A single enabled part is flattened too, so that every flat name exists whenever it is used."""
+        found = (
+            ("dp", self.dp_dim_names),
+            ("dp_shard_cp", self.dp_shard_cp_dim_names),
+            ("dp_cp", self.dp_cp_dim_names),
+        )
+        return {name: parts for name, parts in found if parts}
+
     def build_device_mesh(self, device_type: str) -> Any:
         """torch's ``DeviceMesh`` over every process with the enabled dimensions in mesh order, plus the
-        flattened dimensions ``dp`` (data parallel), ``dp_shard_cp`` (what FSDP shards over) and ``dp_cp``
-        (what a loss is averaged over) where their parts are enabled. ``None`` when no dimension is enabled.
-        Collective: every process calls it, in the same order."""
+        flattened dimensions of :meth:`flattened_dim_names` (reach them through :meth:`submesh`). ``None`` when
+        no dimension is enabled. Collective: every process calls it, in the same order."""
         from torch.distributed.device_mesh import init_device_mesh
 
         names, shape = self.mesh_shape()
         if not names:
             return None
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
-        for flat, parts in (
-            ("dp", self.dp_dim_names),
-            ("dp_shard_cp", self.dp_shard_cp_dim_names),
-            ("dp_cp", self.dp_cp_dim_names),
-        ):
-            if parts:
-                # A single enabled part is flattened too, so that every flat name exists whenever it is used.
-                # Sliced by the list itself, as Accelerate does (code that wraps init_device_mesh sees it).
-                mesh[parts]._flatten(flat)  # type: ignore[index]  # torch slices by any sequence of names
+        for flat, parts in self.flattened_dim_names().items():
+            mesh[tuple(parts)]._flatten(flat)
         return mesh
+
+    def submesh(self, mesh: Any, *names: str) -> Any:
+        """``mesh[names]`` for enabled and flattened dimensions alike (``submesh(mesh, "dp")``), without
+        slicing a flattened dimension from the root mesh, which torch deprecates since 2.11 ("bookkeep the
+        flattened mesh directly"): flattening a dimension's parts again returns the mesh torch keeps for it,
+        and a flattened dimension beside others (HSDP's ``"dp_replicate", "dp_shard_cp"``) is the flattened
+        mesh of all their parts unflattened into those names (built once per mesh, its groups reused)."""
+        flattened = self.flattened_dim_names()
+        if not any(name in flattened for name in names):
+            return mesh[names if len(names) > 1 else names[0]]
+        if len(names) == 1:
+            return mesh[tuple(flattened[names[0]])]._flatten(names[0])
+        built: dict[tuple[int, tuple[str, ...]], Any] = self.__dict__.setdefault("_submeshes", {})
+        key = (id(mesh), names)
+        if key not in built:
+            parts = [part for name in names for part in flattened.get(name, [name])]
+            flat = next((name for name, spans in flattened.items() if spans == parts), "_".join(parts))
+            sizes = tuple(
+                math.prod(self.size_of(part) for part in flattened.get(name, [name])) for name in names
+            )
+            built[key] = mesh[tuple(parts)]._flatten(flat)._unflatten(0, sizes, names)
+        return built[key]
 
     def get_device_mesh(self, device_type: str | None = None) -> Any:
         """The mesh (built on first use when ``device_type`` is given)."""

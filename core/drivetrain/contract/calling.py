@@ -6,7 +6,7 @@ answers last), then the backend, then feature, precision and device plugins. Fir
 are pluggy's own hook callers (``stack.hook.backward(...)``; the per-step ``caller`` calls plain first-result
 implementations directly, in pluggy's order); a chain hook calls each plugin's hook caller in
 turn, threading the value. ``DRIVETRAIN_TRACE_PLUGINS=1`` logs every call through pluggy's hook-call
-monitoring.
+monitoring, naming the implementations that ran (a first-result hook stops at the first answer).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import operator
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -54,6 +55,7 @@ class PluginStack:
             self._pluggy.register(objects[name], name=name)
         if tracing_enabled():
             self._pluggy.add_hookcall_monitoring(_trace_before, _trace_after)
+            _record_which_ran(self._pluggy)
         self.hook = self._pluggy.hook
         self._single: dict[tuple[str, str], Any] = {}
 
@@ -173,9 +175,32 @@ def _arguments_getter(names: Sequence[str]) -> Callable[[Mapping[str, Any]], tup
 
 
 _started: dict[int, float] = {}
+#: Per thread, one list per hook call in progress (hooks may call hooks): the plugins whose implementation ran.
+_calls = threading.local()
+
+
+def _record_which_ran(manager: pluggy.PluginManager) -> None:
+    """Make every implementation note its plugin when it runs, so that a trace names those that ran, not
+    those that could have (a first-result hook stops at the first answer). Tracing only."""
+    for hook_caller in manager.hook.__dict__.values():
+        for impl in hook_caller.get_hookimpls():
+            impl.function = _noting(impl.plugin_name, impl.function)
+
+
+def _noting(plugin: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    def noted(*args: Any) -> Any:
+        running = getattr(_calls, "stack", None)
+        if running:
+            running[-1].append(plugin)
+        return function(*args)
+
+    return noted
 
 
 def _trace_before(hook_name: str, hook_impls: Sequence[HookImpl], kwargs: Mapping[str, Any]) -> None:
+    if not hasattr(_calls, "stack"):
+        _calls.stack = []
+    _calls.stack.append([])
     _started[id(kwargs)] = time.perf_counter()
 
 
@@ -183,7 +208,8 @@ def _trace_after(
     outcome: Any, hook_name: str, hook_impls: Sequence[HookImpl], kwargs: Mapping[str, Any]
 ) -> None:
     elapsed_ms = (time.perf_counter() - _started.pop(id(kwargs), time.perf_counter())) * 1000
-    plugins = ", ".join(impl.plugin_name for impl in reversed(hook_impls)) or "(none)"
+    ran = _calls.stack.pop() if getattr(_calls, "stack", None) else []
+    plugins = ", ".join(ran) or "(none)"
     _emit_trace(f"hook {hook_name} -> plugin {plugins} ({elapsed_ms:.3f} ms)")
 
 

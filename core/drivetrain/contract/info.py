@@ -57,6 +57,13 @@ class Capabilities:
     #: ``local`` checkpoint loads here: the files hold the whole model and optimizer state in the reference
     #: format. The conformance suite resumes backend -> local and local -> backend (contract 1.1).
     portable_checkpoints: bool = False
+    #: ``None``: gradients are clipped where a script calls ``accelerator.clip_grad_norm_`` (the
+    #: ``clip_grad_norm`` hook), and nowhere else. A name: the backend's own optimizer step clips by this
+    #: setting of its configuration, ``0`` meaning not at all (``"gradient_clipping"``: DeepSpeed, where
+    #: ``clip_grad_norm_`` then only returns the norm, and Megatron, which clips at 1.0 unless told otherwise,
+    #: as in Accelerate). The conformance suite sets it, through the launcher's backend settings, to the max
+    #: norm where its recipe clips and to 0 everywhere else (contract 1.2).
+    clipping_setting: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

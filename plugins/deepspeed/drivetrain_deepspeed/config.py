@@ -102,7 +102,7 @@ class DeepSpeedPlugin:
     gradient_clipping: float | None = attrs.field(
         default=None,
         converter=lambda v: float(v) if isinstance(v, (int, str)) and not isinstance(v, bool) else v,
-        validator=_named_check(lambda v: isinstance(v, float) and v > 0, "a number > 0"),
+        validator=_named_check(lambda v: isinstance(v, float) and v >= 0, "a number >= 0 (0: no clipping)"),
     )
     #: with several data loaders in one ``prepare`` call and an "auto" micro batch size: take the smallest
     #: batch size (True) or the largest (False)

@@ -20,8 +20,9 @@ PLUGIN_INFO = PluginInfo(
     requires=("deepspeed",),
     description="DeepSpeed engines: ZeRO stages 0-3, CPU/NVMe offload, several models",
     # fp16 is handed to DeepSpeed (its loss scaler) but DeepSpeed refuses it on CPU and it is untested here.
-    # The engine reduces gradients inside backward (local_gradients=False) and keeps bf16 weights with fp32
-    # master copies in the optimizer (low_precision_weights=True).
+    # The engine reduces gradients inside backward (local_gradients=False), keeps bf16 weights with fp32
+    # master copies in the optimizer (low_precision_weights=True) and clips by its config's
+    # gradient_clipping (0: off), as in Accelerate: accelerator.clip_grad_norm_ returns the engine's norm.
     capabilities=Capabilities(
         multi_process=True,
         sharded_state=True,
@@ -29,6 +30,7 @@ PLUGIN_INFO = PluginInfo(
         devices=("cpu", "cuda"),
         local_gradients=False,
         low_precision_weights=True,
+        clipping_setting="gradient_clipping",
     ),
     distributed_type="DEEPSPEED",
     config_section="deepspeed_config",

@@ -43,7 +43,7 @@ def test_fields_build_a_config():
     [
         ("zero_stage", 4, "0, 1, 2 or 3"),
         ("gradient_accumulation_steps", 0, ">= 1"),
-        ("gradient_clipping", -1.0, "> 0"),
+        ("gradient_clipping", -1.0, ">= 0 \\(0: no clipping\\)"),
         ("offload_optimizer_device", "gpu", "none, cpu, nvme"),
         ("hf_ds_config", 3, "JSON config"),
     ],

@@ -53,7 +53,9 @@ def join(
         environment,
         device_mesh=mesh,
         data_parallel_size=parallelism.data_parallel_size,
-        data_parallel_rank=mesh["dp"].get_local_rank() if parallelism.dp_dim_names else 0,
+        data_parallel_rank=parallelism.submesh(mesh, "dp").get_local_rank()
+        if parallelism.dp_dim_names
+        else 0,
         context_parallel=context,
     )
 

@@ -124,8 +124,7 @@ def data_parallel_layout(
             "dp_shard_size instead (HYBRID_SHARD is dp_replicate x dp_shard, NO_SHARD is dp_replicate)"
         )
     if parallelism.dp_shard_cp_dim_names:
-        names = tuple(parallelism.fsdp_dim_names)
-        return "shard", mesh[names] if len(names) > 1 else mesh[names[0]]
+        return "shard", parallelism.submesh(mesh, *parallelism.fsdp_dim_names)
     if parallelism.dp_replicate_enabled:
         return "replicate", mesh["dp_replicate"]
     return None, None
@@ -139,6 +138,8 @@ def shard_model(
     from torch.distributed._composable import checkpoint
     from torch.distributed.fsdp import fully_shard
 
+    if config.sync_module_states is None and not config.cpu_ram_efficient_loading_enabled:
+        _replicas_from_rank0(model, accelerator)
     if config.fsdp_version == 1:
         from drivetrain_fsdp.fsdp1 import wrap_fsdp1
 
@@ -212,6 +213,27 @@ def shard_model(
     _add_drivetrain_methods(model)
     model.__dict__[CONFIG_ATTRIBUTE] = config
     return model
+
+
+def _replicas_from_rank0(model: torch.nn.Module, accelerator: Any) -> None:
+    """Every rank starts from rank 0's weights, as DDP does when it wraps (and Accelerate's FSDP1, whose
+    ``sync_module_states`` defaults to on): processes seeded differently still train one model. Every rank
+    holds the whole model here, so this costs one broadcast of it and no memory; ``sync_module_states=True``
+    (or ``cpu_ram_efficient_loading``) takes the meta-device path instead, ``sync_module_states=False`` skips
+    it. Tensors already distributed (a model sharded by ``from_pretrained(tp_plan=...)``) are left alone."""
+    import torch.distributed as dist
+
+    if accelerator.num_processes < 2 or not dist.is_initialized():
+        return
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if tensor.is_meta or hasattr(tensor, "device_mesh"):
+                continue
+            detached = tensor.detach()
+            on_device = detached.to(accelerator.device)
+            dist.broadcast(on_device, src=0)
+            if on_device is not detached:
+                detached.copy_(on_device)
 
 
 def _offload_saved_inputs(module: torch.nn.Module) -> None:

@@ -54,6 +54,7 @@ FOUR = [
     "tp2_dp_replicate2_resumed_equals_local",
     "tp2_dp_replicate2_resumed_clip_norm_equals_local",
     "sizes_not_matching_world_refused",
+    "no_flattened_mesh_slicing_warning",
 ]
 TWO = [
     "tp2_equals_local",
@@ -74,6 +75,7 @@ TWO = [
     "llama_tp_from_environment",
     "llama_own_plan_applied",
     "llama_tp2_equals_local",
+    "no_flattened_mesh_slicing_warning",
 ]
 
 

@@ -53,7 +53,7 @@ def test_merge_weights_refuses_metadata_that_runs_code(tmp_path, capsys):
 
 
 def _rewrite_metadata(folder: Path, change) -> None:
-    from drivetrain.plugin_api import read_dcp_metadata
+    from drivetrain.plugin_api.checkpoint import read_dcp_metadata
 
     metadata = read_dcp_metadata(folder)
     change(metadata)

@@ -30,6 +30,9 @@ PLUGIN_INFO = PluginInfo(
         devices=("cpu", "cuda"),
         # The degrees come from MegatronLMPlugin; a ParallelismConfig is not read.
         mesh_dimensions=(),
+        # Its optimizer step clips by MegatronLMPlugin.gradient_clipping, 1.0 unless set (0: off), as in
+        # Accelerate.
+        clipping_setting="gradient_clipping",
     ),
     distributed_type="MEGATRON_LM",
     config_section="megatron_lm_config",

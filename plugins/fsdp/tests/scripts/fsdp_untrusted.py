@@ -17,7 +17,7 @@ from fsdp_common import check, make_model
 from drivetrain import Accelerator, FullyShardedDataParallelPlugin
 from drivetrain.checkpoint import manifest as manifests
 from drivetrain.errors import CheckpointError
-from drivetrain.plugin_api import read_dcp_metadata
+from drivetrain.plugin_api.checkpoint import read_dcp_metadata
 
 
 class RunsCode:
