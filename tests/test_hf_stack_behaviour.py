@@ -140,3 +140,38 @@ def test_a_state_set_up_automatically_takes_the_backend_the_first_accelerator_na
             Accelerator(backend="local", cpu=True)
     finally:
         reset_state(destroy_process_group=True)
+
+
+@pytest.mark.parametrize(
+    ("samples", "drop_last", "remainder", "gathered"),
+    [(10, False, 2, 10), (12, False, 0, 12), (10, True, -1, 8)],
+)
+def test_one_process_gather_for_metrics_cuts_a_batch_sized_last_result_as_accelerate(
+    samples, drop_last, remainder, gathered
+):
+    # transformers' evaluation loop repeats each batch's loss to the *first* batch's size and gathers it with
+    # gather_for_metrics; Accelerate cuts the last one to len(dataset) % batch_size on one process too, so the
+    # short last batch counts once per real sample (the eval loss is the references).
+    import drivetrain
+    from drivetrain import Accelerator
+
+    drivetrain.reset_state()
+    accelerator = Accelerator(cpu=True)
+    loader = accelerator.prepare(
+        torch.utils.data.DataLoader(
+            torch.arange(samples, dtype=torch.float32), batch_size=4, drop_last=drop_last
+        )
+    )
+    first_size, kept = None, []
+    for batch in loader:
+        first_size = first_size or len(batch)
+        loss = batch.mean()
+        kept.append(accelerator.gather_for_metrics(loss.repeat(first_size)))
+    assert loader.remainder == remainder
+    assert sum(len(part) for part in kept) == gathered
+    # the weighted mean over real samples: each batch's mean counted once per sample it holds
+    expected = torch.arange(gathered, dtype=torch.float32).reshape(-1).split(4)
+    assert torch.cat(kept).mean() == pytest.approx(
+        sum(part.mean().item() * len(part) for part in expected) / gathered
+    )
+    drivetrain.reset_state()

@@ -86,14 +86,10 @@ def test_one_process_run_launched_as_users_do_is_the_references(tmp_path):
     assert one["losses"] == pytest.approx(REFERENCE["runs"]["trainer-1"]["losses"], abs=1e-4)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: on one process Trainer.evaluate repeats each batch's loss to eval_batch_size and "
-    "Accelerate's gather_for_metrics cuts the last batch to len(dataset) % batch_size; drivetrain's prepared "
-    "loader reports no remainder on one process, so the short last batch counts 8 times (eval_loss 2.84607 "
-    "vs 2.84726 here)",
-)
 def test_one_process_eval_loss_is_the_references(tmp_path):
+    # Trainer.evaluate repeats each batch's loss to the first batch's size; gather_for_metrics cuts the short
+    # last batch to len(dataset) % batch_size on one process as Accelerate does (once an 8-fold count: 2.84607
+    # where the reference has 2.84726)
     pytest.importorskip("transformers")
     one = _runs().launch("trainer-1", tmp_path / "one")
     assert one["eval_loss"] == pytest.approx(REFERENCE["runs"]["trainer-1"]["eval_loss"], abs=1e-4)

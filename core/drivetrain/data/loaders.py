@@ -605,7 +605,16 @@ class DataLoaderShard(_PreparedDataLoader):
             except TypeError:
                 return -1
             return rest if rest else -1
-        return -1
+        sharded = self._batch_shard is not None or isinstance(self.dataset, IterableDatasetShard)
+        if sharded or self.drop_last or getattr(self.batch_sampler, "drop_last", False):
+            return -1
+        # Nothing sharded (one process): as Accelerate, the samples of the last global batch are the dataset's
+        # length modulo the batch size. gather_for_metrics cuts to it what a script made batch-sized (the
+        # Trainer repeats each batch's loss to the first batch's size).
+        try:
+            return self.total_dataset_length % self.total_batch_size  # type: ignore[operator]
+        except TypeError:
+            return -1
 
 
 class DataLoaderDispatcher(_PreparedDataLoader):
