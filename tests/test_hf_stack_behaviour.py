@@ -175,3 +175,59 @@ def test_one_process_gather_for_metrics_cuts_a_batch_sized_last_result_as_accele
         sum(part.mean().item() * len(part) for part in expected) / gathered
     )
     drivetrain.reset_state()
+
+
+def test_partial_state_backend_names_torch_distributed_backend_as_in_accelerate(tmp_path):
+    # transformers' TrainingArguments(ddp_backend="gloo") builds PartialState(backend="gloo", timeout=...):
+    # Accelerate's `backend` is torch.distributed's; a name that is no plugin's goes to init_process_group and
+    # the plugin is chosen as if none were named (ddp on 2 processes). Real processes, launched as users do.
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "state.py"
+    script.write_text(
+        "import datetime, torch, torch.distributed as dist\n"
+        "from drivetrain import PartialState\n"
+        "state = PartialState(backend='gloo', timeout=datetime.timedelta(seconds=120))\n"
+        "total = torch.tensor([state.process_index + 1.0])\n"
+        "dist.all_reduce(total)\n"
+        "print(f'rank {state.process_index}: {state.backend} {state.backend_name} {state.num_processes} "
+        "{total.item()}', flush=True)\n"
+        "state.destroy_process_group()\n"
+    )
+    env = {
+        **{
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("DRIVETRAIN_", "ACCELERATE_"))
+        },
+        "OMP_NUM_THREADS": "1",
+        "TMPDIR": str(tmp_path),
+        "DRIVETRAIN_CONFIG_DIR": str(tmp_path / "no-config"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "drivetrain.launch", "--cpu", "--num_processes", "2", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))
+    assert lines == ["rank 0: gloo ddp 2 3.0", "rank 1: gloo ddp 2 3.0"], done.stdout
+
+
+def test_partial_state_backend_still_names_plugins():
+    from drivetrain import PartialState
+    from drivetrain.errors import PluginError
+    from drivetrain.state import reset_state
+
+    try:
+        assert PartialState(backend="local").backend_name == "local"
+        reset_state()
+        with pytest.raises(PluginError, match="unknown drivetrain plugin 'glooo'"):
+            PartialState(backend="glooo")
+    finally:
+        reset_state()

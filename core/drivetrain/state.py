@@ -101,6 +101,12 @@ class PartialState:
         parallelism = kwargs.pop("parallelism_config", None)
         if kwargs:
             raise TypeError(f"PartialState got unexpected arguments: {', '.join(sorted(kwargs))}")
+        if _names_torch_backend(backend):
+            # Accelerate's PartialState(backend=) is torch.distributed's backend (transformers passes its
+            # TrainingArguments.ddp_backend so); drivetrain's names a plugin. A torch backend's name that is no
+            # plugin's goes to init_process_group, and the plugin is chosen as if none were named.
+            init_kwargs.setdefault("backend", backend)
+            backend = None
         if self.initialized:
             self._check_compatible(backend, backend_config, cpu, parallelism)
             return
@@ -598,6 +604,22 @@ def reset_state(destroy_process_group: bool = False) -> None:
     AcceleratorState._reset_state()
     GradientState._reset_state()
     PartialState._reset_state(destroy_process_group=destroy_process_group)
+
+
+#: torch.distributed's backends (and those of vendor packages) that Accelerate's PartialState(backend=) takes.
+TORCH_DISTRIBUTED_BACKENDS = frozenset(
+    {"gloo", "nccl", "mpi", "ucc", "xccl", "ccl", "hccl", "cncl", "mccl", "smddp"}
+)
+
+
+def _names_torch_backend(backend: str | None) -> bool:
+    """Whether ``backend`` is torch.distributed's (``"gloo"``, ``"cpu:gloo,cuda:nccl"``) rather than a plugin's."""
+    if not backend:
+        return False
+    names = [part.split(":")[-1] for part in backend.split(",")]
+    if not all(name in TORCH_DISTRIBUTED_BACKENDS for name in names):
+        return False
+    return backend not in get_plugin_manager().names()
 
 
 def is_initialized() -> bool:

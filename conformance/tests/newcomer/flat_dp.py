@@ -18,11 +18,12 @@ import torch
 import torch.distributed as dist
 
 from drivetrain import hookimpl
-from drivetrain.plugin_api import Capabilities, PluginInfo, join_process_group
+from drivetrain.plugin_api import Capabilities, PluginAccelerator, PluginInfo, join_process_group
+from drivetrain.plugin_api.training import reference_backward
 
 PLUGIN_INFO = PluginInfo(
     kind="backend",
-    contract="1.1",
+    contract="1.2",
     description="data parallel: broadcast at wrap, one flat all-reduce per synchronised backward",
     capabilities=Capabilities(
         multi_process=True,
@@ -81,17 +82,9 @@ class FlatDataParallel(torch.nn.Module):
             offset += grad.numel()
 
 
-def wrappers(accelerator: Any) -> list[FlatDataParallel]:
+def wrappers(accelerator: PluginAccelerator) -> list[FlatDataParallel]:
     """This Accelerator's wrapped models: ``accelerator.prepared.models`` holds what wrap_model returned."""
     return [model for model in accelerator.prepared.models if isinstance(model, FlatDataParallel)]
-
-
-def reference_backward(loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, Any]) -> None:
-    """What the reference backend's backward does (docs/hooks.md, backward): fp16 loss scaling, then
-    ``loss.backward(**backward_kwargs)``. The loss is already divided by the accumulation steps."""
-    if accelerator.scaler is not None:
-        loss = accelerator.scaler.scale(loss)
-    loss.backward(**backward_kwargs)
 
 
 @hookimpl
@@ -100,14 +93,18 @@ def setup_process_group(device: torch.device, init_kwargs: dict[str, Any]) -> An
 
 
 @hookimpl
-def wrap_model(model: torch.nn.Module, accelerator: Any, evaluation_mode: bool) -> torch.nn.Module | None:
+def wrap_model(
+    model: torch.nn.Module, accelerator: PluginAccelerator, evaluation_mode: bool
+) -> torch.nn.Module | None:
     if evaluation_mode or accelerator.num_processes == 1:
         return None
     return FlatDataParallel(model)
 
 
 @hookimpl
-def backward(loss: torch.Tensor, accelerator: Any, backward_kwargs: dict[str, Any]) -> bool | None:
+def backward(
+    loss: torch.Tensor, accelerator: PluginAccelerator, backward_kwargs: dict[str, Any]
+) -> bool | None:
     """Gradients are averaged by the end of the synchronised backward: clip_grad_norm_ reads them before
     optimizer.step()."""
     if accelerator.num_processes == 1:
