@@ -82,8 +82,9 @@ class PartialState:
 
     _shared_state: dict[str, Any] = {}
     #: What is worked out once per run and forgotten with the state: each backend's resolved configuration
-    #: (``plugin_api.resolve_backend_config``), as (backend, the script's object, the configuration).
-    resolved_backend_configs: list[tuple[str, Any, Any]] = []
+    #: (``plugin_api.resolve_backend_config``), as (backend, the script's object, the launcher's and config
+    #: file's variables, the configuration).
+    resolved_backend_configs: list[tuple[str, Any, Any, Any]] = []
 
     def __reduce__(self) -> tuple[Any, tuple[type]]:
         return _shared_state_object, (type(self),)

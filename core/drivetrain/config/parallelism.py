@@ -409,7 +409,8 @@ class ParallelismConfig:
             return None
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
         for flat, parts in self.flattened_dim_names().items():
-            mesh[tuple(parts)]._flatten(flat)
+            # Sliced by the config's list itself, as Accelerate does (code that wraps init_device_mesh sees it).
+            mesh[parts]._flatten(flat)  # type: ignore[index]  # torch slices by any sequence of names
         return mesh
 
     def submesh(self, mesh: Any, *names: str) -> Any:

@@ -47,14 +47,21 @@ def resolve_backend_config(reader: BackendConfigReader, given: Any) -> Any:
     the backend's own variables (``reader.variables``) and the config file named by ``DRIVETRAIN_CONFIG_FILE``;
     a field two sources set differently is a ConfigurationError naming both values.
 
-    Resolved once per object and run: the result is kept in the process state, so the Accelerator, its
-    checkpoints and ``AcceleratorState().<backend>_plugin`` share one object, and ``drivetrain.reset_state()``
-    forgets it. See docs/configuration.md and :class:`BackendConfigReader`."""
+    Resolved once per object, run and launcher settings: the result is kept in the process state, so the
+    Accelerator, its checkpoints and ``AcceleratorState().<backend>_plugin`` share one object, and
+    ``drivetrain.reset_state()`` forgets it. A process that changes ``DRIVETRAIN_BACKEND_CONFIG`` or
+    ``DRIVETRAIN_CONFIG_FILE`` between two Accelerators (the conformance suite does) gets a new resolution.
+    See docs/configuration.md and :class:`BackendConfigReader`."""
+    import os
+
+    from drivetrain.config.sources import BACKEND_CONFIG_ENV, CONFIG_FILE_ENV
     from drivetrain.state import PartialState
 
+    # The raw text of the two variables: two lookups, cheap enough for backends that ask every step.
+    handed_over = (os.environ.get(BACKEND_CONFIG_ENV), os.environ.get(CONFIG_FILE_ENV))
     resolved = PartialState.resolved_backend_configs
-    for backend, earlier, config in resolved:
-        if backend == reader.backend and earlier is given:
+    for backend, earlier, environment, config in resolved:
+        if backend == reader.backend and earlier is given and environment == handed_over:
             return config
     manager = get_plugin_manager()
     config = _resolve_backend_config(
@@ -63,5 +70,5 @@ def resolve_backend_config(reader: BackendConfigReader, given: Any) -> Any:
         launched=_launched_backend_settings(),
         config_file=_file_backend_settings(manager, reader.backend),
     )
-    resolved.append((reader.backend, given, config))
+    resolved.append((reader.backend, given, handed_over, config))
     return config

@@ -215,7 +215,7 @@ def shard_model(
     return model
 
 
-def _replicas_from_rank0(model: torch.nn.Module, accelerator: Any) -> None:
+def _replicas_from_rank0(model: torch.nn.Module, accelerator: PluginAccelerator) -> None:
     """Every rank starts from rank 0's weights, as DDP does when it wraps (and Accelerate's FSDP1, whose
     ``sync_module_states`` defaults to on): processes seeded differently still train one model. Every rank
     holds the whole model here, so this costs one broadcast of it and no memory; ``sync_module_states=True``
