@@ -48,8 +48,11 @@ def run(project_dir: str, run_number: int, saves: int, start_at: str | None) -> 
     model, optimizer = accelerator.prepare(model, optimizer)
     identity = Identity(run_number)
     accelerator.register_for_checkpointing(identity)
-    while start_at and not os.path.exists(start_at):
-        time.sleep(0.01)
+    if start_at:
+        # Started by `pair`: say this run is ready, then wait for the start, so that both runs save at once
+        # however slowly each one starts (a busy machine can take seconds to import torch).
+        open(f"{start_at}.ready{run_number}", "w").close()
+        _wait_for(start_at)
     for save in range(saves):
         mark = float(run_number * 1000 + save)
         with torch.no_grad():
@@ -62,6 +65,19 @@ def run(project_dir: str, run_number: int, saves: int, start_at: str | None) -> 
         except Exception as exc:  # reported, and the next save is tried
             location, error = None, f"{type(exc).__name__}: {exc}"
         print(json.dumps({"run": run_number, "save": save, "location": location, "error": error}), flush=True)
+    if start_at:
+        # Stay alive (holding whatever this run holds) until the other run has tried every save too: a run
+        # that ended before the other began would make them one after the other, not two at once.
+        open(f"{start_at}.done{run_number}", "w").close()
+        _wait_for(f"{start_at}.done{3 - run_number}")
+
+
+def _wait_for(path: str, seconds: float = 900.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {seconds:.0f} s")
+        time.sleep(0.01)
 
 
 def identity_of(folder: str) -> tuple[int, int] | None:
@@ -96,9 +112,17 @@ def pair(project_dir: str, saves: int) -> dict:
         )
         for number in (1, 2)
     ]
+    ready = [f"{start}.ready{number}" for number in (1, 2)]
+    deadline = time.monotonic() + 900
+    while not all(os.path.exists(path) for path in ready) and time.monotonic() < deadline:
+        if any(process.poll() is not None for process in runs):
+            break  # a run ended before it was ready: its stderr says why
+        time.sleep(0.01)
     open(start, "w").close()
     outputs = [process.communicate(timeout=1800) for process in runs]
-    os.remove(start)
+    for path in [start, *ready, f"{start}.done1", f"{start}.done2"]:
+        if os.path.exists(path):
+            os.remove(path)
     results = [json.loads(line) for out, _ in outputs for line in out.splitlines() if line.startswith("{")]
     root = os.path.join(project_dir, "checkpoints")
     complete = rotation.complete_checkpoints(root)
