@@ -2,8 +2,8 @@
 
 Each setting comes from, highest first: the command-line flag, the SLURM allocation (machine count, rank
 and main address only, inside ``srun``), the config file, the default. The settings the user chose are
-exported to the processes as ``DRIVETRAIN_*`` variables, which the kernel reads (see settings.py); a
-script's own ``Accelerator(...)`` argument that contradicts one is an error naming both.
+exported to the processes as ``DRIVETRAIN_*`` variables, which the kernel reads (``drivetrain.config.sources``);
+a script's own ``Accelerator(...)`` argument that contradicts one is an error naming both.
 """
 
 from __future__ import annotations

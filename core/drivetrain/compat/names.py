@@ -449,9 +449,6 @@ PLUGIN_NAMES_BY_PATH: dict[str, dict[str, str]] = {
         "sagemaker_launcher": SAGEMAKER_DISTRIBUTION,
     },
 }
-#: Accelerate's names in a megatron module that ``accelerate.utils`` exports under another name.
-MEGATRON_UTILS_ALIASES = _MEGATRON_IN_UTILS
-
 
 #: Accelerate's ``ClusterConfig`` fields after ``BaseConfig``'s, in order: (name, default); a ``dict``/``list``
 #: default means an empty one (``None`` in Accelerate's dataclass, filled in after construction).
