@@ -39,6 +39,15 @@ def test_default_is_local():
     assert Accelerator().backend == "local"
 
 
+def test_backend_plugin_is_the_plugin_name_and_backend_its_alias():
+    from drivetrain import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    # the plugin's name, not torch's process-group backend (one process: none, as in Accelerate)
+    assert accelerator.backend_plugin == accelerator.backend == "local"
+    assert accelerator.state.backend is None
+
+
 def test_backend_argument_selects_the_plugin():
     _register_toy_backend()
     from drivetrain import Accelerator

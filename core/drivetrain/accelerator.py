@@ -227,8 +227,14 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         return self.state.mixed_precision
 
     @property
+    def backend_plugin(self) -> str:
+        """The name of the drivetrain backend plugin in charge (``"local"``, ``"ddp"``, ...); torch's process-group
+        backend (``"gloo"``, ``"nccl"``) is ``accelerator.state.backend``."""
+        return self.state.backend_name
+
+    @property
     def backend(self) -> str:
-        """The drivetrain backend plugin in charge (``"local"``, ``"ddp"``, ...)."""
+        """Alias of :attr:`backend_plugin`, the name scripts and plugins written before it use."""
         return self.state.backend_name
 
     @property
@@ -285,7 +291,7 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         return any(optimizer.step_was_skipped for optimizer in self.prepared.optimizers)
 
     def __repr__(self) -> str:
-        return f"Accelerator(backend={self.backend!r}, device={self.device}, processes={self.num_processes})"
+        return f"Accelerator(backend={self.backend_plugin!r}, device={self.device}, processes={self.num_processes})"
 
     # ---------------------------------------------------------------------------------------------------------
     # prepare
