@@ -324,3 +324,26 @@ def test_the_plugin_api_reference_is_generated_from_the_module():
         text=True,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_an_accelerator_that_saves_its_state_loads_no_big_model_code(tmp_path):
+    """Checkpoints read safetensors files through ``drivetrain.safetensors_reader``, below both checkpoint and
+    big_modeling: building an Accelerator, saving and loading its state (a model in safetensors) leaves
+    ``drivetrain.big_modeling`` unimported in a fresh process."""
+    import subprocess
+    import sys
+
+    script = f"""
+import sys, torch
+from drivetrain import Accelerator
+accelerator = Accelerator(cpu=True)
+model = torch.nn.Linear(2, 2)
+model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+accelerator.save_state({str(tmp_path / "state")!r})
+accelerator.load_state({str(tmp_path / "state")!r})
+print(sorted(name for name in sys.modules if name.startswith("drivetrain.big_modeling")))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+    assert any(path.suffix == ".safetensors" for path in (tmp_path / "state").rglob("*"))

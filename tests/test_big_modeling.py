@@ -308,7 +308,7 @@ def test_mapped_and_copied_loads_are_byte_identical(tmp_path) -> None:
 
 
 def test_reader_chunks_and_casts_are_exact(tmp_path) -> None:
-    from drivetrain.big_modeling.reader import TensorReader, read_header
+    from drivetrain.safetensors_reader import TensorReader, read_header
 
     torch.manual_seed(0)
     tensors = {"a": torch.randn(1000, 37), "b": torch.randint(0, 100, (4099,), dtype=torch.int64)}
