@@ -286,6 +286,26 @@ def test_launch_precedence_flag_over_file_over_default(tmp_path, config_dir):
     assert bare.rdzv_backend == "c10d" and bare.main_process_port > 0
 
 
+def test_planning_a_launch_changes_nothing_in_this_process(tmp_path, config_dir):
+    """The plan (launch_plan.py) is computed without side effects: resolving it, and the processes' environment
+    and command line from it, leaves this process's environment as it was; only launch.py exports them."""
+    from drivetrain.commands.launch_plan import environment_for, torchrun_arguments
+
+    config = tmp_path / "launch.yaml"
+    config.write_text("num_processes: 2\nmixed_precision: bf16\nenv:\n  TEST_FROM_FILE: 'yes'\n")
+    before = dict(os.environ)
+    plan = resolve_plan(
+        build_parser().parse_args(["--config_file", str(config), "--debug", "--env", "TEST_X=1", "t.py"]),
+        environ={},
+    )
+    exported = environment_for(plan)
+    command = torchrun_arguments(plan)
+    assert dict(os.environ) == before
+    assert exported["DRIVETRAIN_MIXED_PRECISION"] == "bf16" and exported["DRIVETRAIN_DEBUG_MODE"] == "1"
+    assert exported["TEST_FROM_FILE"] == "yes" and exported["TEST_X"] == "1"
+    assert "--nproc_per_node=2" in command and command[-1] == "t.py"
+
+
 def test_slurm_environment_fills_unset_multi_node_flags(config_dir):
     assert first_host("node[07-09,12],gpu1") == "node07" and first_host("gpu-a3") == "gpu-a3"
     environ = {
