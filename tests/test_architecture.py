@@ -347,3 +347,16 @@ print(sorted(name for name in sys.modules if name.startswith("drivetrain.big_mod
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
     assert any(path.suffix == ".safetensors" for path in (tmp_path / "state").rglob("*"))
+
+
+#: The kernel's files stay small enough to read in one sitting (docs/architecture.md).
+MAX_KERNEL_FILE_LINES = 800
+
+
+def test_no_kernel_file_is_over_800_lines():
+    too_long = {
+        str(path.relative_to(ROOT)): lines
+        for path in sorted(KERNEL.rglob("*.py"))
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_KERNEL_FILE_LINES
+    }
+    assert not too_long, f"split these files (at most {MAX_KERNEL_FILE_LINES} lines each): {too_long}"

@@ -20,7 +20,6 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from drivetrain import operations
-from drivetrain.compat.names import JOINABLE_DISTRIBUTED_TYPES
 from drivetrain.config.accelerator_settings import AcceleratorSettings
 from drivetrain.config.dataclasses import (
     DataLoaderConfiguration,
@@ -530,28 +529,15 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         with trigger() if trigger is not None else contextlib.nullcontext():
             yield
 
-    @contextlib.contextmanager
-    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+    def join_uneven_inputs(
+        self, joinables: list[Any], even_batches: bool | None = None
+    ) -> contextlib.AbstractContextManager[None]:
         """Train on data loaders whose ranks see different numbers of batches (torch's ``Join``)."""
-        if not self.use_distributed:
-            warnings.warn("join_uneven_inputs does nothing in a single process", stacklevel=3)
-            yield
-            return
-        from torch.distributed.algorithms.join import Join
+        from drivetrain.data.samplers import join_uneven_inputs
 
-        if self.distributed_type.value not in JOINABLE_DISTRIBUTED_TYPES:
-            warnings.warn(
-                f"join_uneven_inputs is only supported for multi-GPU or multi-CPU data parallelism, not "
-                f"{self.distributed_type}; the block runs without it",
-                UserWarning,
-                stacklevel=3,
-            )
-            yield
-            return
-        from drivetrain.data.samplers import even_batches_set_to
-
-        with even_batches_set_to(self.prepared.dataloaders, even_batches), Join(joinables):
-            yield
+        return join_uneven_inputs(
+            joinables, self.prepared.dataloaders, even_batches, self.use_distributed, self.distributed_type
+        )
 
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Any:
         """Context manager: run the block in the Accelerator's mixed precision."""
