@@ -1,6 +1,6 @@
 """Accelerate's names that belong to backends, for scripts written for HuggingFace Accelerate.
 
-This is the one file in the kernel that names backends (``tests/test_architecture.py`` checks it): which
+This is the one file in the kernel that names backends (``tests/contract/test_architecture.py`` checks it): which
 distribution to install for a public name, a precision or a multi-process run when the plugin providing it is
 not installed, and which ``Accelerator`` keyword arguments are aliases of the generic ``backend_config``.
 Installed plugins describe themselves (``PluginInfo``, the ``drivetrain.exports`` entry-point group); these

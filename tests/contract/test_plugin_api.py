@@ -23,7 +23,7 @@ from drivetrain.plugin_api import DistributedEnvironment, PluginInfo
 from drivetrain.plugin_api._moved import ADDED_IN_1_2, REMOVED, moved
 from drivetrain.plugin_api.training import reference_backward
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_top_holds_about_25_names_and_every_declared_name_is_defined():

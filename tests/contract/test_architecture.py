@@ -15,7 +15,7 @@ import pytest
 import drivetrain.plugin_api as plugin_api
 from drivetrain.plugin_api._moved import moved
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KERNEL = ROOT / "core" / "drivetrain"
 
 #: Code that is a plugin: it may import from the kernel only ``drivetrain.plugin_api`` (and ``hookimpl``).

@@ -1,6 +1,6 @@
 """A folder is shared with the user (issue 29, finding 1): ``save_state(folder)`` into an existing folder
 writes and replaces only the files a checkpoint consists of and keeps every other file and subfolder, as
-Accelerate does. The crash side of the rule is in tests/test_checkpoint_crash.py."""
+Accelerate does. The crash side of the rule is in tests/checkpoint/test_checkpoint_crash.py."""
 
 from __future__ import annotations
 

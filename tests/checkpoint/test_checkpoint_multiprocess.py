@@ -16,7 +16,7 @@ from drivetrain.checkpoint import rotation
 from drivetrain.commands.launch import free_port
 from drivetrain.testing import assert_checks_passed, launch_script
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ckpt_multiprocess.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "ckpt_multiprocess.py")
 pytestmark = pytest.mark.multiprocess
 
 # (rank(s) killed, where, the checkpoint load_state() must then pick)

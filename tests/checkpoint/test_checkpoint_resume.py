@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from drivetrain.constants import SAFE_WEIGHTS_INDEX_NAME
 from drivetrain.testing import launch_script
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ckpt_resume.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "ckpt_resume.py")
 EPOCHS = "3"
 # One process: 12 batches per epoch; two processes: 6 each.
 SINGLE = {"boundary": 12, "mid": 17}

@@ -19,7 +19,7 @@ from drivetrain.errors import CheckpointError
 from drivetrain.testing import assert_checks_passed, launch_script
 from drivetrain.utils import ProjectConfiguration, set_seed
 
-SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts")
 
 
 class Counter:

@@ -14,7 +14,7 @@ import torch
 
 from drivetrain.commands.launch import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "scripts"
 pytestmark = pytest.mark.multiprocess
 
@@ -283,7 +283,7 @@ def test_a_rank_that_raises_is_named_first_with_its_error_and_no_abort(tmp_path)
     naming rank 1 and its ValueError, although rank 0 fails too, waiting for it."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "ddp_exit_stress.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "ddp_exit_stress.py"
     spec = importlib.util.spec_from_file_location("ddp_exit_stress", path)
     stress = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(stress)

@@ -17,7 +17,7 @@ from drivetrain.training.optimizer import AcceleratedOptimizer
 from drivetrain.training.scheduler import AcceleratedScheduler
 from drivetrain.utils import set_seed
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _regression_data(n=32, seed=0):

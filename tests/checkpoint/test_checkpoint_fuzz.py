@@ -5,7 +5,7 @@ model untouched; memory must not grow with what a manifest claims.
 
 CI runs ``DRIVETRAIN_FUZZ_CASES`` cases (default 300, a few seconds). More, with another seed:
 
-    DRIVETRAIN_FUZZ_CASES=20000 DRIVETRAIN_FUZZ_SEED=7 python -m pytest tests/test_checkpoint_fuzz.py -q
+    DRIVETRAIN_FUZZ_CASES=20000 DRIVETRAIN_FUZZ_SEED=7 python -m pytest tests/checkpoint/test_checkpoint_fuzz.py -q
 
 A failing case prints its number and mutation; rerun it alone with ``DRIVETRAIN_FUZZ_ONLY=<number>``.
 """

@@ -27,7 +27,7 @@ from drivetrain.contract.selection import select_backend
 from drivetrain.errors import ConfigurationError, PluginError
 from drivetrain.progress import progress_enabled
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ import pytest
 
 from drivetrain.testing import launch_script
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 
 
 @pytest.fixture

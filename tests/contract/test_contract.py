@@ -11,7 +11,7 @@ import pytest
 
 from drivetrain.contract.manager import HOOK_SPECS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HOOK_DOCS = ROOT / "docs" / "hooks.md"
 
 

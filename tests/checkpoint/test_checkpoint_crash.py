@@ -16,7 +16,7 @@ from drivetrain.checkpoint import manifest as manifests
 from drivetrain.checkpoint import publishing, rotation
 from drivetrain.utils import ProjectConfiguration, set_seed
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ckpt_crash.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "ckpt_crash.py")
 
 # (where the saver dies, the checkpoint load_state() must then pick)
 KILL_POINTS = [

@@ -13,7 +13,7 @@ import torch
 from drivetrain.plugin_api import DistributedType, join_process_group
 from drivetrain.testing import launch_script
 
-SCRIPT = str(Path(__file__).parent / "scripts" / "process_group_shutdown.py")
+SCRIPT = str(Path(__file__).parents[1] / "scripts" / "process_group_shutdown.py")
 LAUNCH_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from drivetrain.contract.info import ENTRY_POINT_GROUP
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import json, os, sys

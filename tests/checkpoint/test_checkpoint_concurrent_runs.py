@@ -19,7 +19,7 @@ from drivetrain.checkpoint import rotation
 from drivetrain.errors import CheckpointError, CheckpointWarning
 from drivetrain.utils import ProjectConfiguration
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ckpt_two_runs.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "ckpt_two_runs.py")
 
 
 def _run(project_dir, run, saves, tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 from drivetrain.testing import launch_script
 
-SCRIPT = str(Path(__file__).parent / "scripts" / "ops_collectives.py")
+SCRIPT = str(Path(__file__).parents[1] / "scripts" / "ops_collectives.py")
 
 pytestmark = pytest.mark.multiprocess
 

@@ -1,4 +1,4 @@
-"""One test per hook (named ``test_hook_<name>...``; tests/test_contract.py checks every hook has one).
+"""One test per hook (named ``test_hook_<name>...``; tests/contract/test_contract.py checks every hook has one).
 
 Each registers a small plugin in code and checks that the kernel calls the hook when and how
 hookspecs.py says: first result, chain in composition order, or broadcast.

@@ -6,7 +6,7 @@ and ``DRIVETRAIN_CONFIG_FILE`` in a script.
 
 CI runs ``DRIVETRAIN_FUZZ_CASES`` cases (default 300, a few seconds). More, with another seed:
 
-    DRIVETRAIN_FUZZ_CASES=20000 DRIVETRAIN_FUZZ_SEED=7 python -m pytest tests/test_config_fuzz.py -q
+    DRIVETRAIN_FUZZ_CASES=20000 DRIVETRAIN_FUZZ_SEED=7 python -m pytest tests/settings/test_config_fuzz.py -q
 
 A failing case prints its number and mutation; rerun it alone with ``DRIVETRAIN_FUZZ_ONLY=<number>``.
 """

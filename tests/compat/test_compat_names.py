@@ -15,7 +15,7 @@ import pytest
 
 from peer import names as reference
 
-REPOSITORY = Path(__file__).resolve().parent.parent
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

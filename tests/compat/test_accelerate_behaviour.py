@@ -263,7 +263,7 @@ def test_two_ranks_with_their_own_folders_save_and_resume_one_checkpoint(tmp_pat
 
     from drivetrain.testing import launch_script
 
-    script = Path(__file__).parent / "scripts" / "accelerate_behaviour.py"
+    script = Path(__file__).parents[1] / "scripts" / "accelerate_behaviour.py"
     result = launch_script(
         str(script), num_processes=2, env={"TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
     )
