@@ -111,7 +111,7 @@ def run_prepared(steps: int) -> Timing:
 
     drivetrain.reset_state()
     accelerator = Accelerator()
-    assert accelerator.backend == "xla", accelerator.backend
+    assert accelerator.backend_plugin == "xla", accelerator.backend_plugin
     model, optimizer = build()
     loader = torch.utils.data.DataLoader(dataset(steps * BATCH), batch_size=BATCH)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)

@@ -58,7 +58,7 @@ def main() -> None:
         model, optimizer, train_loader, eval_loader, scheduler
     )
     accelerator.print(
-        f"training on {accelerator.num_processes} process(es), backend {accelerator.backend}, "
+        f"training on {accelerator.num_processes} process(es), backend {accelerator.backend_plugin}, "
         f"device {accelerator.device}, precision {accelerator.mixed_precision}"
     )
 

@@ -1,5 +1,5 @@
 """The reference's public names, module by module: written into peer/reference_names.json (checked in) from the
-pinned sdist, read by tests/test_compat_names.py and scripts/compat_coverage.py.
+pinned sdist, read by tests/compat/test_compat_names.py and scripts/compat_coverage.py.
 
     python -m peer.names --snapshot   # rewrite peer/reference_names.json from the cached (or downloaded) sdist
     python -m peer.names --table      # rewrite docs/compat-coverage.md (drivetrain's side, this environment)
@@ -138,7 +138,7 @@ def write_table() -> None:
         "`drivetrain.utils.modeling`), with every in-tree plugin installed. **implemented**: importable and real "
         "(the kernel's or a plugin's). **plugin**: belongs to a plugin that is not installed (or not written yet): "
         "importable, and using it raises an ImportError naming the distribution. **missing**: not importable yet; "
-        "each is listed in `peer/name_gaps.toml` with its reason, and `tests/test_compat_names.py` fails on any "
+        "each is listed in `peer/name_gaps.toml` with its reason, and `tests/compat/test_compat_names.py` fails on any "
         "other.",
         "",
         "| module | names | implemented | plugin | missing |",

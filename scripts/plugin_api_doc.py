@@ -1,7 +1,7 @@
 """Generate docs/plugins/api.md from ``drivetrain.plugin_api`` and its namespaces (names, signatures, docstrings).
 
 python scripts/plugin_api_doc.py          # rewrite docs/plugins/api.md
-python scripts/plugin_api_doc.py --check  # exit 1 when the page is out of date (tests/test_plugin_api.py)
+python scripts/plugin_api_doc.py --check  # exit 1 when the page is out of date (tests/contract/test_plugin_api.py)
 """
 
 from __future__ import annotations

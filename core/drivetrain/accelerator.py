@@ -20,7 +20,6 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from drivetrain import operations
-from drivetrain.compat.names import JOINABLE_DISTRIBUTED_TYPES
 from drivetrain.config.accelerator_settings import AcceleratorSettings
 from drivetrain.config.dataclasses import (
     DataLoaderConfiguration,
@@ -227,8 +226,14 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         return self.state.mixed_precision
 
     @property
+    def backend_plugin(self) -> str:
+        """The name of the drivetrain backend plugin in charge (``"local"``, ``"ddp"``, ...); torch's process-group
+        backend (``"gloo"``, ``"nccl"``) is ``accelerator.state.backend``."""
+        return self.state.backend_name
+
+    @property
     def backend(self) -> str:
-        """The drivetrain backend plugin in charge (``"local"``, ``"ddp"``, ...)."""
+        """Alias of :attr:`backend_plugin`, the name scripts and plugins written before it use."""
         return self.state.backend_name
 
     @property
@@ -285,7 +290,7 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         return any(optimizer.step_was_skipped for optimizer in self.prepared.optimizers)
 
     def __repr__(self) -> str:
-        return f"Accelerator(backend={self.backend!r}, device={self.device}, processes={self.num_processes})"
+        return f"Accelerator(backend={self.backend_plugin!r}, device={self.device}, processes={self.num_processes})"
 
     # ---------------------------------------------------------------------------------------------------------
     # prepare
@@ -524,28 +529,15 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         with trigger() if trigger is not None else contextlib.nullcontext():
             yield
 
-    @contextlib.contextmanager
-    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+    def join_uneven_inputs(
+        self, joinables: list[Any], even_batches: bool | None = None
+    ) -> contextlib.AbstractContextManager[None]:
         """Train on data loaders whose ranks see different numbers of batches (torch's ``Join``)."""
-        if not self.use_distributed:
-            warnings.warn("join_uneven_inputs does nothing in a single process", stacklevel=3)
-            yield
-            return
-        from torch.distributed.algorithms.join import Join
+        from drivetrain.data.samplers import join_uneven_inputs
 
-        if self.distributed_type.value not in JOINABLE_DISTRIBUTED_TYPES:
-            warnings.warn(
-                f"join_uneven_inputs is only supported for multi-GPU or multi-CPU data parallelism, not "
-                f"{self.distributed_type}; the block runs without it",
-                UserWarning,
-                stacklevel=3,
-            )
-            yield
-            return
-        from drivetrain.data.samplers import even_batches_set_to
-
-        with even_batches_set_to(self.prepared.dataloaders, even_batches), Join(joinables):
-            yield
+        return join_uneven_inputs(
+            joinables, self.prepared.dataloaders, even_batches, self.use_distributed, self.distributed_type
+        )
 
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Any:
         """Context manager: run the block in the Accelerator's mixed precision."""

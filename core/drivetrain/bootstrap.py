@@ -19,7 +19,7 @@ from drivetrain.config.parallelism import DATA_PARALLEL_DIMENSIONS, ParallelismC
 from drivetrain.contract.calling import PluginStack
 from drivetrain.contract.environment import DistributedEnvironment, environment_world_size
 from drivetrain.contract.info import PluginInfo
-from drivetrain.contract.manager import PluginManager, get_plugin_manager
+from drivetrain.contract.manager import PluginRegistry, get_plugin_manager
 from drivetrain.contract.selection import AUTOMATIC_SOURCES, select_backend
 from drivetrain.errors import ConfigurationError, PluginError
 
@@ -120,7 +120,7 @@ def detect_device(stack: PluginStack, cpu: bool, local_rank: int) -> torch.devic
 
 
 def backend_for_device(
-    manager: PluginManager, selection: sources.Setting, device_type: str
+    manager: PluginRegistry, selection: sources.Setting, device_type: str
 ) -> sources.Setting:
     """The backend that runs ``device_type`` when none was asked for: the automatic choice if it declares the
     device, else a backend that asks for it (``PluginInfo.select_for_devices``, an XLA device's backend)."""

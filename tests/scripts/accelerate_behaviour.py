@@ -1,5 +1,5 @@
 """Behaviour scripts written for Accelerate rely on, on two real processes (issue 17). Launched by
-tests/test_accelerate_behaviour.py; prints "accelerate_behaviour OK rank=<r>".
+tests/checkpoint/test_accelerate_checkpoint.py; prints "accelerate_behaviour OK rank=<r>".
 
 - Each rank passes its own folder to save_state/load_state (a tempfile.TemporaryDirectory() per process, as
   Accelerate's test_distributed_data_loop.py does): the checkpoint is one, in the main process's folder, and

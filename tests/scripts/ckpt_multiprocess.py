@@ -1,4 +1,4 @@
-"""Checkpoints under several processes (DDP, gloo); launched by tests/test_checkpoint_multiprocess.py.
+"""Checkpoints under several processes (DDP, gloo); launched by tests/checkpoint/test_checkpoint_multiprocess.py.
 
     python ckpt_multiprocess.py crash  PROJECT        save checkpoint_0, train, start checkpoint_1 and get
                                                       SIGKILLed where CKPT_KILL_AT says, on the rank(s) in
@@ -265,7 +265,7 @@ class Counter:
 
 
 def loader_checkpoint(project_dir: str) -> None:
-    """The objects of tests/test_checkpoint_all_or_nothing.py, two steps in, saved under this many
+    """The objects of tests/checkpoint/test_checkpoint_all_or_nothing.py, two steps in, saved under this many
     processes (each loader's share of a batch is 4 samples)."""
     from torch.utils.data import DataLoader, TensorDataset
 

@@ -1,6 +1,6 @@
 """Property: gather_for_metrics returns exactly the N samples of the data, each once, in real processes.
 
-Launched by tests/test_data_loader_multiprocess.py with 2 and 3 processes. Hypothesis runs derandomized and
+Launched by tests/data/test_data_loader_multiprocess.py with 2 and 3 processes. Hypothesis runs derandomized and
 without shrinking, so every rank draws the same examples in the same order (the collectives would hang
 otherwise). Over: batch size, data length, split_batches, dispatch_batches, drop_last, map-style or
 iterable data, tensors or Python objects (use_gather_object). Prints "data_gather_property OK rank=<r>".

@@ -1,6 +1,6 @@
 """Every sharding mode in real processes: the ranks' samples, put together, cover the data exactly once.
 
-Launched by tests/test_data_loader_multiprocess.py. Each rank seeds torch differently, so shuffled modes only
+Launched by tests/data/test_data_loader_multiprocess.py. Each rank seeds torch differently, so shuffled modes only
 agree because the sampler's generator is synchronised from rank 0 at each epoch (rng_types=["generator"]).
 Prints "data_sharding OK rank=<r>".
 """

@@ -1,4 +1,4 @@
-"""A 2-process job for tests/test_launch_supervision.py and scripts/launcher_kill_stress.py. Each rank writes
+"""A 2-process job for tests/launch/test_launch_supervision.py and scripts/launcher_kill_stress.py. Each rank writes
 its process id into FOLDER (``rank_<r>.pid``), then:
 
 - ``train``: joins the process group, trains and writes a file per step into FOLDER until killed (what a

@@ -1,6 +1,6 @@
 """Checks every collective of drivetrain.operations / drivetrain.operations.random in N real processes (gloo).
 
-Launched by tests/test_operations_multiprocess.py; with DRIVETRAIN_DEBUG_MODE=1 it also checks that
+Launched by tests/ops/test_operations_multiprocess.py; with DRIVETRAIN_DEBUG_MODE=1 it also checks that
 mismatched inputs raise DistributedOperationException on every rank instead of hanging. Prints
 "ops_collectives OK rank=<r>" when every check passed.
 """

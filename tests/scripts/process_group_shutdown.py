@@ -1,7 +1,7 @@
 """A backend's process group through plugin_api alone: join_process_group, a DDP model from
 wrap_data_parallel (registered with release_at_shutdown), one training step, then either the environment's
 shutdown (``--ending shutdown``) or nothing (``--ending exit``: the exit handler must release the model and
-leave the group). Launched by tests/test_process_group.py; prints ``CHECK <name> ok`` per check."""
+leave the group). Launched by tests/launch/test_process_group.py; prints ``CHECK <name> ok`` per check."""
 
 from __future__ import annotations
 

@@ -50,6 +50,11 @@ __all__ = [
 ]
 
 
+# Accelerate calls this guard where DeepSpeed's Ulysses sequence parallelism wraps the model in prepare(); the
+# deepspeed plugin does not set Ulysses up yet (docs/deepspeed.md), so nothing here calls it. It stays because
+# it is the reference's name at this path, which the reference's own tests import (the peer suite's
+# RefuseRecurrentLayersTester); whoever wires Ulysses into the deepspeed plugin offers it through the plugin API
+# and calls it there.
 def _refuse_recurrent_layers_under_sequence_parallelism(model: Any) -> None:
     """Refuse a model whose configuration lists linear-attention layers when its sequence is to be sharded:
     those layers carry a state along the sequence outside the attention call a sequence-parallel backend wraps,

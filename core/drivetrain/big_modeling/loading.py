@@ -1,6 +1,6 @@
 """Loading a checkpoint into a model, tensor by tensor, straight to the device each tensor belongs on.
 
-Safetensors files go through ``drivetrain.big_modeling.reader``: CPU tensors kept in the checkpoint's
+Safetensors files go through ``drivetrain.safetensors_reader``: CPU tensors kept in the checkpoint's
 dtype become views of a private (copy-on-write) mapping of the file, their pages read during the load;
 the others are read into their own memory, one copy from the page cache. Either way host memory holds one
 copy of the model, and tensors mapped to ``"disk"`` are not read at all: the offload index points at them
@@ -22,7 +22,12 @@ from safetensors import safe_open
 
 from drivetrain.big_modeling.device_map import check_device_map, device_for, normalize_device
 from drivetrain.big_modeling.offload_index import save_offload_index, write_offloaded_weights
-from drivetrain.big_modeling.reader import (
+from drivetrain.big_modeling.sizes import to_dtype
+from drivetrain.compat.names import QUANTIZATION_DISTRIBUTION
+from drivetrain.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+from drivetrain.errors import CheckpointError, CheckpointMismatchError
+from drivetrain.progress import track
+from drivetrain.safetensors_reader import (
     DIRECT_READS_SUPPORTED,
     MADV_DONTNEED,
     MADV_WILLNEED,
@@ -35,11 +40,6 @@ from drivetrain.big_modeling.reader import (
     mapped_tensor,
     read_header,
 )
-from drivetrain.big_modeling.sizes import to_dtype
-from drivetrain.compat.names import QUANTIZATION_DISTRIBUTION
-from drivetrain.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
-from drivetrain.errors import CheckpointError, CheckpointMismatchError
-from drivetrain.progress import track
 from drivetrain.untrusted_files import link_on_the_way, outside_folder, read_json_within
 
 logger = logging.getLogger(__name__)

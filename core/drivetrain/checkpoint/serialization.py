@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from drivetrain.big_modeling.reader import SAFETENSORS_DTYPES, TensorReader, read_header
 from drivetrain.checkpoint.files import checkpoint_writer
 from drivetrain.errors import CheckpointError
+from drivetrain.safetensors_reader import SAFETENSORS_DTYPES, TensorReader, read_header
 
 #: safetensors' dtype names, by torch dtype (the reader's table, inverted: one list of what the format holds).
 _SAFETENSORS_DTYPES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}

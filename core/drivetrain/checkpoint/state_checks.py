@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from drivetrain.big_modeling.reader import read_header
 from drivetrain.checkpoint.serialization import _shared_groups
 from drivetrain.errors import CheckpointError
+from drivetrain.safetensors_reader import read_header
 
 
 def check_model_source(model: torch.nn.Module, source: Any, where: str) -> None:

@@ -1,6 +1,6 @@
 """Running a launch's processes under torch's elastic launcher, and saying in one line how they ended.
 
-``drivetrain launch`` resolves its settings (launch.py), then calls :func:`run_job`, which:
+``drivetrain launch`` resolves its settings (launch_plan.py), then launch.py calls :func:`run_job`, which:
 
 - listens on the launch channel (launch_channel.py) for the processes' failures and the backend they used,
   so that nothing is written to the temporary folder (a killed launcher could not remove it);

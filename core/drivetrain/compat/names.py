@@ -1,6 +1,6 @@
 """Accelerate's names that belong to backends, for scripts written for HuggingFace Accelerate.
 
-This is the one file in the kernel that names backends (``tests/test_architecture.py`` checks it): which
+This is the one file in the kernel that names backends (``tests/contract/test_architecture.py`` checks it): which
 distribution to install for a public name, a precision or a multi-process run when the plugin providing it is
 not installed, and which ``Accelerator`` keyword arguments are aliases of the generic ``backend_config``.
 Installed plugins describe themselves (``PluginInfo``, the ``drivetrain.exports`` entry-point group); these
@@ -449,9 +449,6 @@ PLUGIN_NAMES_BY_PATH: dict[str, dict[str, str]] = {
         "sagemaker_launcher": SAGEMAKER_DISTRIBUTION,
     },
 }
-#: Accelerate's names in a megatron module that ``accelerate.utils`` exports under another name.
-MEGATRON_UTILS_ALIASES = _MEGATRON_IN_UTILS
-
 
 #: Accelerate's ``ClusterConfig`` fields after ``BaseConfig``'s, in order: (name, default); a ``dict``/``list``
 #: default means an empty one (``None`` in Accelerate's dataclass, filled in after construction).

@@ -72,8 +72,13 @@ class PluginAccelerator(Protocol):
     def device(self) -> torch.device: ...
 
     @property
+    def backend_plugin(self) -> str:
+        """The name of the distribution backend plugin in charge (``"local"``, ``"ddp"``, ...); torch's
+        process-group backend is ``state.backend``"""
+
+    @property
     def backend(self) -> str:
-        """The name of the distribution backend plugin in charge (``"local"``, ``"ddp"``, ...)"""
+        """Alias of ``backend_plugin`` (contract 1.1's name, kept)"""
 
     @property
     def mixed_precision(self) -> str:

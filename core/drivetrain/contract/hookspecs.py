@@ -18,10 +18,10 @@ How the kernel calls a hook is declared here, by its spec, and nowhere else (``H
 The calls go through pluggy's hook callers (``drivetrain.contract.calling``), so pluggy's monitoring serves
 ``DRIVETRAIN_TRACE_PLUGINS=1``.
 
-Composition order (DESIGN principle 4): device runtime plugins (``kind="device"``: xla, ipex, mps), then
-precision plugins (``kind="precision"``: fp8), then other features (``kind="feature"``: offload), then the
-distribution backend (``kind="backend"``: local, ddp, fsdp, deepspeed, megatron). So an fp8 conversion
-happens before DDP wraps the converted model.
+Composition order (docs/architecture.md, "The order in which plugins wrap a model"): device runtime plugins
+(``kind="device"``: xla, ipex, mps), then precision plugins (``kind="precision"``: fp8), then other features
+(``kind="feature"``: offload), then the distribution backend (``kind="backend"``: local, ddp, fsdp, deepspeed,
+megatron). So an fp8 conversion happens before DDP wraps the converted model.
 
 Every hook's argument names are part of the public contract: an implementation may take any subset of them,
 in any order, and is rejected at registration if it names an argument that is not here. Everything else a

@@ -191,8 +191,10 @@ def _import_with_time_limit(record: DiscoveredPlugin) -> Any:
     return outcome["module"]
 
 
-class PluginManager:
-    """Discovers plugins from entry points, loads them on demand and validates them.
+class PluginRegistry:
+    """Discovers plugins from entry points, loads them on demand and validates them. Not pluggy's
+    ``PluginManager``: it keeps one of those holding every loaded plugin, and each
+    :class:`~drivetrain.contract.calling.PluginStack` keeps its own for the active plugins only.
 
     One instance per process (:func:`get_plugin_manager`); :func:`reset_plugin_manager` forgets it.
     Plugins can also be registered directly (``register(name, module_or_object)``), which tests and
@@ -450,15 +452,19 @@ def check_requirements(info: PluginInfo) -> str | None:
     return next((problem for problem in map(missing_library, info.requires) if problem), None)
 
 
-_manager: PluginManager | None = None
+_manager: PluginRegistry | None = None
 
 
-def get_plugin_manager() -> PluginManager:
-    """The process's plugin manager (created on first use; discovery reads metadata only)."""
+def get_plugin_manager() -> PluginRegistry:
+    """The process's plugin registry (created on first use; discovery reads metadata only)."""
     global _manager
     if _manager is None:
-        _manager = PluginManager()
+        _manager = PluginRegistry()
     return _manager
+
+
+#: The class's name before contract 1.2 (it read as pluggy's); kept for code that imports it.
+PluginManager = PluginRegistry
 
 
 def reset_plugin_manager() -> None:

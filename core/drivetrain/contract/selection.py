@@ -17,7 +17,7 @@ from drivetrain.compat.names import (
 from drivetrain.config import sources
 from drivetrain.contract.environment import environment_world_size
 from drivetrain.contract.info import REFERENCE_BACKEND
-from drivetrain.contract.manager import PluginManager
+from drivetrain.contract.manager import PluginRegistry
 from drivetrain.errors import ConfigurationError, PluginError
 
 #: How ``select_backend`` describes a backend nobody asked for (the device may still pick another one).
@@ -37,7 +37,7 @@ def backend_of_config(config: Any) -> str:
     return name
 
 
-def select_backend(manager: PluginManager, backend: str | None, backend_config: Any) -> sources.Setting:
+def select_backend(manager: PluginRegistry, backend: str | None, backend_config: Any) -> sources.Setting:
     """Decide the distribution backend and check that it is one."""
     chosen = _chosen_backend(manager, backend, backend_config)
     kind = manager.info(chosen.value).kind
@@ -49,7 +49,7 @@ def select_backend(manager: PluginManager, backend: str | None, backend_config: 
     return chosen
 
 
-def _chosen_backend(manager: PluginManager, backend: str | None, backend_config: Any) -> sources.Setting:
+def _chosen_backend(manager: PluginRegistry, backend: str | None, backend_config: Any) -> sources.Setting:
     script_value, script_source = backend, f"Accelerator(backend={backend!r})" if backend else None
     if backend_config is not None:
         implied = backend_of_config(backend_config)
@@ -81,7 +81,7 @@ def _chosen_backend(manager: PluginManager, backend: str | None, backend_config:
     return sources.Setting(automatic, f"{AUTOMATIC_SOURCES[1]} ({world_size} processes)")
 
 
-def _accelerate_backend_switches(manager: PluginManager) -> list[sources.Setting]:
+def _accelerate_backend_switches(manager: PluginRegistry) -> list[sources.Setting]:
     """Accelerate's ``ACCELERATE_USE_FSDP=true`` (its launcher's ``--use_fsdp``; likewise DeepSpeed and
     Megatron-LM): the backend that declares that launch flag. A false value states no choice."""
     found = []
@@ -104,7 +104,7 @@ def _accelerate_backend_switches(manager: PluginManager) -> list[sources.Setting
     return found
 
 
-def precision_plugin(manager: PluginManager, mixed_precision: str) -> str | None:
+def precision_plugin(manager: PluginRegistry, mixed_precision: str) -> str | None:
     """The plugin that provides ``mixed_precision`` (``"fp8"``), None for the built-in precisions. Raises a
     PluginError naming what to install when none is installed."""
     if mixed_precision in BUILTIN_PRECISIONS:
@@ -119,7 +119,7 @@ def precision_plugin(manager: PluginManager, mixed_precision: str) -> str | None
     return providers[0]
 
 
-def backend_settings(manager: PluginManager, backend: str) -> tuple[str | None, dict[str, Any]]:
+def backend_settings(manager: PluginRegistry, backend: str) -> tuple[str | None, dict[str, Any]]:
     """(where they come from, the settings) of backend ``backend`` besides the script's object: what
     ``drivetrain launch`` handed over (its flags and config file), else the config file named by
     ``DRIVETRAIN_CONFIG_FILE`` (see :func:`file_backend_settings`). ``(None, {})`` when there are none."""
@@ -135,7 +135,7 @@ def launched_backend_settings() -> tuple[str | None, dict[str, Any]]:
     return (f"environment {sources.BACKEND_CONFIG_ENV}", launched) if launched else (None, {})
 
 
-def file_backend_settings(manager: PluginManager, backend: str) -> tuple[str | None, dict[str, Any]]:
+def file_backend_settings(manager: PluginRegistry, backend: str) -> tuple[str | None, dict[str, Any]]:
     """Backend ``backend``'s section of the config file named by ``DRIVETRAIN_CONFIG_FILE``, when the file
     selects that backend: Accelerate's section for it (``PluginInfo.config_section``, with ``distributed_type``)
     or drivetrain's ``backend_config`` (with ``backend:``). ``(None, {})`` otherwise."""
@@ -147,7 +147,7 @@ def file_backend_settings(manager: PluginManager, backend: str) -> tuple[str | N
     return f"config file {file.path}, section {section or 'backend_config'}", dict(values)
 
 
-def plugin_options(manager: PluginManager, plugin: str) -> dict[str, Any]:
+def plugin_options(manager: PluginRegistry, plugin: str) -> dict[str, Any]:
     """Plugin ``plugin``'s launch options and config-file keys: what ``drivetrain launch`` handed to this
     process, else the keys it claimed (``registry.add_config_keys``) in the config file named by
     ``DRIVETRAIN_CONFIG_FILE``, checked by the plugin. ``{}`` when there are none."""
@@ -161,7 +161,7 @@ def plugin_options(manager: PluginManager, plugin: str) -> dict[str, Any]:
     return dict(file.values.get("plugin_options", {}).get(plugin, {}))
 
 
-def check_handlers_have_their_plugin(manager: PluginManager, handlers: list[Any], active: list[str]) -> None:
+def check_handlers_have_their_plugin(manager: PluginRegistry, handlers: list[Any], active: list[str]) -> None:
     """A precision plugin's kwargs handler (``FP8RecipeKwargs``) would be silently ignored in a run without
     that precision: say how to ask for it. (Backend handlers such as ``DistributedDataParallelKwargs`` are
     fine in any run: the same script runs on one process or many.)"""

@@ -19,6 +19,9 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 
+from drivetrain.compat.names import JOINABLE_DISTRIBUTED_TYPES
+from drivetrain.config.enums import DistributedType
+
 
 class SeedableRandomSampler(RandomSampler):
     """A ``RandomSampler`` whose order depends only on ``data_seed`` and the epoch.
@@ -305,6 +308,37 @@ class SkipBatchSampler(BatchSampler):
 
     def __iter__(self) -> Iterator[list[int]]:
         return itertools.islice(iter(self.batch_sampler), self.skip_batches, None)
+
+
+@contextlib.contextmanager
+def join_uneven_inputs(
+    joinables: list[Any],
+    loaders: Iterable[Any],
+    even_batches: bool | None,
+    use_distributed: bool,
+    distributed_type: DistributedType,
+) -> Iterator[None]:
+    """``Accelerator.join_uneven_inputs``: torch's ``Join`` over ``joinables`` for the block, with the prepared
+    ``loaders``' ``even_batches`` set as asked; a warning and no join in one process or under a backend that is
+    not plain data parallelism. The warnings name the script's ``with`` line: the Accelerator returns this
+    context manager itself, so the caller is two frames up."""
+    if not use_distributed:
+        warnings.warn("join_uneven_inputs does nothing in a single process", stacklevel=3)
+        yield
+        return
+    from torch.distributed.algorithms.join import Join
+
+    if distributed_type.value not in JOINABLE_DISTRIBUTED_TYPES:
+        warnings.warn(
+            f"join_uneven_inputs is only supported for multi-GPU or multi-CPU data parallelism, not "
+            f"{distributed_type}; the block runs without it",
+            UserWarning,
+            stacklevel=3,
+        )
+        yield
+        return
+    with even_batches_set_to(loaders, even_batches), Join(joinables):
+        yield
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """Everything a drivetrain plugin may import from the kernel: contract 1.2.
 
 A plugin package imports from the kernel only this package (``from drivetrain import hookimpl`` works too).
-In-tree plugins follow the same rule as third parties, and ``tests/test_architecture.py`` enforces it: when a
+In-tree plugins follow the same rule as third parties, and ``tests/contract/test_architecture.py`` enforces it: when a
 plugin needs something the kernel has, it is exported here on purpose, documented in docs/plugins/api.md
 (generated from this package), and covered by the contract's version. Objects hooks receive are documented
 attribute by attribute there; a plugin never reads an underscore attribute of a kernel object.

@@ -22,9 +22,9 @@ from drivetrain.big_modeling.offload_index import (
     save_offload_index,
     write_offloaded_weights,
 )
-from drivetrain.big_modeling.reader import TensorRecord, can_map, map_tensor, populate, read_header
 from drivetrain.big_modeling.tensors import set_module_tensor_to_device
 from drivetrain.config.enums import CustomDtype
+from drivetrain.safetensors_reader import TensorRecord, can_map, map_tensor, populate, read_header
 
 __all__ = [
     # for offloading plugins

@@ -40,7 +40,7 @@ class LocalSGD:
         if accelerator.distributed_type not in SUPPORTED_TYPES:
             raise NotImplementedError(
                 f"LocalSGD averages plain per-process replicas (ddp backend); it does not support "
-                f"distributed_type {accelerator.distributed_type} (backend {accelerator.backend!r})"
+                f"distributed_type {accelerator.distributed_type} (backend {accelerator.backend_plugin!r})"
             )
         if not isinstance(local_sgd_steps, int) or isinstance(local_sgd_steps, bool) or local_sgd_steps < 1:
             raise ValueError(f"LocalSGD local_sgd_steps must be an integer >= 1, got {local_sgd_steps!r}")

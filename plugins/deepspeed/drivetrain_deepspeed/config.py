@@ -31,10 +31,6 @@ DEFAULT_ZERO_STAGE = 2
 QUIET_STEPS_PER_PRINT = 2**62
 
 
-def _optional(validator: Any) -> Any:
-    return attrs.validators.optional(validator)
-
-
 def _named_check(test: Any, expected: str) -> Any:
     """An attrs validator whose error names the field and what would be valid."""
 
@@ -45,10 +41,6 @@ def _named_check(test: Any, expected: str) -> Any:
             )
 
     return check
-
-
-def _is_auto(value: Any) -> bool:
-    return value == "auto"
 
 
 def _to_bool(value: Any) -> Any:

@@ -52,9 +52,9 @@ def detect_device(cpu: bool) -> torch.device | None:
 
 @hookimpl
 def wrap_model(accelerator: PluginAccelerator) -> None:
-    if accelerator.device.type == "xla" and accelerator.backend != "xla":
+    if accelerator.device.type == "xla" and accelerator.backend_plugin != "xla":
         raise ConfigurationError(
-            f"the XLA device trains only with backend 'xla' (this run uses backend {accelerator.backend!r}): "
+            f"the XLA device trains only with backend 'xla' (this run uses backend {accelerator.backend_plugin!r}): "
             "drop backend=/--backend (xla is chosen for the XLA device), or unset PJRT_DEVICE to train "
-            f"with {accelerator.backend!r} without XLA"
+            f"with {accelerator.backend_plugin!r} without XLA"
         )

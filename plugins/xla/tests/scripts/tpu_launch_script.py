@@ -17,7 +17,7 @@ def main():
     optimizer.step()
     print(
         "RESULT",
-        accelerator.backend,
+        accelerator.backend_plugin,
         accelerator.device,
         accelerator.mixed_precision,
         sys.argv[1:],

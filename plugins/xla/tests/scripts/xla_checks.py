@@ -102,7 +102,7 @@ def one_device(workdir: str) -> dict:
         "is_tpu": is_torch_xla_available(check_is_tpu=True),
     }
     accelerator = Accelerator()
-    result["backend"] = accelerator.backend
+    result["backend"] = accelerator.backend_plugin
     result["backend_source"] = accelerator.state.backend_source
     result["device"] = str(accelerator.device)
     result["distributed_type"] = accelerator.distributed_type.value
