@@ -4,12 +4,13 @@ keyword-argument handlers a script passes in ``Accelerator(kwargs_handlers=[...]
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from drivetrain.config.backend_config import BackendConfigReader
 from drivetrain.config.backend_config import resolve as _resolve_backend_config
 from drivetrain.config.kwargs_handlers import KwargsHandler
-from drivetrain.config.sources import to_bool
+from drivetrain.config.sources import BACKEND_CONFIG_ENV, CONFIG_FILE_ENV, to_bool
 from drivetrain.contract.manager import get_plugin_manager
 from drivetrain.contract.selection import backend_settings as _backend_settings
 from drivetrain.contract.selection import file_backend_settings as _file_backend_settings
@@ -52,9 +53,6 @@ def resolve_backend_config(reader: BackendConfigReader, given: Any) -> Any:
     ``drivetrain.reset_state()`` forgets it. A process that changes ``DRIVETRAIN_BACKEND_CONFIG`` or
     ``DRIVETRAIN_CONFIG_FILE`` between two Accelerators (the conformance suite does) gets a new resolution.
     See docs/configuration.md and :class:`BackendConfigReader`."""
-    import os
-
-    from drivetrain.config.sources import BACKEND_CONFIG_ENV, CONFIG_FILE_ENV
     from drivetrain.state import PartialState
 
     # The raw text of the two variables: two lookups, cheap enough for backends that ask every step.
