@@ -97,7 +97,7 @@ def classify(reference_module: str, name: str) -> tuple[str, str]:
     """
     import importlib
 
-    from drivetrain.compat import names
+    from drivetrain.compat import install_hints, paths
     from drivetrain.contract import reexport
 
     try:
@@ -110,7 +110,9 @@ def classify(reference_module: str, name: str) -> tuple[str, str]:
         return "missing", f"{type(error).__name__}: {error}"
     if isinstance(value, reexport._MissingPluginName):
         return "plugin", value.distribution
-    owned = names.PLUGIN_NAMES_BY_PATH.get(reference_module, {}).get(name) or names.PLUGIN_EXPORTS.get(name)
+    owned = paths.PLUGIN_NAMES_BY_PATH.get(reference_module, {}).get(
+        name
+    ) or install_hints.PLUGIN_EXPORTS.get(name)
     return "implemented", f"plugin {owned}" if owned and getattr(value, "__module__", "").startswith(
         "drivetrain_"
     ) else ""
@@ -144,7 +146,7 @@ def write_table() -> None:
         "| module | names | implemented | plugin | missing |",
         "|---|---|---|---|---|",
     ]
-    from drivetrain.compat.names import UNPUBLISHED_DISTRIBUTIONS
+    from drivetrain.compat.distributions import UNPUBLISHED_DISTRIBUTIONS
 
     details = []
     for module, found in results.items():

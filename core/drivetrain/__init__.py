@@ -9,6 +9,7 @@ import os as _os
 from typing import Any
 
 from drivetrain.compat import moved as _moved
+from drivetrain.compat import paths as _paths
 from drivetrain.contract import reexport as _reexport
 from drivetrain.contract.hookspecs import CONTRACT_VERSION, hookimpl, hookspec
 
@@ -20,6 +21,7 @@ __version__ = "1.15.0"
 __accelerate_api__ = "1.15.0"
 
 _moved.install()  # contract 1.0's module paths still import, with a warning naming the new one
+_reexport.install()  # Accelerate's module paths with no file here (drivetrain.hooks, ...) are made from tables
 
 if _os.environ.get("DRIVETRAIN_LAUNCH_CHANNEL"):
     # A process of `drivetrain launch`: its uncaught error goes to the launcher, and is printed only when it
@@ -69,6 +71,10 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module("drivetrain.utils.rich")
+    if f"{__name__}.{name}" in _paths.GENERATED_MODULES:  # drivetrain.hooks, ... as attributes, as in Accelerate
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
     return _getattr(name)
 
 

@@ -124,7 +124,8 @@ def test_quantization_names_without_the_bnb_plugin_name_it(monkeypatch):
 
 
 def test_names_of_unpublished_plugins_say_so_instead_of_naming_a_package_to_install():
-    from drivetrain.compat.names import PLUGIN_NAMES_BY_PATH, UNPUBLISHED_DISTRIBUTIONS
+    from drivetrain.compat.distributions import UNPUBLISHED_DISTRIBUTIONS
+    from drivetrain.compat.paths import PLUGIN_NAMES_BY_PATH
 
     for module, name in (
         ("drivetrain.inference", "prepare_pippy"),

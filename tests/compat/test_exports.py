@@ -8,7 +8,7 @@ import pytest
 
 import drivetrain
 import drivetrain.utils
-from drivetrain.compat.names import PLUGIN_EXPORTS
+from drivetrain.compat.install_hints import PLUGIN_EXPORTS
 
 
 @pytest.mark.parametrize("module_name", ["drivetrain", "drivetrain.utils"])

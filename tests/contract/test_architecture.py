@@ -53,10 +53,13 @@ BACKEND_WORDS = (
 _WORD = re.compile(r"(?<![a-z0-9])(" + "|".join(BACKEND_WORDS) + r")(?![a-z0-9])")
 _DISTRIBUTION = re.compile(r"pip install drivetrain-[a-z0-9]+")
 
+#: The compatibility tables: the one place where the kernel names backends (core/drivetrain/compat/).
+COMPAT_TABLES = ("paths", "install_hints", "cli_options", "availability", "distributions", "behaviour")
+
 #: The exceptions, in one place: Accelerate's names that a script passes or compares against.
 ALLOWED = {
-    # Accelerate's names that belong to backends: the install hints when a plugin is missing.
-    "core/drivetrain/compat/names.py": {"*"},
+    # Accelerate's names that belong to backends, by kind (paths, install hints, CLI options, availability).
+    **{f"core/drivetrain/compat/{kind}.py": {"*"} for kind in COMPAT_TABLES},
     # Accelerate's enum values (DistributedType.DEEPSPEED, PrecisionType.FP8, ...).
     "core/drivetrain/config/enums.py": {"*"},
     # Accelerate's ParallelismConfig property (the mesh dimensions a sharding backend runs over).
@@ -258,7 +261,7 @@ def test_the_kernel_names_no_backend():
                 problems.append(f"{relative}:{line}: {text[:80]}")
     assert not problems, (
         "the kernel names no backend (backend facts come from the plugins' PluginInfo; Accelerate's names "
-        "go in core/drivetrain/compat/names.py):\n" + "\n".join(problems)
+        "go in the tables of core/drivetrain/compat/):\n" + "\n".join(problems)
     )
 
 

@@ -25,7 +25,7 @@ from drivetrain.big_modeling.sizes import (
     get_max_memory,
     parse_size,
 )
-from drivetrain.compat.names import MODULE_HOOK_NAMES, OFFLOAD_FUNCTION_NAMES, PLUGIN_NAMES_BY_PATH
+from drivetrain.compat.paths import MODULE_HOOK_NAMES, OFFLOAD_FUNCTION_NAMES, PLUGIN_NAMES_BY_PATH
 
 # Provided by the offload plugin, resolved on first use.
 PLUGIN_NAMES = (*MODULE_HOOK_NAMES, *OFFLOAD_FUNCTION_NAMES, *PLUGIN_NAMES_BY_PATH["accelerate.big_modeling"])

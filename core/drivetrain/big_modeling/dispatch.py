@@ -20,7 +20,7 @@ from drivetrain.big_modeling.device_map import (
     resolve_device_map,
 )
 from drivetrain.big_modeling.loading import load_checkpoint_in_model
-from drivetrain.compat.names import OFFLOAD_DISTRIBUTION
+from drivetrain.compat.distributions import OFFLOAD_DISTRIBUTION
 from drivetrain.contract.manager import get_plugin_manager
 from drivetrain.errors import PluginError
 

@@ -23,7 +23,7 @@ from safetensors import safe_open
 from drivetrain.big_modeling.device_map import check_device_map, device_for, normalize_device
 from drivetrain.big_modeling.offload_index import save_offload_index, write_offloaded_weights
 from drivetrain.big_modeling.sizes import to_dtype
-from drivetrain.compat.names import QUANTIZATION_DISTRIBUTION
+from drivetrain.compat.distributions import QUANTIZATION_DISTRIBUTION
 from drivetrain.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 from drivetrain.errors import CheckpointError, CheckpointMismatchError
 from drivetrain.progress import track

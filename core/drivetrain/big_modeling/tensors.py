@@ -559,9 +559,9 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
     device_type = state.device.type
     if precision == "fp16":
         return torch.autocast(device_type=device_type, dtype=torch.float16, **kwargs)
-    from drivetrain.compat import names
+    from drivetrain.compat import behaviour
 
-    if precision in names.ACCELERATE_BF16_AUTOCAST_PRECISIONS:
+    if precision in behaviour.ACCELERATE_BF16_AUTOCAST_PRECISIONS:
         return torch.autocast(device_type=device_type, dtype=torch.bfloat16, **kwargs)
     return torch.autocast(device_type=device_type, **kwargs)
 
@@ -569,15 +569,15 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
 def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> Any:
     """The gradient scaler for fp16 on the machine's accelerator (``cuda`` when there is none); torch's sharded
     scaler for a distributed type whose parameters are sharded."""
-    from drivetrain.compat import names
+    from drivetrain.compat import behaviour
 
     if (
         distributed_type is not None
-        and str(getattr(distributed_type, "value", distributed_type)) in names.ACCELERATE_SHARDED_SCALER_TYPES
+        and str(getattr(distributed_type, "value", distributed_type)) in behaviour.ACCELERATE_SHARDED_SCALER_TYPES
     ):
         import importlib
 
-        module, _, attribute = names.SHARDED_GRAD_SCALER.partition(":")
+        module, _, attribute = behaviour.SHARDED_GRAD_SCALER.partition(":")
         return getattr(importlib.import_module(module), attribute)(**kwargs)
     accelerator = getattr(torch, "accelerator", None)
     current = (

@@ -39,7 +39,7 @@ from drivetrain.commands.launch_plan import (  # noqa: F401  (re-exported: impor
     torchrun_arguments,
 )
 from drivetrain.commands.parsing import UsageError, exit_code_of
-from drivetrain.compat.names import ACCELERATE_BACKEND_FLAGS
+from drivetrain.compat.install_hints import ACCELERATE_BACKEND_FLAGS
 from drivetrain.errors import ConfigurationError
 from drivetrain.launchers import free_port  # noqa: F401  (re-exported: importable from here as before)
 
@@ -100,15 +100,15 @@ FORMAT = "%(asctime)s - %(levelname)s - %(name)s - %(message)s"
 
 
 def __getattr__(name: str) -> Any:
-    from drivetrain.compat import names
+    from drivetrain.compat import cli_options, paths
 
     if name == "options_to_group":
-        return dict(names.ACCELERATE_LAUNCH_OPTION_GROUPS)
+        return dict(cli_options.ACCELERATE_LAUNCH_OPTION_GROUPS)
     if name == "logger":
         from drivetrain.logging import get_logger
 
         return get_logger(__name__)
-    owned = names.PLUGIN_NAMES_BY_PATH["accelerate.commands.launch"]
+    owned = paths.PLUGIN_NAMES_BY_PATH["accelerate.commands.launch"]
     if name in owned:
         from drivetrain.contract.reexport import plugin_name
 
@@ -118,10 +118,10 @@ def __getattr__(name: str) -> Any:
 
 def clean_option(option: str) -> str | None:
     """``--num-processes`` -> ``num_processes`` (the ``dest`` of a long option); None for a short one."""
-    from drivetrain.compat import names
+    from drivetrain.compat import cli_options
 
-    if names.ACCELERATE_PRECISION_BACKEND_OPTION in option:
-        option = "--" + names.ACCELERATE_PRECISION_BACKEND_OPTION
+    if cli_options.ACCELERATE_PRECISION_BACKEND_OPTION in option:
+        option = "--" + cli_options.ACCELERATE_PRECISION_BACKEND_OPTION
     return option[2:].replace("-", "_") if option.startswith("--") else None
 
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from drivetrain.commands.parsing import ArgumentParser, UsageError, add_option
-from drivetrain.compat.names import ACCELERATE_BACKEND_FLAGS
+from drivetrain.compat.install_hints import ACCELERATE_BACKEND_FLAGS
 from drivetrain.config.file import PRECISIONS, RDZV_BACKENDS
 from drivetrain.errors import PluginError
 
@@ -303,7 +303,7 @@ def _add_accelerate_stand_ins(parser: argparse.ArgumentParser) -> None:
     """Accelerate's launch options that no installed plugin declares (accepted; a run that sets one is refused
     in one line naming the distribution that reads it), and the ``--kebab-case`` twin of every
     ``--snake_case`` option a plugin declared with one spelling only."""
-    from drivetrain.compat.names import ACCELERATE_LAUNCH_PLUGIN_OPTIONS
+    from drivetrain.compat.cli_options import ACCELERATE_LAUNCH_PLUGIN_OPTIONS
 
     group = parser.add_argument_group("Accelerate options of plugins that are not installed")
     owners: dict[str, str] = {}

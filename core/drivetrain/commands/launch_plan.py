@@ -17,7 +17,8 @@ from typing import Any
 from drivetrain import rank_guard
 from drivetrain.commands.launch_options import DEFAULT_MULTI_NODE_PORT, PARALLELISM_FLAGS
 from drivetrain.commands.parsing import UsageError
-from drivetrain.compat.names import ACCELERATE_BACKEND_FLAGS, MULTIPROCESS_BACKEND_DISTRIBUTION
+from drivetrain.compat.distributions import MULTIPROCESS_BACKEND_DISTRIBUTION
+from drivetrain.compat.install_hints import ACCELERATE_BACKEND_FLAGS
 from drivetrain.config.file import KEYS, ConfigFile, load_config
 from drivetrain.config.sources import BACKEND_CONFIG_ENV, PLUGIN_OPTIONS_ENV
 from drivetrain.errors import ConfigurationError

@@ -66,7 +66,7 @@ def build_parser(plugin_errors: list[str] | None = None, plugin_commands: bool =
     errors = plugin_errors if plugin_errors is not None else []
     added = _plugin_commands(errors) if plugin_commands else {}
     from drivetrain.commands.plugin_commands import stand_in
-    from drivetrain.compat.names import ACCELERATE_PLUGIN_COMMANDS
+    from drivetrain.compat.cli_options import ACCELERATE_PLUGIN_COMMANDS
 
     for command in ACCELERATE_PLUGIN_COMMANDS:  # Accelerate's plugin commands, when no plugin provides them
         if command not in added:

@@ -28,9 +28,9 @@ def register_parser(parser: argparse.ArgumentParser) -> None:
 def merge_command(args: argparse.Namespace) -> None:
     import importlib
 
-    from drivetrain.compat import names
+    from drivetrain.compat import cli_options
 
-    merge = getattr(importlib.import_module("drivetrain.utils"), names.ACCELERATE_MERGE_FUNCTION)
+    merge = getattr(importlib.import_module("drivetrain.utils"), cli_options.ACCELERATE_MERGE_FUNCTION)
     merge(
         args.checkpoint_directory, args.output_path, not args.unsafe_serialization, args.remove_checkpoint_dir
     )

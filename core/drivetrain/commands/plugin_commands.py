@@ -1,5 +1,5 @@
 """Accelerate's commands that a plugin provides (``to-fsdp2``, ``tpu-config``: see
-:data:`drivetrain.compat.names.ACCELERATE_PLUGIN_COMMANDS`). An installed plugin registers the real command
+:data:`drivetrain.compat.cli_options.ACCELERATE_PLUGIN_COMMANDS`). An installed plugin registers the real command
 (``registry.add_command``); without it, the command accepts Accelerate's options and fails in one line naming
 the distribution to install."""
 
@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Callable
 
 from drivetrain.commands.parsing import add_option
-from drivetrain.compat import names
+from drivetrain.compat import cli_options
 from drivetrain.errors import UsageError
 
 
@@ -17,7 +17,7 @@ def stand_in(
     command: str,
 ) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]:
     """``(register_parser, run, help)`` of the stand-in for ``command``."""
-    distribution, help_text, options = names.ACCELERATE_PLUGIN_COMMANDS[command]
+    distribution, help_text, options = cli_options.ACCELERATE_PLUGIN_COMMANDS[command]
 
     def register_parser(parser: argparse.ArgumentParser) -> None:
         for flag, takes_value, repeatable in options:

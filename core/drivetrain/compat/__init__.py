@@ -1,2 +1,9 @@
-"""Accelerate compatibility: names.py lists Accelerate's names that belong to backend plugins (the one file of
-the kernel that names backends; it words the error when a plugin is missing)."""
+"""Accelerate compatibility, in one place, split by kind:
+
+- tables (the one place where the kernel names backends): ``paths`` (Accelerate's module paths and the names each
+  holds, including the paths generated without a file), ``install_hints`` (which distribution to install),
+  ``cli_options`` (Accelerate's command-line surface that belongs to plugins), ``availability`` (the
+  ``is_*_available`` checks, specified), ``distributions``;
+- ``moved`` (drivetrain's own moved module paths) and ``placeholders`` (names of plugins not installed);
+- ``accelerate_api``: code that exists only because Accelerate has it, with no other kernel home.
+"""

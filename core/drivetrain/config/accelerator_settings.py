@@ -13,7 +13,7 @@ import dataclasses
 import warnings
 from typing import Any
 
-from drivetrain.compat.names import BACKEND_CONFIG_KWARGS
+from drivetrain.compat.paths import BACKEND_CONFIG_KWARGS
 from drivetrain.config import sources
 from drivetrain.config.dataclasses import (
     DataLoaderConfiguration,

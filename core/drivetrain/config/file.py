@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from drivetrain.compat.names import ACCELERATE_PLUGIN_KEYS, ACCELERATE_SECTIONS
+from drivetrain.compat.install_hints import ACCELERATE_PLUGIN_KEYS, ACCELERATE_SECTIONS
 from drivetrain.config.bounded_yaml import load_mapping, short_repr
 from drivetrain.config.enums import DistributedType, PrecisionType
 from drivetrain.config.sources import FALSE_WORDS, TRUE_WORDS, to_bool
@@ -164,7 +164,7 @@ ACCELERATE_SHARED_KEYS = (
     "gradient_accumulation_steps",
 )
 #: Accelerate keys that have no effect in drivetrain (SageMaker, affinity, ...) or belong to a plugin that is
-#: not installed (compat.names.ACCELERATE_PLUGIN_KEYS): accepted, ignored. A plugin that owns a key reads it.
+#: not installed (compat.install_hints.ACCELERATE_PLUGIN_KEYS): accepted, ignored. A plugin that owns a key reads it.
 ACCELERATE_IGNORED_KEYS = (
     "compute_environment",
     "enable_cpu_affinity",

@@ -27,7 +27,7 @@ import os
 import warnings
 from typing import Any
 
-from drivetrain.compat.names import SEQUENCE_PARALLEL_BACKENDS
+from drivetrain.compat.behaviour import SEQUENCE_PARALLEL_BACKENDS
 from drivetrain.config import sources
 from drivetrain.errors import ConfigurationError
 

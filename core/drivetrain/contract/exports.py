@@ -8,7 +8,8 @@ import importlib
 import importlib.metadata as importlib_metadata
 from typing import Any
 
-from drivetrain.compat.names import PLUGIN_EXPORTS, UNPUBLISHED_DISTRIBUTIONS
+from drivetrain.compat.distributions import UNPUBLISHED_DISTRIBUTIONS
+from drivetrain.compat.install_hints import PLUGIN_EXPORTS
 from drivetrain.contract.info import EXPORTS_GROUP
 from drivetrain.contract.manager import get_plugin_manager
 from drivetrain.errors import PluginError

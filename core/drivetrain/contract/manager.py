@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from drivetrain.compat.names import ACCELERATE_DISTRIBUTED_TYPES
+from drivetrain.compat.install_hints import ACCELERATE_DISTRIBUTED_TYPES
 from drivetrain.config import sources
 from drivetrain.contract import hookspecs
 from drivetrain.contract.attribution import attribute

@@ -10,11 +10,14 @@ using it (calling it, reading an attribute) raises an ImportError naming the dis
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import sys
+from types import ModuleType
 from collections.abc import Callable
 from typing import Any
 
-from drivetrain.compat import names
+from drivetrain.compat import distributions, install_hints, paths
 from drivetrain.compat.placeholders import _MissingPluginName, missing_plugin_name  # noqa: F401
 
 
@@ -28,13 +31,13 @@ def plugin_name(name: str, distribution: str | None, module: str) -> Any:
     for entry_point in importlib_metadata.entry_points(group=EXPORTS_GROUP):
         if entry_point.name == name:
             return entry_point.load()
-    hinted = distribution or names.PLUGIN_EXPORTS.get(name)
+    hinted = distribution or install_hints.PLUGIN_EXPORTS.get(name)
     if hinted is None:
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
     try:
         installed = importlib_metadata.version(hinted)
     except importlib_metadata.PackageNotFoundError:
-        return missing_plugin_name(name, hinted, module, names.UNPUBLISHED_DISTRIBUTIONS.get(hinted))
+        return missing_plugin_name(name, hinted, module, distributions.UNPUBLISHED_DISTRIBUTIONS.get(hinted))
     placeholder = missing_plugin_name(name, hinted, module)
     placeholder.missing_message = (
         f"{name} ({accelerate_path(module)}) is not provided by the installed {hinted} {installed}"
@@ -61,11 +64,11 @@ def reexport(
 
     ``table`` maps a name to ``"module"`` (same name there) or ``"module:attribute"``. Names for this Accelerate
     path that spell a backend (``is_<backend>_available``, ``<BACKEND>_MODEL_NAME``) and the names plugins own
-    are listed in :mod:`drivetrain.compat.names` and merged in here.
+    are listed in :mod:`drivetrain.compat.paths` and merged in here.
     """
     accelerate_module = accelerate_path(module_name)
-    full = {**table, **names.KERNEL_NAMES_BY_PATH.get(accelerate_module, {})}
-    owned = names.PLUGIN_NAMES_BY_PATH.get(accelerate_module, {})
+    full = {**table, **paths.KERNEL_NAMES_BY_PATH.get(accelerate_module, {})}
+    owned = paths.PLUGIN_NAMES_BY_PATH.get(accelerate_module, {})
     public = sorted({*full, *owned})
 
     def __getattr__(name: str) -> Any:
@@ -78,8 +81,8 @@ def reexport(
             value = getattr(importlib.import_module(module_path), attribute or name)
         elif name in owned:
             value = plugin_name(name, owned[name], module_name)
-        elif name in names.PLUGIN_EXPORTS and module_name in _PLUGIN_NAMESPACES:
-            value = plugin_name(name, names.PLUGIN_EXPORTS[name], module_name)
+        elif name in install_hints.PLUGIN_EXPORTS and module_name in _PLUGIN_NAMESPACES:
+            value = plugin_name(name, install_hints.PLUGIN_EXPORTS[name], module_name)
         else:
             raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
         setattr(sys.modules[module_name], name, value)
@@ -89,3 +92,57 @@ def reexport(
         return public
 
     return __getattr__, __dir__, public
+
+
+class _GeneratedModuleLoader(importlib.abc.Loader):
+    """Makes the module of one of Accelerate's paths from its table in :data:`compat.paths.GENERATED_MODULES`:
+    no file, only the table (``__getattr__`` resolves a name on first use, as :func:`reexport` does)."""
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return ModuleType(spec.name)
+
+    def exec_module(self, module: ModuleType) -> None:
+        name = module.__name__
+        table = paths.GENERATED_MODULES[name]
+        resolve, listing, public = reexport(name, table)
+        submodules = sorted(
+            child.rpartition(".")[2] for child in paths.GENERATED_MODULES if child.rpartition(".")[0] == name
+        )
+
+        def __getattr__(attribute: str) -> Any:
+            if (
+                attribute in submodules
+            ):  # ``drivetrain.utils.modeling`` reached as an attribute, as in Accelerate
+                return importlib.import_module(f"{name}.{attribute}")
+            return resolve(attribute)
+
+        module.__doc__ = (
+            f"Accelerate's ``{accelerate_path(name)}``, generated from its table in drivetrain.compat.paths: "
+            "each name resolves to where it lives in drivetrain (the kernel or the plugin providing it)."
+        )
+        module.__getattr__ = __getattr__  # type: ignore[attr-defined]
+        module.__dir__ = listing  # type: ignore[attr-defined]
+        module.__all__ = public  # type: ignore[attr-defined]
+        on_import = paths.ON_IMPORT.get(name)
+        if on_import is not None:  # a path whose import does something in Accelerate (a warning, a handler)
+            importlib.import_module(on_import)
+
+
+class GeneratedModuleFinder(importlib.abc.MetaPathFinder):
+    """Finds the paths in :data:`compat.paths.GENERATED_MODULES` (and nothing else)."""
+
+    def find_spec(
+        self, fullname: str, path: Any = None, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in paths.GENERATED_MODULES:
+            return None
+        spec = importlib.machinery.ModuleSpec(fullname, _GeneratedModuleLoader(), origin="generated")
+        if any(child.startswith(fullname + ".") for child in paths.GENERATED_MODULES):
+            spec.submodule_search_locations = []  # a package: its generated submodules import too
+        return spec
+
+
+def install() -> None:
+    """Put the finder on ``sys.meta_path`` once (``import drivetrain`` does)."""
+    if not any(isinstance(finder, GeneratedModuleFinder) for finder in sys.meta_path):
+        sys.meta_path.append(GeneratedModuleFinder())

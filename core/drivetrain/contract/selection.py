@@ -9,11 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from drivetrain.compat.names import (
-    ACCELERATE_BACKEND_FLAGS,
-    MULTIPROCESS_BACKEND_DISTRIBUTION,
-    PRECISION_DISTRIBUTIONS,
-)
+from drivetrain.compat.distributions import MULTIPROCESS_BACKEND_DISTRIBUTION
+from drivetrain.compat.install_hints import ACCELERATE_BACKEND_FLAGS, PRECISION_DISTRIBUTIONS
 from drivetrain.config import sources
 from drivetrain.contract.environment import environment_world_size
 from drivetrain.contract.info import REFERENCE_BACKEND

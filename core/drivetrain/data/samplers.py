@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 
-from drivetrain.compat.names import JOINABLE_DISTRIBUTED_TYPES
+from drivetrain.compat.behaviour import JOINABLE_DISTRIBUTED_TYPES
 from drivetrain.config.enums import DistributedType
 
 

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from drivetrain.compat.names import TRACKERS_DISTRIBUTION
+from drivetrain.compat.distributions import TRACKERS_DISTRIBUTION
 from drivetrain.errors import ConfigurationError, PluginError
 from drivetrain.logging import process_rank
 

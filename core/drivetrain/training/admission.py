@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.compat.names import QUANTIZED_CPU_EXCLUDED_DEVICE
+from drivetrain.compat.availability import QUANTIZED_CPU_EXCLUDED_DEVICE
 
 
 def quantization_computes_on_cpu() -> bool:

@@ -1,13 +1,13 @@
 """Accelerate's ``accelerate.utils.constants``: file names, version thresholds and option lists, with
 Accelerate's values (checkpoints and config files interchange). Those that name a backend come from
-:data:`drivetrain.compat.names.ACCELERATE_BACKEND_CONSTANTS`."""
+:data:`drivetrain.compat.paths.ACCELERATE_BACKEND_CONSTANTS`."""
 
 from __future__ import annotations
 
 import operator
 from typing import Any
 
-from drivetrain.compat import names
+from drivetrain.compat import availability, paths
 from drivetrain.constants import (  # noqa: F401 - Accelerate's module lists them too
     MODEL_NAME,
     OPTIMIZER_NAME,
@@ -52,16 +52,16 @@ TORCH_LAUNCH_PARAMS = [
 ]  # fmt: skip
 #: Distributed types whose collectives go through torch.distributed (Accelerate's list, by enum value).
 TORCH_DISTRIBUTED_OPERATION_TYPES = [
-    *names.ACCELERATE_BACKEND_CONSTANTS["CUDA_DISTRIBUTED_TYPES"],
-    *(pair[1] for _, pair in names.ACCELERATE_DEVICE_ORDER if pair[1] != "MULTI_NEURON"),
+    *paths.ACCELERATE_BACKEND_CONSTANTS["CUDA_DISTRIBUTED_TYPES"],
+    *(pair[1] for _, pair in availability.ACCELERATE_DEVICE_ORDER if pair[1] != "MULTI_NEURON"),
     "MULTI_CPU",
     "MULTI_NEURON",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name in names.ACCELERATE_BACKEND_CONSTANTS:
-        return names.ACCELERATE_BACKEND_CONSTANTS[name]
+    if name in paths.ACCELERATE_BACKEND_CONSTANTS:
+        return paths.ACCELERATE_BACKEND_CONSTANTS[name]
     if name == "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING":  # torch.nn only when asked for
         import torch
 
@@ -74,5 +74,5 @@ def __getattr__(name: str) -> Any:
 
 __all__ = sorted(
     [name for name in globals() if name.isupper()]
-    + [*names.ACCELERATE_BACKEND_CONSTANTS, "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING"]
+    + [*paths.ACCELERATE_BACKEND_CONSTANTS, "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING"]
 )

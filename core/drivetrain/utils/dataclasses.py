@@ -10,9 +10,9 @@ from drivetrain.contract.reexport import LOGGER, reexport
 
 def _literal(name: str) -> Any:
     """Accelerate's type aliases for options of the precision and profiling configurations."""
-    from drivetrain.compat import names
+    from drivetrain.compat import paths
 
-    return Literal[names.ACCELERATE_LITERALS[name]]  # type: ignore[valid-type]
+    return Literal[paths.ACCELERATE_LITERALS[name]]  # type: ignore[valid-type]
 
 
 def get_module_class_from_name(module: Any, name: str) -> type | None:
@@ -48,9 +48,9 @@ _reexport_getattr, __dir__, _names = reexport(
 
 
 def __getattr__(name: str) -> Any:
-    from drivetrain.compat import names
+    from drivetrain.compat import paths
 
-    if name in names.ACCELERATE_LITERALS:
+    if name in paths.ACCELERATE_LITERALS:
         return _literal(name)
     return _reexport_getattr(name)
 

@@ -74,10 +74,10 @@ def are_libraries_initialized(*library_names: str) -> list[str]:
 def get_current_device_type() -> tuple[str, str]:
     """``(device type, distributed type)`` of the accelerator present, found without initialising it; CUDA's
     pair when none of the others is."""
-    from drivetrain.compat import names
+    from drivetrain.compat import availability
     from drivetrain.utils import imports
 
-    for check, pair in names.ACCELERATE_DEVICE_ORDER:
+    for check, pair in availability.ACCELERATE_DEVICE_ORDER:
         if getattr(imports, check)():
             return pair
     return "cuda", "MULTI_GPU"

@@ -1,7 +1,7 @@
 """Accelerate's ``accelerate.utils.imports``: the ``is_*_available`` family, answered from what is installed and
 what torch reports, without importing the library asked about (a check must stay cheap).
 
-The checks that name a library or device are specified in :data:`drivetrain.compat.names.ACCELERATE_AVAILABILITY`
+The checks that name a library or device are specified in :data:`drivetrain.compat.availability.ACCELERATE_AVAILABILITY`
 (the kernel names no backend elsewhere); this module evaluates them. Every check accepts and ignores the keyword
 arguments Accelerate's variants take (``check_device=``, ``min_version=``...), except where noted.
 """
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from drivetrain.compat import names
+from drivetrain.compat import availability
 from drivetrain.config.sources import env_flag, to_bool
 from drivetrain.contract.reexport import reexport
 from drivetrain.training.admission import quantization_computes_on_cpu
@@ -65,7 +65,7 @@ def _device_available(package: str | None, attribute: str) -> bool:
 
 @functools.cache
 def _evaluate(name: str) -> bool:
-    spec = names.ACCELERATE_AVAILABILITY[name]
+    spec = availability.ACCELERATE_AVAILABILITY[name]
     if "env" in spec:
         variable, default = spec["env"]
         if not env_flag(variable, default=to_bool(default)):
@@ -107,7 +107,7 @@ def _check(name: str) -> Callable[..., bool]:
         return _evaluate(name)
 
     check.__name__ = check.__qualname__ = name
-    check.__doc__ = f"Accelerate's ``{name}``: see drivetrain.compat.names.ACCELERATE_AVAILABILITY."
+    check.__doc__ = f"Accelerate's ``{name}``: see drivetrain.compat.availability.ACCELERATE_AVAILABILITY."
     return check
 
 
@@ -227,20 +227,20 @@ def is_bf16_available(*args: Any, **kwargs: Any) -> bool:
 
     if is_cuda_available():
         return torch.cuda.is_bf16_supported()
-    for check, attribute in names.ACCELERATE_BF16_DEVICES:
+    for check, attribute in availability.ACCELERATE_BF16_DEVICES:
         if _evaluate(check):
             return bool(getattr(torch, attribute).is_bf16_supported())
     return True
 
 
 def is_fp16_available() -> bool:
-    return not _evaluate(names.ACCELERATE_NO_FP16_DEVICE)
+    return not _evaluate(availability.ACCELERATE_NO_FP16_DEVICE)
 
 
 def library_required(function: Callable) -> Callable:
     """Accelerate's ``torchao_required``: ``function`` raises an ImportError saying what to install when the
     library is missing."""
-    check = names.ACCELERATE_LIBRARY_REQUIRED
+    check = availability.ACCELERATE_LIBRARY_REQUIRED
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -255,7 +255,7 @@ def library_required(function: Callable) -> Callable:
 def backend_required(function: Callable) -> Callable:
     """Accelerate's ``deepspeed_required``: ``function`` raises a ValueError when an Accelerator is set up for
     another backend."""
-    backend = names.ACCELERATE_BACKEND_REQUIRED
+    backend = availability.ACCELERATE_BACKEND_REQUIRED
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -268,9 +268,9 @@ def backend_required(function: Callable) -> Callable:
     return wrapper
 
 
-#: Accelerate reads this once at import (its name: :data:`drivetrain.compat.names.ACCELERATE_RUNTIME_FLAG`).
+#: Accelerate reads this once at import (its name: :data:`drivetrain.compat.availability.ACCELERATE_RUNTIME_FLAG`).
 use_accelerator_runtime = env_flag(
-    names.ACCELERATE_RUNTIME_FLAG[0], default=to_bool(names.ACCELERATE_RUNTIME_FLAG[1])
+    availability.ACCELERATE_RUNTIME_FLAG[0], default=to_bool(availability.ACCELERATE_RUNTIME_FLAG[1])
 )
 
 __getattr__, __dir__, _names = reexport(
@@ -283,6 +283,6 @@ __getattr__, __dir__, _names = reexport(
         "get_free_port": "drivetrain.utils.other",
     },
 )
-for _name in names.ACCELERATE_AVAILABILITY:
+for _name in availability.ACCELERATE_AVAILABILITY:
     globals().setdefault(_name, _check(_name))
 __all__ = sorted({*_names, *(n for n in globals() if n.startswith("is_"))})

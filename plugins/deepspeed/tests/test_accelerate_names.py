@@ -85,7 +85,7 @@ def test_accelerate_utils_deepspeed_names_import_from_drivetrain_utils():
     import drivetrain_deepspeed
 
     import drivetrain.utils
-    from drivetrain.compat.names import PLUGIN_EXPORTS
+    from drivetrain.compat.install_hints import PLUGIN_EXPORTS
 
     for name in ACCELERATE_DEEPSPEED_UTILS:
         assert getattr(drivetrain.utils, name) is getattr(drivetrain_deepspeed, name), name

@@ -404,7 +404,7 @@ def test_accelerates_fsdp_helpers_are_exported():
     from drivetrain_fsdp import helpers
 
     import drivetrain.utils as utils
-    from drivetrain.compat.names import PLUGIN_EXPORTS
+    from drivetrain.compat.install_hints import PLUGIN_EXPORTS
 
     for name in helpers.__all__:
         assert getattr(utils, name) is getattr(helpers, name)

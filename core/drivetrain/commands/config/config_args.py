@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any
 
-from drivetrain.compat import names
+from drivetrain.compat import cli_options
 from drivetrain.config.enums import ComputeEnvironment, DistributedType, SageMakerDistributedType
 from drivetrain.config.file import default_config_path
 
@@ -119,7 +119,7 @@ class BaseConfig:
 
 
 def _cluster_post_init(self: Any) -> None:
-    for name, default in names.ACCELERATE_CLUSTER_CONFIG_FIELDS:
+    for name, default in cli_options.ACCELERATE_CLUSTER_CONFIG_FIELDS:
         if default is dict and getattr(self, name) is None:
             setattr(self, name, {})
     BaseConfig.__post_init__(self)
@@ -131,7 +131,7 @@ ClusterConfig = dataclasses.make_dataclass(
     "ClusterConfig",
     [
         (name, Any, dataclasses.field(default=None if default in (dict, list) else default))
-        for name, default in names.ACCELERATE_CLUSTER_CONFIG_FIELDS
+        for name, default in cli_options.ACCELERATE_CLUSTER_CONFIG_FIELDS
     ],
     bases=(BaseConfig,),
     namespace={"__post_init__": _cluster_post_init, "__module__": __name__},
