@@ -71,7 +71,9 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module("drivetrain.utils.rich")
-    if f"{__name__}.{name}" in _paths.GENERATED_MODULES:  # drivetrain.hooks, ... as attributes, as in Accelerate
+    if (
+        f"{__name__}.{name}" in _paths.GENERATED_MODULES
+    ):  # drivetrain.hooks, ... as attributes, as in Accelerate
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")

@@ -573,7 +573,8 @@ def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> Any:
 
     if (
         distributed_type is not None
-        and str(getattr(distributed_type, "value", distributed_type)) in behaviour.ACCELERATE_SHARDED_SCALER_TYPES
+        and str(getattr(distributed_type, "value", distributed_type))
+        in behaviour.ACCELERATE_SHARDED_SCALER_TYPES
     ):
         import importlib
 

@@ -13,8 +13,8 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import sys
-from types import ModuleType
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from drivetrain.compat import distributions, install_hints, paths
