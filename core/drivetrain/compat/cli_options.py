@@ -51,233 +51,80 @@ ACCELERATE_PRECISION_BACKEND_OPTION = "fp8_backend"
 #: The plugin function ``merge-weights`` runs (Accelerate's ``merge_command``): merging a sharded checkpoint.
 ACCELERATE_MERGE_FUNCTION = "merge_fsdp_weights"
 
-#: Accelerate's commands that a plugin provides: command -> (distribution, module of drivetrain.commands with
-#: Accelerate's names, the options Accelerate's parser takes: (flag, takes a value, repeatable)). Without the
-#: plugin, ``drivetrain <command>`` accepts those options and says, in one line, what to install.
+
+def _options(spec: str) -> tuple[tuple[str, bool, bool], ...]:
+    """``"config_file= command=* debug"`` -> ``(("config_file", True, False), ("command", True, True),
+    ("debug", False, False))``: (name, takes a value, repeatable), spelled as :mod:`getopt` spells long options
+    (``name`` a flag, ``name=`` takes a value, ``name=*`` takes one each time it is given)."""
+    return tuple((word.split("=")[0], "=" in word, word.endswith("=*")) for word in spec.split())
+
+
+def _command_options(spec: str) -> tuple[tuple[str, bool, bool], ...]:
+    """:func:`_options` with each name as its flag, ``--name``."""
+    return tuple(("--" + name, takes_value, repeatable) for name, takes_value, repeatable in _options(spec))
+
+
+#: Accelerate's commands that a plugin provides: command -> (distribution, help, the options Accelerate's parser
+#: takes: (flag, takes a value, repeatable)). Without the plugin, ``drivetrain <command>`` accepts those options
+#: (each also in its ``--kebab-case`` spelling) and says, in one line, what to install.
 ACCELERATE_PLUGIN_COMMANDS = {
     "to-fsdp2": (
         "drivetrain-fsdp",
         "Convert an FSDP1 config file to FSDP2.",
-        (("--config_file", True, False), ("--output_file", True, False), ("--overwrite", False, False)),
+        _command_options("config_file= output_file= overwrite"),
     ),
     "tpu-config": (
         "drivetrain-xla",
         "Run commands on every worker of a TPU pod (e.g. install packages).",
-        (
-            ("--config_file", True, False),
-            ("--tpu_name", True, False),
-            ("--tpu_zone", True, False),
-            ("--use_alpha", False, False),
-            ("--command_file", True, False),
-            ("--command", True, True),
-            ("--install_accelerate", False, False),
-            ("--accelerate_version", True, False),
-            ("--debug", False, False),
+        _command_options(
+            "config_file= tpu_name= tpu_zone= use_alpha command_file= command=* install_accelerate "
+            "accelerate_version= debug"
         ),
     ),
 }
 
+
+def _spellings(name: str) -> tuple[str, ...]:
+    """``tpu_use_sudo`` -> ``("--tpu-use-sudo", "--tpu_use_sudo")``: Accelerate spells each of its launch options
+    both ways (once when the two are the same: ``--vm``)."""
+    kebab, snake = "--" + name.replace("_", "-"), "--" + name
+    return (kebab,) if kebab == snake else (kebab, snake)
+
+
+#: Accelerate's ``launch`` options that belong to a plugin, by the distribution that reads them, in Accelerate's
+#: order: ``name`` is the flag ``--name`` (set or not), ``name=`` takes a value; each is spelled ``--a-b`` and
+#: ``--a_b`` and sets ``args.<name>``, except as :data:`_DESTINATION_OF` says.
+_PLUGIN_LAUNCH_OPTIONS = {
+    "drivetrain-xla": "tpu_cluster no_tpu_cluster tpu_use_sudo vm= main_training_function= downcast_bf16",
+    "drivetrain-megatron": " ".join(
+        f"megatron_lm_{name}="
+        for name in (
+            "tp_degree use_custom_fsdp no_load_optim eod_mask_loss overlap_cpu_optimizer_d2h_h2d no_save_optim "
+            "optimizer_cpu_offload use_precision_aware_optimizer decoder_last_pipeline_num_layers pp_degree "
+            "num_micro_batches sequence_parallelism recompute_activations use_distributed_optimizer "
+            "gradient_clipping recompute_granularity recompute_method recompute_num_layers attention_backend "
+            "expert_model_parallel_size context_parallel_size attention_dropout hidden_dropout "
+            "attention_softmax_in_fp32 expert_tensor_parallel_size calculate_per_token_loss "
+            "use_rotary_position_embeddings"
+        ).split()
+    ),
+    SAGEMAKER_DISTRIBUTION: "aws_access_key_id= aws_secret_access_key=",
+    "drivetrain-ipex": "mpirun_hostfile=",
+    "drivetrain-deepspeed": (
+        "parallelism_config_sp_seq_length= parallelism_config_sp_seq_length_is_variable= "
+        "parallelism_config_sp_attn_implementation="
+    ),
+}
+
+#: The options whose ``dest`` is not their name: Accelerate's ``--tpu-cluster``/``--no-tpu-cluster`` pair sets
+#: one setting (the ``--no`` spelling clears it).
+_DESTINATION_OF = {"tpu_cluster": "tpu_use_cluster", "no_tpu_cluster": "tpu_use_cluster"}
+
 #: Accelerate's ``launch`` options that belong to a plugin with none of the installed plugins declaring them:
 #: (spellings, dest, takes a value, distribution). ``drivetrain launch`` accepts them, and refuses a run that sets
 #: one in one line naming the distribution that reads it.
-ACCELERATE_LAUNCH_PLUGIN_OPTIONS = (
-    (("--tpu-cluster", "--tpu_cluster"), "tpu_use_cluster", False, "drivetrain-xla"),
-    (("--no-tpu-cluster", "--no_tpu_cluster"), "tpu_use_cluster", False, "drivetrain-xla"),
-    (("--tpu-use-sudo", "--tpu_use_sudo"), "tpu_use_sudo", False, "drivetrain-xla"),
-    (("--vm",), "vm", True, "drivetrain-xla"),
-    (
-        ("--main-training-function", "--main_training_function"),
-        "main_training_function",
-        True,
-        "drivetrain-xla",
-    ),
-    (("--downcast-bf16", "--downcast_bf16"), "downcast_bf16", False, "drivetrain-xla"),
-    (
-        ("--megatron-lm-tp-degree", "--megatron_lm_tp_degree"),
-        "megatron_lm_tp_degree",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-use-custom-fsdp", "--megatron_lm_use_custom_fsdp"),
-        "megatron_lm_use_custom_fsdp",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-no-load-optim", "--megatron_lm_no_load_optim"),
-        "megatron_lm_no_load_optim",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-eod-mask-loss", "--megatron_lm_eod_mask_loss"),
-        "megatron_lm_eod_mask_loss",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-overlap-cpu-optimizer-d2h-h2d", "--megatron_lm_overlap_cpu_optimizer_d2h_h2d"),
-        "megatron_lm_overlap_cpu_optimizer_d2h_h2d",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-no-save-optim", "--megatron_lm_no_save_optim"),
-        "megatron_lm_no_save_optim",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-optimizer-cpu-offload", "--megatron_lm_optimizer_cpu_offload"),
-        "megatron_lm_optimizer_cpu_offload",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-use-precision-aware-optimizer", "--megatron_lm_use_precision_aware_optimizer"),
-        "megatron_lm_use_precision_aware_optimizer",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-decoder-last-pipeline-num-layers", "--megatron_lm_decoder_last_pipeline_num_layers"),
-        "megatron_lm_decoder_last_pipeline_num_layers",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-pp-degree", "--megatron_lm_pp_degree"),
-        "megatron_lm_pp_degree",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-num-micro-batches", "--megatron_lm_num_micro_batches"),
-        "megatron_lm_num_micro_batches",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-sequence-parallelism", "--megatron_lm_sequence_parallelism"),
-        "megatron_lm_sequence_parallelism",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-recompute-activations", "--megatron_lm_recompute_activations"),
-        "megatron_lm_recompute_activations",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-use-distributed-optimizer", "--megatron_lm_use_distributed_optimizer"),
-        "megatron_lm_use_distributed_optimizer",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-gradient-clipping", "--megatron_lm_gradient_clipping"),
-        "megatron_lm_gradient_clipping",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-recompute-granularity", "--megatron_lm_recompute_granularity"),
-        "megatron_lm_recompute_granularity",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-recompute-method", "--megatron_lm_recompute_method"),
-        "megatron_lm_recompute_method",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-recompute-num-layers", "--megatron_lm_recompute_num_layers"),
-        "megatron_lm_recompute_num_layers",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-attention-backend", "--megatron_lm_attention_backend"),
-        "megatron_lm_attention_backend",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-expert-model-parallel-size", "--megatron_lm_expert_model_parallel_size"),
-        "megatron_lm_expert_model_parallel_size",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-context-parallel-size", "--megatron_lm_context_parallel_size"),
-        "megatron_lm_context_parallel_size",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-attention-dropout", "--megatron_lm_attention_dropout"),
-        "megatron_lm_attention_dropout",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-hidden-dropout", "--megatron_lm_hidden_dropout"),
-        "megatron_lm_hidden_dropout",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-attention-softmax-in-fp32", "--megatron_lm_attention_softmax_in_fp32"),
-        "megatron_lm_attention_softmax_in_fp32",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-expert-tensor-parallel-size", "--megatron_lm_expert_tensor_parallel_size"),
-        "megatron_lm_expert_tensor_parallel_size",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-calculate-per-token-loss", "--megatron_lm_calculate_per_token_loss"),
-        "megatron_lm_calculate_per_token_loss",
-        True,
-        "drivetrain-megatron",
-    ),
-    (
-        ("--megatron-lm-use-rotary-position-embeddings", "--megatron_lm_use_rotary_position_embeddings"),
-        "megatron_lm_use_rotary_position_embeddings",
-        True,
-        "drivetrain-megatron",
-    ),
-    (("--aws-access-key-id", "--aws_access_key_id"), "aws_access_key_id", True, SAGEMAKER_DISTRIBUTION),
-    (
-        ("--aws-secret-access-key", "--aws_secret_access_key"),
-        "aws_secret_access_key",
-        True,
-        SAGEMAKER_DISTRIBUTION,
-    ),
-    (("--mpirun-hostfile", "--mpirun_hostfile"), "mpirun_hostfile", True, "drivetrain-ipex"),
-    (
-        ("--parallelism-config-sp-seq-length", "--parallelism_config_sp_seq_length"),
-        "parallelism_config_sp_seq_length",
-        True,
-        "drivetrain-deepspeed",
-    ),
-    (
-        ("--parallelism-config-sp-seq-length-is-variable", "--parallelism_config_sp_seq_length_is_variable"),
-        "parallelism_config_sp_seq_length_is_variable",
-        True,
-        "drivetrain-deepspeed",
-    ),
-    (
-        ("--parallelism-config-sp-attn-implementation", "--parallelism_config_sp_attn_implementation"),
-        "parallelism_config_sp_attn_implementation",
-        True,
-        "drivetrain-deepspeed",
-    ),
+ACCELERATE_LAUNCH_PLUGIN_OPTIONS = tuple(
+    (_spellings(name), _DESTINATION_OF.get(name, name), takes_value, distribution)
+    for distribution, spec in _PLUGIN_LAUNCH_OPTIONS.items()
+    for name, takes_value, _ in _options(spec)
 )
