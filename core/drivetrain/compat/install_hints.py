@@ -2,71 +2,56 @@
 distributed type, a launch flag or a config key belongs to a plugin that is not installed. Installed plugins
 describe themselves; these tables only word the error."""
 
-from drivetrain.compat.paths import MODULE_HOOK_NAMES, OFFLOAD_FUNCTION_NAMES
+from drivetrain.compat.paths import PLUGIN_NAMES_BY_PATH
 
-#: Public name -> distribution that provides it (used only to word the ImportError when it is missing).
-PLUGIN_EXPORTS = {
-    "DistributedDataParallelKwargs": "drivetrain-ddp",
-    "DDPCommunicationHookType": "drivetrain-ddp",
-    "LocalSGD": "drivetrain-ddp",
-    "FullyShardedDataParallelPlugin": "drivetrain-fsdp",
-    "merge_fsdp_weights": "drivetrain-fsdp",
-    "enable_fsdp_ram_efficient_loading": "drivetrain-fsdp",
-    "disable_fsdp_ram_efficient_loading": "drivetrain-fsdp",
-    **{
-        name: "drivetrain-fsdp"
-        for name in (
-            "save_fsdp_model",
-            "load_fsdp_model",
-            "save_fsdp_optimizer",
-            "load_fsdp_optimizer",
-            "fsdp2_prepare_model",
-            "fsdp2_load_full_state_dict",
-            "fsdp2_switch_optimizer_parameters",
-            "fsdp2_apply_ac",
-            "fsdp2_prepare_auto_wrap_policy",
-            "fsdp2_canonicalize_names",
-            "get_fsdp2_grad_scaler",
-        )
-    },
+#: ``drivetrain`` and ``drivetrain.utils`` serve some plugin names wherever Accelerate has them (``from drivetrain
+#: import LocalSGD``), each with the distribution :data:`~drivetrain.compat.paths.PLUGIN_NAMES_BY_PATH` gives it at
+#: its Accelerate path: every name of these paths but the ones left out (names Accelerate added later, served only
+#: at their own path so far: serving them there too would widen those two namespaces) ...
+_SERVED_PATHS = {
+    "accelerate": ("prepare_pippy",),
+    "accelerate.hooks": ("CpuOffload", "LayerwiseCastingHook"),
+    "accelerate.local_sgd": (),
+    "accelerate.tracking": ("SwanLabTracker", "TrackioTracker"),
+    "accelerate.utils.deepspeed": (),
+    "accelerate.utils.fsdp_utils": ("ensure_weights_retied", "get_parameters_from_modules"),
+    "accelerate.utils.modeling": (),
+}
+
+#: ... and these names of paths served in part: the configuration classes and Megatron-LM's training steps that a
+#: script builds (not the machinery around them).
+_SERVED_NAMES = {
+    "accelerate.utils.dataclasses": (
+        "MegatronLMPlugin FP8RecipeKwargs TERecipeKwargs AORecipeKwargs MSAMPRecipeKwargs".split()
+    ),
+    "accelerate.utils.megatron_lm": (
+        "MegatronLMDummyDataLoader MegatronLMDummyScheduler AbstractTrainStep GPTTrainStep BertTrainStep "
+        "T5TrainStep avg_losses_across_data_parallel_group"
+    ).split(),
+}
+
+#: Plugin names at none of Accelerate's paths where a plugin answers: drivetrain's own (``XlaConfig``, the DeepSpeed
+#: plugin's ``select_deepspeed_plugin`` and ``zero3_init``), and ``is_torch_xla_available``, which
+#: ``drivetrain.utils`` answers from the kernel (an availability check, as Accelerate's) and ``drivetrain`` from the
+#: XLA plugin.
+_DRIVETRAIN_PLUGIN_NAMES = {
     "XlaConfig": "drivetrain-xla",
     "is_torch_xla_available": "drivetrain-xla",
-    "DeepSpeedPlugin": "drivetrain-deepspeed",
-    "DummyOptim": "drivetrain-deepspeed",
-    "DummyScheduler": "drivetrain-deepspeed",
-    "HfDeepSpeedConfig": "drivetrain-deepspeed",
-    "DeepSpeedEngineWrapper": "drivetrain-deepspeed",
-    "DeepSpeedOptimizerWrapper": "drivetrain-deepspeed",
-    "DeepSpeedSchedulerWrapper": "drivetrain-deepspeed",
-    "map_pytorch_optim_to_deepspeed": "drivetrain-deepspeed",
-    "get_active_deepspeed_plugin": "drivetrain-deepspeed",
     "select_deepspeed_plugin": "drivetrain-deepspeed",
     "zero3_init": "drivetrain-deepspeed",
+}
+
+#: Public name -> distribution that provides it: the plugin names ``drivetrain`` and ``drivetrain.utils`` serve
+#: besides their own paths' (and the hint for the ImportError when the plugin is missing).
+PLUGIN_EXPORTS = {
     **{
-        name: "drivetrain-megatron"
-        for name in (
-            "MegatronLMPlugin",
-            "MegatronLMDummyDataLoader",
-            "MegatronLMDummyScheduler",
-            "AbstractTrainStep",
-            "GPTTrainStep",
-            "BertTrainStep",
-            "T5TrainStep",
-            "avg_losses_across_data_parallel_group",
-        )
+        name: distribution
+        for path, left_out in _SERVED_PATHS.items()
+        for name, distribution in PLUGIN_NAMES_BY_PATH[path].items()
+        if name not in left_out
     },
-    "FP8RecipeKwargs": "drivetrain-fp8",
-    "TERecipeKwargs": "drivetrain-fp8",
-    "AORecipeKwargs": "drivetrain-fp8",
-    "MSAMPRecipeKwargs": "drivetrain-fp8",
-    **{name: "drivetrain-offload" for name in (*MODULE_HOOK_NAMES, *OFFLOAD_FUNCTION_NAMES)},
-    "TensorBoardTracker": "drivetrain-trackers",
-    "WandBTracker": "drivetrain-trackers",
-    "MLflowTracker": "drivetrain-trackers",
-    "AimTracker": "drivetrain-trackers",
-    "DVCLiveTracker": "drivetrain-trackers",
-    "CometMLTracker": "drivetrain-trackers",
-    "ClearMLTracker": "drivetrain-trackers",
+    **{name: PLUGIN_NAMES_BY_PATH[path][name] for path, names in _SERVED_NAMES.items() for name in names},
+    **_DRIVETRAIN_PLUGIN_NAMES,
 }
 
 #: ``mixed_precision`` values that need a plugin -> the distribution providing it.
