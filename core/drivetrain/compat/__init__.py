@@ -6,4 +6,6 @@
   ``is_*_available`` checks, specified), ``distributions``;
 - ``moved`` (drivetrain's own moved module paths) and ``placeholders`` (names of plugins not installed);
 - ``accelerate_api``: code that exists only because Accelerate has it, with no other kernel home.
+- ``accelerate_commands``: the same for Accelerate's command entry points that call drivetrain's commands
+  (``accelerate.commands.launch``'s ``launch_command``, ...), a layer above ``drivetrain.commands``.
 """
