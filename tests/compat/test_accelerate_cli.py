@@ -68,3 +68,26 @@ def test_estimate_memory_of_a_model_that_is_not_available_offline_is_an_os_error
     args = estimate_command_parser().parse_args(["no-such-owner/no-such-model"])
     with pytest.raises(OSError, match="no-such-owner/no-such-model"):
         estimate_command(args)
+
+
+def test_the_launch_path_serves_accelerates_entry_points_and_patches_of_the_command_reach_them(monkeypatch):
+    # Accelerate's accelerate.commands.launch names live in drivetrain.compat.accelerate_commands.launch; the
+    # path serves them, and they call the command through it, so a patch there reaches them.
+    from drivetrain.commands import launch
+    from drivetrain.compat.accelerate_commands import launch as entry_points
+    from peer import names as reference
+
+    for name in reference.reference_names()["accelerate.commands.launch"]:
+        assert hasattr(launch, name), name
+        assert name in dir(launch), name
+    assert launch.launch_command is entry_points.launch_command
+    assert launch.simple_launcher is launch.multi_gpu_launcher is entry_points.launch_command
+    assert launch.logger.logger.name == "drivetrain.commands.launch"
+    assert launch.options_to_group["use_fsdp"] == "FSDP Arguments"
+    assert launch.clean_option("--num-processes") == "num_processes" and launch.clean_option("-m") is None
+    assert launch.FORMAT == "%(asctime)s - %(levelname)s - %(name)s - %(message)s"
+
+    ran = []
+    monkeypatch.setattr(launch, "run", lambda args: ran.append(args.training_script) or 0)
+    launch.launch_command(launch.launch_command_parser().parse_args(["--cpu", "train.py"]))
+    assert ran == ["train.py"]
