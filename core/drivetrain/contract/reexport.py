@@ -121,8 +121,8 @@ class _GeneratedModuleLoader(importlib.abc.Loader):
             f"Accelerate's ``{accelerate_path(name)}``, generated from its table in drivetrain.compat.paths: "
             "each name resolves to where it lives in drivetrain (the kernel or the plugin providing it)."
         )
-        module.__getattr__ = __getattr__  # type: ignore[attr-defined]
-        module.__dir__ = listing  # type: ignore[attr-defined]
+        module.__getattr__ = __getattr__  # type: ignore[method-assign]
+        module.__dir__ = listing  # type: ignore[method-assign]
         module.__all__ = public  # type: ignore[attr-defined]
         on_import = paths.ON_IMPORT.get(name)
         if on_import is not None:  # a path whose import does something in Accelerate (a warning, a handler)
