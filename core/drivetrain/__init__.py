@@ -59,7 +59,7 @@ _EXPORTS = {
     "infer_auto_device_map": "drivetrain.big_modeling",
     "load_checkpoint_in_model": "drivetrain.big_modeling",
     "get_logger": "drivetrain.logging",
-    "is_rich_available": "drivetrain.utils.imports",
+    "is_rich_available": "drivetrain.compat.accelerate_api.availability_checks",
 }
 
 _getattr, _dir, _names = _reexport.reexport(__name__, _EXPORTS)

@@ -63,7 +63,7 @@ def test_prepare_multi_gpu_env_takes_a_partial_namespace_and_picks_a_free_port()
 
 
 def test_sagemaker_hyperparameters_are_typed_and_flags_without_values_refused():
-    from drivetrain.utils.launch import _convert_nargs_to_dict
+    from drivetrain.compat.accelerate_api.launch_helpers import _convert_nargs_to_dict
 
     args = [
         "--model_name_or_path",

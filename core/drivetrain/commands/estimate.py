@@ -47,7 +47,10 @@ def add_timm_hub_prefix(model_name: str) -> str:
 
 def check_has_model(error: BaseException) -> str:
     """Which library failed to find a model, from its error: ``"timm"``, ``"transformers"`` or ``"unknown"``."""
-    from drivetrain.utils.imports import is_timm_available, is_transformers_available
+    from drivetrain.compat.accelerate_api.availability_checks import (
+        is_timm_available,
+        is_transformers_available,
+    )
 
     message = str(error)
     if is_timm_available() and (

@@ -64,31 +64,44 @@ ACCELERATE_BACKEND_CONSTANTS = {
     "CUDA_DISTRIBUTED_TYPES": ["DEEPSPEED", "MULTI_GPU", "FSDP", "MEGATRON_LM", "TP"],
 }
 
+#: Table value for a module's ``logger`` (Accelerate's modules each have one): drivetrain's logger named after the
+#: module's path (drivetrain.contract.reexport).
+LOGGER = "@logger"
+
+#: Where the code behind Accelerate's utility paths lives (drivetrain.compat.accelerate_api: what exists only
+#: because Accelerate has it).
+_API = "drivetrain.compat.accelerate_api"
+_CHECKS = f"{_API}.availability_checks"
+_CONSTANTS = f"{_API}.constants"
+_ENVIRONMENT = f"{_API}.environment"
+_MACHINE = f"{_API}.machine"
+_MODULES = f"{_API}.modules"
+_OBJECTS = f"{_API}.objects"
+_OPERATIONS = f"{_API}.operations"
+_LOAD = f"{_API}.weights_only_load"
+_VERSIONS = f"{_API}.versions"
+_LAUNCH_HELPERS = f"{_API}.launch_helpers"
+_TESTING = f"{_API}.testing_helpers"
+
 #: Names of Accelerate's paths implemented by the kernel whose names spell a backend: path -> name -> target.
 KERNEL_NAMES_BY_PATH: dict[str, dict[str, str]] = {
     "accelerate.utils.imports": {
-        **{name: "drivetrain.utils.imports" for name in ACCELERATE_AVAILABILITY},
-        "torchao_required": "drivetrain.utils.imports:library_required",
-        "deepspeed_required": "drivetrain.utils.imports:backend_required",
-        "USE_TORCH_XLA": "drivetrain.utils.imports:use_accelerator_runtime",
+        **dict.fromkeys(ACCELERATE_AVAILABILITY, _CHECKS),
+        "torchao_required": f"{_CHECKS}:library_required",
+        "deepspeed_required": f"{_CHECKS}:backend_required",
+        "USE_TORCH_XLA": f"{_CHECKS}:use_accelerator_runtime",
     },
-    "accelerate.utils.constants": {
-        name: "drivetrain.utils.constants" for name in ACCELERATE_BACKEND_CONSTANTS
-    },
+    "accelerate.utils.constants": dict.fromkeys(ACCELERATE_BACKEND_CONSTANTS, _CONSTANTS),
     "accelerate.utils": {
-        **{name: "drivetrain.utils.imports" for name in ACCELERATE_AVAILABILITY},
-        "torchao_required": "drivetrain.utils.imports:library_required",
-        "deepspeed_required": "drivetrain.utils.imports:backend_required",
-        "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION": "drivetrain.utils.constants",
-        "check_cuda_fp8_capability": "drivetrain.utils.environment:check_cuda_float8_capability",
+        **dict.fromkeys(ACCELERATE_AVAILABILITY, _CHECKS),
+        "torchao_required": f"{_CHECKS}:library_required",
+        "deepspeed_required": f"{_CHECKS}:backend_required",
+        "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION": _CONSTANTS,
+        "check_cuda_fp8_capability": f"{_MACHINE}:check_cuda_float8_capability",
     },
-    "accelerate.utils.dataclasses": {name: "drivetrain.utils.dataclasses" for name in ACCELERATE_LITERALS},
-    "accelerate.utils.environment": {
-        "check_cuda_fp8_capability": "drivetrain.utils.environment:check_cuda_float8_capability"
-    },
-    "accelerate.utils.operations": {
-        "is_torch_xpu_tensor": "drivetrain.utils.operations:is_accelerator_tensor"
-    },
+    "accelerate.utils.dataclasses": dict.fromkeys(ACCELERATE_LITERALS, f"{_API}.type_aliases"),
+    "accelerate.utils.environment": {"check_cuda_fp8_capability": f"{_MACHINE}:check_cuda_float8_capability"},
+    "accelerate.utils.operations": {"is_torch_xpu_tensor": f"{_OPERATIONS}:is_accelerator_tensor"},
 }
 
 _FSDP_UTILS = (
@@ -264,10 +277,232 @@ _ROOT_MODULES: dict[str, dict[str, str]] = {
     # module hooks (run around a module's forward, for offloading), not plugin hooks: the offload plugin's
     "drivetrain.hooks": {},
 }
-#: ``drivetrain.utils`` and ``drivetrain.test_utils``, Accelerate's utility packages.
-_UTILS_MODULES: dict[str, dict[str, str]] = {}
+
+
+def _at(module: str, names: str) -> dict[str, str]:
+    """``{name: module}`` for each of the space-separated ``names``."""
+    return dict.fromkeys(names.split(), module)
+
+
+#: Accelerate's checks of libraries that are not backends (``drivetrain.utils.imports``; those that name a backend
+#: are in compat.availability and merged in through KERNEL_NAMES_BY_PATH).
+_LIBRARY_CHECKS = (
+    "is_4bit_bnb_available is_8bit_bnb_available is_aim_available is_amdsmi_available is_bf16_available "
+    "is_bnb_available is_boto3_available is_clearml_available is_comet_ml_available is_cuda_available "
+    "is_datasets_available is_dvclive_available is_fp16_available is_import_timer_available is_lomo_available "
+    "is_matplotlib_available is_mlflow_available is_pandas_available is_peft_available is_pippy_available "
+    "is_pynvml_available is_pytest_available is_rich_available is_rocm_available is_sagemaker_available "
+    "is_schedulefree_available is_swanlab_available is_tensorboard_available is_timm_available "
+    "is_torchdata_available is_torchdata_stateful_dataloader_available is_torchvision_available "
+    "is_trackio_available is_transformers_available is_triton_available is_wandb_available "
+    "is_weights_only_available is_xccl_available"
+)
+#: Accelerate's name of the check that ``prepare`` asks (drivetrain.training.admission answers it).
+_QUANTIZATION_ON_CPU = {
+    "is_bitsandbytes_multi_backend_available": "drivetrain.training.admission:quantization_computes_on_cpu"
+}
+_FILE_NAMES = (
+    "MODEL_NAME OPTIMIZER_NAME RNG_STATE_NAME SAFE_WEIGHTS_INDEX_NAME SAFE_WEIGHTS_NAME SCALER_NAME SCHEDULER_NAME "
+    "WEIGHTS_INDEX_NAME WEIGHTS_NAME"
+)
+_ENUMS = "ComputeEnvironment CustomDtype DistributedType DynamoBackend LoggerType PrecisionType RNGType SageMakerDistributedType"
+_CONFIGURATIONS = "DataLoaderConfiguration GradientAccumulationPlugin ProjectConfiguration TorchDynamoPlugin"
+_KWARGS_HANDLERS = "AutocastKwargs GradScalerKwargs InitProcessGroupKwargs KwargsHandler ProfileKwargs"
+_PARALLELISM = (
+    "ParallelismConfig TorchContextParallelConfig TorchTensorParallelConfig TorchTensorParallelPlugin"
+)
+_COLLECTIVES = (
+    "DistributedOperationException broadcast broadcast_object_list concatenate convert_outputs_to_fp32 "
+    "convert_to_fp32 copy_tensor_to_devices find_batch_size find_device gather gather_for_metrics gather_object "
+    "get_data_structure honor_type ignorant_find_batch_size initialize_tensors is_namedtuple listify "
+    "pad_across_processes recursively_apply reduce send_to_device slice_tensors"
+)
+_MEMORY = "find_executable_batch_size release_memory should_reduce_batch_size"
+_RANDOM = "set_seed synchronize_rng_state synchronize_rng_states"
+_OFFLOAD = (
+    "OffloadedWeightsLoader PrefixedDataset extract_submodules_state_dict load_offloaded_weight offload_state_dict "
+    "offload_weight save_offload_index"
+)
+_TENSOR_HELPERS = (
+    "calculate_maximum_sizes check_tied_parameters_in_config check_tied_parameters_on_same_device "
+    "convert_file_size_to_int dtype_byte_size get_grad_scaler get_max_layer_size get_mixed_precision_context_manager "
+    "id_tensor_storage load_offloaded_weights load_state_dict named_module_tensors retie_parameters "
+    "set_module_tensor_to_device"
+)
+_ENVIRONMENT_READERS = (
+    "convert_dict_to_env_variables get_cpu_distributed_information get_int_from_env parse_choice_from_env "
+    "parse_flag_from_env purge_accelerate_environment str_to_bool"
+)
+_MODULE_HELPERS = (
+    "compile_regions get_model_tp_size get_module_children_bottom_up has_compiled_regions is_compiled_module "
+    "model_has_dtensor"
+)
+_ACCELERATE_CONSTANTS = (
+    "SAFE_MODEL_NAME SAMPLER_NAME PROFILE_PATTERN_NAME WEIGHTS_PATTERN_NAME SAFE_WEIGHTS_PATTERN_NAME "
+    "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION TORCH_DISTRIBUTED_OPERATION_TYPES TORCH_LAUNCH_PARAMS"
+)
+_TEST_HELPERS = _at(_TESTING, "SubprocessCallException get_backend run_command")
+
+#: ``drivetrain.utils`` and ``drivetrain.test_utils``, Accelerate's utility packages (their code, where it is not
+#: the kernel's, is in drivetrain.compat.accelerate_api).
+_UTILS_MODULES: dict[str, dict[str, str]] = {
+    "drivetrain.utils": {
+        **_at("drivetrain.constants", _FILE_NAMES),
+        **_at(_CONSTANTS, _ACCELERATE_CONSTANTS),
+        **_at("drivetrain.config.enums", _ENUMS),
+        **_at("drivetrain.config.dataclasses", _CONFIGURATIONS),
+        **_at("drivetrain.config.kwargs_handlers", _KWARGS_HANDLERS),
+        **_at("drivetrain.config.parallelism", _PARALLELISM),
+        "write_basic_config": "drivetrain.config.file",
+        **_at("drivetrain.operations", f"{_COLLECTIVES} TensorInformation"),
+        **_at("drivetrain.operations.nested", "is_tensor_information is_torch_tensor"),
+        "CannotPadNestedTensorWarning": "drivetrain.operations.collective",
+        **_at(_OPERATIONS, "pad_input_tensors wait_for_everyone"),
+        **_at("drivetrain.operations.memory", _MEMORY),
+        **_at("drivetrain.operations.random", _RANDOM),
+        **_at("drivetrain.big_modeling.memmap_offload", _OFFLOAD),
+        **_at("drivetrain.big_modeling.tensors", _TENSOR_HELPERS),
+        **_at(
+            "drivetrain.big_modeling",
+            "check_device_map compute_module_sizes dispatch_model find_tied_parameters get_balanced_memory "
+            "get_max_memory infer_auto_device_map init_empty_weights init_on_device load_checkpoint_and_dispatch "
+            "load_checkpoint_in_model",
+        ),
+        **_at("drivetrain.checkpointing", "clean_state_dict_for_safetensors save"),
+        **_at("drivetrain.tracking", "GeneralTracker on_main_process"),
+        **_at("drivetrain.launchers", "debug_launcher notebook_launcher"),
+        **_at("drivetrain.commands.launch", "prepare_multi_gpu_env prepare_simple_launcher_cmd_env"),
+        "PrepareForLaunch": _LAUNCH_HELPERS,
+        **_at("drivetrain.environment", "clear_environment patch_environment"),
+        "set_numa_affinity": "drivetrain.affinity",
+        **_at(_ENVIRONMENT, _ENVIRONMENT_READERS),
+        **_at(
+            _MACHINE,
+            "are_libraries_initialized check_cuda_p2p_ib_support check_os_kernel get_current_device_type "
+            "get_gpu_info is_port_in_use",
+        ),
+        **_at(_MODULES, f"{_MODULE_HELPERS} is_peft_model"),
+        **_at(_OBJECTS, "get_pretty_name merge_dicts recursive_getattr"),
+        "load": _LOAD,
+        "convert_bytes": "drivetrain.commands.estimate_memory",
+        "extract_model_from_parallel": "drivetrain.training.modeling",
+        "get_logger": "drivetrain.logging",
+        "tqdm": "drivetrain.progress",
+        **_at(_VERSIONS, "compare_versions is_torch_version"),
+        **_at(_CHECKS, _LIBRARY_CHECKS),
+        **_QUANTIZATION_ON_CPU,
+    },
+    "drivetrain.utils.ao": {},
+    "drivetrain.utils.bnb": {"logger": LOGGER},
+    "drivetrain.utils.constants": {
+        **_at("drivetrain.constants", _FILE_NAMES),
+        **_at(
+            _CONSTANTS,
+            f"{_ACCELERATE_CONSTANTS} SAGEMAKER_PYTORCH_VERSION SAGEMAKER_PYTHON_VERSION "
+            "SAGEMAKER_TRANSFORMERS_VERSION SAGEMAKER_PARALLEL_EC2_INSTANCES DTENSOR_PYTORCH_VERSION "
+            "TORCH_DYNAMO_MODES ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION BETA_TP_AVAILABLE_PYTORCH_VERSION "
+            "BETA_TP_AVAILABLE_TRANSFORMERS_VERSION BETA_CP_AVAILABLE_PYTORCH_VERSION STR_OPERATION_TO_FUNC "
+            "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
+        ),
+    },
+    "drivetrain.utils.dataclasses": {
+        **_at("drivetrain.config.enums", f"{_ENUMS} BaseEnum EnumWithContains"),
+        **_at("drivetrain.config.dataclasses", _CONFIGURATIONS),
+        **_at("drivetrain.config.kwargs_handlers", _KWARGS_HANDLERS),
+        **_at(
+            "drivetrain.config.parallelism",
+            "TorchContextParallelConfig TorchTensorParallelConfig TorchTensorParallelPlugin",
+        ),
+        "TensorInformation": "drivetrain.operations.nested",
+        "get_module_class_from_name": _MODULES,
+        "logger": LOGGER,
+    },
+    "drivetrain.utils.deepspeed": {},
+    "drivetrain.utils.environment": {
+        **_at(_ENVIRONMENT, f"{_ENVIRONMENT_READERS} CPUInformation logger"),
+        **_at(
+            _MACHINE,
+            "are_libraries_initialized check_cuda_float8_capability check_cuda_p2p_ib_support "
+            "get_current_device_type get_driver_version get_gpu_info",
+        ),
+        **_at("drivetrain.environment", "clear_environment patch_environment"),
+        **_at("drivetrain.affinity", "override_numa_affinity set_numa_affinity"),
+    },
+    "drivetrain.utils.fsdp_utils": {"logger": LOGGER},
+    "drivetrain.utils.imports": {
+        **_at(
+            _CHECKS, f"{_LIBRARY_CHECKS} is_numpy_available is_torch_distributed_available is_tqdm_available"
+        ),
+        **_QUANTIZATION_ON_CPU,
+        **_at(_VERSIONS, "compare_versions is_torch_version"),
+        "str_to_bool": _ENVIRONMENT,
+        **_at(_MACHINE, "get_free_port is_port_in_use"),
+    },
+    "drivetrain.utils.launch": {
+        **_at(_LAUNCH_HELPERS, "PrepareForLaunch env_var_path_add"),
+        # drivetrain launch's own helpers (the launcher sits above this layer: resolved by name on first use)
+        **_at("drivetrain.commands.launch", "prepare_multi_gpu_env prepare_simple_launcher_cmd_env"),
+    },
+    "drivetrain.utils.megatron_lm": {},
+    "drivetrain.utils.memory": {
+        **_at("drivetrain.operations.memory", _MEMORY),
+        "clear_device_cache": f"{_API}.memory",
+    },
+    "drivetrain.utils.modeling": {
+        **_at("drivetrain.big_modeling.tensors", _TENSOR_HELPERS),
+        **_at(
+            "drivetrain.big_modeling.tensors",
+            "check_device_same clean_device_map compute_module_sizes compute_module_total_buffer_size "
+            "get_module_leaves get_module_size_with_ties get_non_persistent_buffers get_state_dict_from_offload "
+            "get_state_dict_offloaded_model",
+        ),
+        **_at(
+            "drivetrain.big_modeling.device_map",
+            "check_device_map find_tied_parameters infer_auto_device_map",
+        ),
+        **_at("drivetrain.big_modeling.sizes", "get_balanced_memory get_max_memory"),
+        "load_checkpoint_in_model": "drivetrain.big_modeling.loading",
+        "WEIGHTS_INDEX_NAME": "drivetrain.constants",
+        "is_peft_model": _MODULES,
+        "logger": LOGGER,
+    },
+    "drivetrain.utils.offload": _at("drivetrain.big_modeling.memmap_offload", _OFFLOAD),
+    "drivetrain.utils.operations": {
+        **_at("drivetrain.operations", _COLLECTIVES),
+        **_at(
+            "drivetrain.operations.nested",
+            "ConvertOutputsToFp32 TensorInformation get_shape is_tensor_information is_torch_tensor",
+        ),
+        "CannotPadNestedTensorWarning": "drivetrain.operations.collective",
+        **_at(
+            _OPERATIONS,
+            "TENSOR_INT_TO_DTYPE TENSOR_TYPE_TO_INT chained_operation gather_tensor_shape pad_input_tensors "
+            "verify_operation",
+        ),
+    },
+    "drivetrain.utils.other": {
+        **_at(_MODULES, f"{_MODULE_HELPERS} has_repeated_blocks is_repeated_blocks"),
+        **_at(_OBJECTS, "get_pretty_name merge_dicts recursive_getattr"),
+        **_at(_LOAD, "load np_core TORCH_SAFE_GLOBALS"),
+        **_at(_MACHINE, "check_os_kernel get_free_port is_port_in_use logger"),
+        **_at("drivetrain.checkpointing", "clean_state_dict_for_safetensors save"),
+        "convert_bytes": "drivetrain.commands.estimate_memory",
+        "extract_model_from_parallel": "drivetrain.training.modeling",
+        "wait_for_everyone": _OPERATIONS,
+        "write_basic_config": "drivetrain.config.file",
+    },
+    "drivetrain.utils.random": _at("drivetrain.operations.random", _RANDOM),
+    # Accelerate's module installs rich's traceback handler when imported: ON_IMPORT below
+    "drivetrain.utils.rich": {},
+    "drivetrain.utils.torch_xla": {},
+    "drivetrain.utils.tqdm": {"tqdm": "drivetrain.progress"},
+    "drivetrain.utils.transformer_engine": {},
+    "drivetrain.utils.versions": _at(_VERSIONS, "OPERATIONS compare_versions is_torch_version torch_version"),
+    "drivetrain.test_utils": _TEST_HELPERS,
+    "drivetrain.test_utils.testing": _TEST_HELPERS,
+}
 GENERATED_MODULES: dict[str, dict[str, str]] = {**_ROOT_MODULES, **_UTILS_MODULES}
 
 #: Generated paths whose import does something in Accelerate: the module imported then (it warns, or installs
 #: a handler).
-ON_IMPORT: dict[str, str] = {}
+ON_IMPORT: dict[str, str] = {"drivetrain.utils.rich": f"{_API}.rich_traceback"}

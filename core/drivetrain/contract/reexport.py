@@ -49,7 +49,7 @@ def plugin_name(name: str, distribution: str | None, module: str) -> Any:
 _PLUGIN_NAMESPACES = ("drivetrain", "drivetrain.utils")
 
 #: Table value for a module's ``logger`` (Accelerate's modules each have one): drivetrain's logger of that name.
-LOGGER = "@logger"
+LOGGER = paths.LOGGER
 
 
 def accelerate_path(module_name: str) -> str:
@@ -110,9 +110,10 @@ class _GeneratedModuleLoader(importlib.abc.Loader):
         )
 
         def __getattr__(attribute: str) -> Any:
-            if (
-                attribute in submodules
-            ):  # ``drivetrain.utils.modeling`` reached as an attribute, as in Accelerate
+            # ``drivetrain.utils.modeling`` reached as an attribute, as in Accelerate; a name of the table that is
+            # also a submodule's (``drivetrain.utils.tqdm``, the function) is the name, as Accelerate's package
+            # imports it over the submodule
+            if attribute in submodules and attribute not in public:
                 return importlib.import_module(f"{name}.{attribute}")
             return resolve(attribute)
 
@@ -120,8 +121,8 @@ class _GeneratedModuleLoader(importlib.abc.Loader):
             f"Accelerate's ``{accelerate_path(name)}``, generated from its table in drivetrain.compat.paths: "
             "each name resolves to where it lives in drivetrain (the kernel or the plugin providing it)."
         )
-        module.__getattr__ = __getattr__  # type: ignore[attr-defined]
-        module.__dir__ = listing  # type: ignore[attr-defined]
+        module.__getattr__ = __getattr__  # type: ignore[method-assign]
+        module.__dir__ = listing  # type: ignore[method-assign]
         module.__all__ = public  # type: ignore[attr-defined]
         on_import = paths.ON_IMPORT.get(name)
         if on_import is not None:  # a path whose import does something in Accelerate (a warning, a handler)

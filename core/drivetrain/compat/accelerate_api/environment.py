@@ -1,23 +1,21 @@
-"""Accelerate's ``accelerate.utils.environment``: reading flags and choices from environment variables, and what
-the machine offers (processors, GPUs through ``nvidia-smi`` so that CUDA stays uninitialised)."""
+"""Accelerate's ``accelerate.utils.environment`` (served at ``drivetrain.utils.environment``, with the machine's
+facts from :mod:`drivetrain.compat.accelerate_api.machine`): reading flags, choices and ranks from environment
+variables, writing them to an environment file, and undoing a test's ``ACCELERATE_*`` variables."""
 
 from __future__ import annotations
 
 import functools
 import os
-import shutil
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from drivetrain.config.sources import FALSE_WORDS, TRUE_WORDS
-from drivetrain.contract.reexport import reexport
 from drivetrain.logging import get_logger
 
-logger = get_logger(__name__)
+#: Named after Accelerate's module, where scripts and tests listen (``assertLogs("...utils.environment")``).
+logger = get_logger("drivetrain.utils.environment")
 
 _TRUE, _FALSE = TRUE_WORDS, FALSE_WORDS  # the one boolean vocabulary (drivetrain.config.sources)
 #: Characters that would break a ``KEY=value`` line of an environment file.
@@ -64,79 +62,6 @@ def convert_dict_to_env_variables(current_env: dict[str, str]) -> list[str]:
                 f"WARNING: Skipping {key}={value} as it contains forbidden characters or missing values."
             )
     return lines
-
-
-def are_libraries_initialized(*library_names: str) -> list[str]:
-    """Those of ``library_names`` already imported in this process."""
-    return [name for name in library_names if name in sys.modules]
-
-
-def get_current_device_type() -> tuple[str, str]:
-    """``(device type, distributed type)`` of the accelerator present, found without initialising it; CUDA's
-    pair when none of the others is."""
-    from drivetrain.compat import availability
-    from drivetrain.utils import imports
-
-    for check, pair in availability.ACCELERATE_DEVICE_ORDER:
-        if getattr(imports, check)():
-            return pair
-    return "cuda", "MULTI_GPU"
-
-
-def _nvidia_smi() -> str:
-    if sys.platform == "win32":
-        found = shutil.which("nvidia-smi")
-        return found or os.path.join(
-            os.environ.get("systemdrive", "C:"),
-            "Program Files",
-            "NVIDIA Corporation",
-            "NVSMI",
-            "nvidia-smi.exe",
-        )
-    return "nvidia-smi"
-
-
-def _query_gpus(field_names: str) -> list[str]:
-    output = subprocess.check_output(
-        [_nvidia_smi(), f"--query-gpu={field_names}", "--format=csv,noheader"], text=True
-    )
-    return output.strip().splitlines()
-
-
-def get_gpu_info() -> tuple[list[str], int]:
-    """``(names, count)`` of the NVIDIA GPUs, from ``nvidia-smi`` (raises when it is not there)."""
-    rows = _query_gpus("count,name")
-    return [row.split(",", 1)[1].strip() for row in rows], len(rows)
-
-
-def get_driver_version() -> str:
-    return _query_gpus("driver_version")[0]
-
-
-def check_cuda_p2p_ib_support() -> bool:
-    """False for several consumer GPUs of the RTX 40 series under a driver older than 550.40.07 (peer-to-peer and
-    InfiniBand transfers hang there); True otherwise, and when nothing can be asked."""
-    from packaging.version import parse
-
-    try:
-        device_names, count = get_gpu_info()
-        if count > 1 and any("RTX 40" in name for name in device_names):
-            return parse(get_driver_version()) >= parse("550.40.07")
-    except Exception:  # no nvidia-smi, no GPU: nothing to warn about
-        pass
-    return True
-
-
-@functools.lru_cache(maxsize=1)
-def check_cuda_float8_capability() -> bool:
-    """Whether the first GPU has compute capability 8.9 or higher (needed for 8-bit floating point)."""
-    try:
-        capability = tuple(int(part) for part in _query_gpus("compute_capability")[0].split("."))
-    except Exception:
-        import torch
-
-        capability = torch.cuda.get_device_capability()
-    return capability >= (8, 9)
 
 
 @dataclass
@@ -216,21 +141,3 @@ def purge_accelerate_environment(func_or_cls: Any) -> Any:
     # subclasses defined later (a test class deriving from a decorated base) are wrapped as they are created
     func_or_cls.__init_subclass__ = classmethod(lambda cls, **kwargs: wrap_tests(cls))  # type: ignore[assignment]
     return func_or_cls
-
-
-__getattr__, __dir__, _names = reexport(
-    __name__,
-    {
-        "patch_environment": "drivetrain.environment",
-        "clear_environment": "drivetrain.environment",
-        "override_numa_affinity": "drivetrain.affinity",
-        "set_numa_affinity": "drivetrain.affinity",
-    },
-)
-__all__ = sorted(
-    {
-        *_names,
-        *(name for name, value in globals().items() if getattr(value, "__module__", None) == __name__),
-        "logger",
-    }
-)

@@ -1,13 +1,13 @@
-"""Accelerate's ``accelerate.utils.operations``: operations on nested structures of tensors and across
-processes. They live in :mod:`drivetrain.operations`; this module adds Accelerate's remaining names."""
+"""Accelerate's operations across processes that the kernel's :mod:`drivetrain.operations` does not need
+(``accelerate.utils.operations`` and ``accelerate.utils.other``, served at those ``drivetrain.utils`` paths):
+checking a collective's inputs in debug mode, naming the operation that failed, a tensor's shape sent from the
+one process that has it, padding a batch for splitting, and waiting for every process."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
 from typing import Any
-
-from drivetrain.contract.reexport import reexport
 
 
 def _dtype_codes() -> dict[Any, int]:
@@ -24,7 +24,7 @@ def __getattr__(name: str) -> Any:
         return _dtype_codes()
     if name == "TENSOR_INT_TO_DTYPE":
         return {code: dtype for dtype, code in _dtype_codes().items()}
-    return _reexport_getattr(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_accelerator_tensor(tensor: Any) -> bool:
@@ -129,24 +129,8 @@ def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int
     )
 
 
-_OPERATIONS = (
-    "DistributedOperationException broadcast broadcast_object_list concatenate convert_outputs_to_fp32 "
-    "convert_to_fp32 copy_tensor_to_devices find_batch_size find_device gather gather_for_metrics gather_object "
-    "get_data_structure honor_type ignorant_find_batch_size initialize_tensors is_namedtuple listify "
-    "pad_across_processes recursively_apply reduce send_to_device slice_tensors TensorInformation"
-).split()
-_NESTED = "ConvertOutputsToFp32 get_shape is_tensor_information is_torch_tensor".split()
+def wait_for_everyone() -> None:
+    """Block until every process of the run reaches this point."""
+    from drivetrain.state import PartialState
 
-_reexport_getattr, __dir__, _names = reexport(
-    __name__,
-    {
-        **dict.fromkeys(_OPERATIONS, "drivetrain.operations"),
-        **dict.fromkeys(_NESTED, "drivetrain.operations.nested"),
-        "TensorInformation": "drivetrain.operations.nested",
-        "CannotPadNestedTensorWarning": "drivetrain.operations.collective",
-    },
-)
-__all__ = sorted(
-    {*_names, "TENSOR_TYPE_TO_INT", "TENSOR_INT_TO_DTYPE", "verify_operation",
-     "chained_operation", "gather_tensor_shape", "pad_input_tensors"}
-)  # fmt: skip
+    PartialState().wait_for_everyone()

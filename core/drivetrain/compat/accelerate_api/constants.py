@@ -1,5 +1,6 @@
-"""Accelerate's ``accelerate.utils.constants``: file names, version thresholds and option lists, with
-Accelerate's values (checkpoints and config files interchange). Those that name a backend come from
+"""Accelerate's ``accelerate.utils.constants`` that drivetrain's own :mod:`drivetrain.constants` does not hold
+(served, with those, at ``drivetrain.utils.constants``): file-name patterns, version thresholds and option lists,
+with Accelerate's values (checkpoints and config files interchange). Those that name a backend come from
 :data:`drivetrain.compat.paths.ACCELERATE_BACKEND_CONSTANTS`."""
 
 from __future__ import annotations
@@ -8,17 +9,6 @@ import operator
 from typing import Any
 
 from drivetrain.compat import availability, paths
-from drivetrain.constants import (  # noqa: F401 - Accelerate's module lists them too
-    MODEL_NAME,
-    OPTIMIZER_NAME,
-    RNG_STATE_NAME,
-    SAFE_WEIGHTS_INDEX_NAME,
-    SAFE_WEIGHTS_NAME,
-    SCALER_NAME,
-    SCHEDULER_NAME,
-    WEIGHTS_INDEX_NAME,
-    WEIGHTS_NAME,
-)
 
 SAFE_MODEL_NAME = "model"
 SAMPLER_NAME = "sampler"
@@ -70,9 +60,3 @@ def __getattr__(name: str) -> Any:
             torch.nn.ConvTranspose3d, torch.nn.Linear,
         )  # fmt: skip
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = sorted(
-    [name for name in globals() if name.isupper()]
-    + [*paths.ACCELERATE_BACKEND_CONSTANTS, "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING"]
-)

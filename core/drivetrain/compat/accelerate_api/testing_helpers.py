@@ -1,6 +1,8 @@
-"""Accelerate's ``accelerate.test_utils.testing`` helpers that other libraries' test suites import: peft's test
-helpers pick their device with :func:`get_backend` when they are imported, and run example scripts with
-:func:`run_command`. (drivetrain's own multi-process test helpers are in :mod:`drivetrain.testing`.)
+"""Accelerate's ``accelerate.test_utils.testing`` helpers that other libraries' test suites import (served at
+``drivetrain.test_utils`` and ``drivetrain.test_utils.testing``): peft's test helpers pick their device with
+:func:`get_backend` when they are imported, and run example scripts with :func:`run_command`. Accelerate's own
+test fixtures (regression models, ``require_*`` decorators, multi-process scripts) are not shipped;
+drivetrain's own multi-process test helpers are in :mod:`drivetrain.testing`.
 """
 
 from __future__ import annotations
@@ -11,8 +13,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-
-__all__ = ["SubprocessCallException", "get_backend", "run_command"]
 
 
 class SubprocessCallException(Exception):

@@ -1,4 +1,5 @@
-"""Accelerate's ``accelerate.utils.versions``: comparing installed versions against requirements."""
+"""Accelerate's ``accelerate.utils.versions`` (served at ``drivetrain.utils.versions``): comparing installed versions
+against requirements."""
 
 from __future__ import annotations
 

@@ -1,9 +1,12 @@
-"""Accelerate's ``accelerate.utils.imports``: the ``is_*_available`` family, answered from what is installed and
-what torch reports, without importing the library asked about (a check must stay cheap).
+"""Accelerate's ``accelerate.utils.imports`` (served at ``drivetrain.utils.imports``): the ``is_*_available``
+family, answered from what is installed and what torch reports, without importing the library asked about (a
+check must stay cheap).
 
 The checks that name a library or device are specified in :data:`drivetrain.compat.availability.ACCELERATE_AVAILABILITY`
 (the kernel names no backend elsewhere); this module evaluates them. Every check accepts and ignores the keyword
 arguments Accelerate's variants take (``check_device=``, ``min_version=``...), except where noted.
+Accelerate's ``is_bitsandbytes_multi_backend_available`` is :func:`drivetrain.training.admission.quantization_computes_on_cpu`
+(``prepare`` asks it), served from there.
 """
 
 from __future__ import annotations
@@ -17,10 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from drivetrain.compat import availability
+from drivetrain.compat.accelerate_api.versions import compare_versions, is_torch_version
 from drivetrain.config.sources import env_flag, to_bool
-from drivetrain.contract.reexport import reexport
-from drivetrain.training.admission import quantization_computes_on_cpu
-from drivetrain.utils.versions import compare_versions, is_torch_version
 
 
 def package_available(
@@ -42,9 +43,10 @@ def package_available(
     return min_version is None or compare_versions(parse(installed), ">=", min_version)
 
 
-def _device_available(package: str | None, attribute: str) -> bool:
+def _device_available(device: availability.Device) -> bool:
     import torch
 
+    package = device.package
     if package is not None:
         if importlib.util.find_spec(package.partition(".")[0]) is None:
             return False
@@ -53,7 +55,7 @@ def _device_available(package: str | None, attribute: str) -> bool:
         except Exception:  # a device library that fails to import (no driver) means no device
             return False
     module: Any = torch
-    for part in attribute.split("."):
+    for part in device.attribute.split("."):
         module = getattr(module, part, None)
         if module is None:
             return False
@@ -66,19 +68,22 @@ def _device_available(package: str | None, attribute: str) -> bool:
 @functools.cache
 def _evaluate(name: str) -> bool:
     spec = availability.ACCELERATE_AVAILABILITY[name]
-    if "env" in spec:
-        variable, default = spec["env"]
+    if spec.env is not None:
+        variable, default = spec.env
         if not env_flag(variable, default=to_bool(default)):
             return False
-    if "torch" in spec and not is_torch_version(">=", spec["torch"]):
+    if spec.min_torch is not None and not is_torch_version(">=", spec.min_torch):
         return False
-    if "packages" in spec and not any(package_available(*package) for package in spec["packages"]):
+    if spec.packages and not any(
+        package_available(package.import_name, package.distribution, package.min_version)
+        for package in spec.packages
+    ):
         return False
-    if "any_of" in spec and not any(_evaluate(other) for other in spec["any_of"]):
+    if spec.any_of and not any(_evaluate(other) for other in spec.any_of):
         return False
-    if "device" in spec and not _device_available(*spec["device"]):
+    if spec.device is not None and not _device_available(spec.device):
         return False
-    if spec.get("gaudi1"):
+    if spec.gaudi1:
         try:
             experimental = importlib.import_module("habana_frameworks.torch.utils.experimental")
             return experimental._get_device_type() == experimental.synDeviceType.synDeviceGaudi
@@ -119,9 +124,6 @@ def _library(
 
     return check
 
-
-#: Accelerate's name of the check that prepare() asks (drivetrain.training.admission holds it).
-is_bitsandbytes_multi_backend_available = quantization_computes_on_cpu
 
 # Libraries that are not backends (the checks that name a backend live in the names table).
 is_import_timer_available = _library("import_timer")
@@ -273,16 +275,6 @@ use_accelerator_runtime = env_flag(
     availability.ACCELERATE_RUNTIME_FLAG[0], default=to_bool(availability.ACCELERATE_RUNTIME_FLAG[1])
 )
 
-__getattr__, __dir__, _names = reexport(
-    __name__,
-    {
-        "compare_versions": "drivetrain.utils.versions",
-        "is_torch_version": "drivetrain.utils.versions",
-        "str_to_bool": "drivetrain.utils.environment",
-        "is_port_in_use": "drivetrain.utils.other",
-        "get_free_port": "drivetrain.utils.other",
-    },
-)
+# the checks specified in the table (a plugin that exports one of these names answers instead)
 for _name in availability.ACCELERATE_AVAILABILITY:
     globals().setdefault(_name, _check(_name))
-__all__ = sorted({*_names, *(n for n in globals() if n.startswith("is_"))})

@@ -1,13 +1,13 @@
-"""Accelerate's ``accelerate.utils.launch``: helpers of the launchers. The command-line launcher is
-``drivetrain launch`` (:mod:`drivetrain.commands.launch`); backend-specific preparations come from plugins."""
+"""Accelerate's helpers of the launchers (``accelerate.utils.launch``, served at ``drivetrain.utils.launch``):
+a path-list variable extended, the function each forked worker runs, and a training script's arguments as
+SageMaker hyperparameters. The command-line launcher is ``drivetrain launch`` (:mod:`drivetrain.commands.launch`);
+backend-specific preparations come from plugins."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
 from typing import Any
-
-from drivetrain.contract.reexport import reexport
 
 
 def env_var_path_add(env_var_name: str, path_to_add: Any) -> str:
@@ -88,14 +88,3 @@ def _convert_nargs_to_dict(nargs: list[str]) -> dict[str, Any]:
             )
         hyperparameters[name.replace("-", "_")] = typed(value)
     return hyperparameters
-
-
-# drivetrain launch's own helpers (the launcher sits above this layer: resolved by name on first use)
-__getattr__, __dir__, _names = reexport(
-    __name__,
-    {
-        "prepare_simple_launcher_cmd_env": "drivetrain.commands.launch",
-        "prepare_multi_gpu_env": "drivetrain.commands.launch",
-    },
-)
-__all__ = sorted({*_names, "env_var_path_add", "PrepareForLaunch"})
