@@ -146,4 +146,6 @@ class GeneratedModuleFinder(importlib.abc.MetaPathFinder):
 def install() -> None:
     """Put the finder on ``sys.meta_path`` once (``import drivetrain`` does)."""
     if not any(isinstance(finder, GeneratedModuleFinder) for finder in sys.meta_path):
-        sys.meta_path.append(GeneratedModuleFinder())
+        # first: a folder left where one of these paths used to be a package (a stale __pycache__ after an
+        # upgrade) would otherwise be imported as an empty namespace package
+        sys.meta_path.insert(0, GeneratedModuleFinder())
