@@ -42,7 +42,7 @@ from drivetrain.commands.launch_plan import (  # noqa: F401  (re-exported: impor
 from drivetrain.commands.parsing import UsageError, exit_code_of
 from drivetrain.contract.reexport import LOGGER, reexport
 from drivetrain.errors import ConfigurationError
-from drivetrain.launchers import free_port  # noqa: F401  (re-exported: importable from here as before)
+from drivetrain.launching.ports import free_port  # noqa: F401  (re-exported: importable from here as before)
 
 
 def launch(plan: LaunchPlan, args: argparse.Namespace | None = None) -> int:

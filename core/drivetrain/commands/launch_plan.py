@@ -22,7 +22,7 @@ from drivetrain.compat.install_hints import ACCELERATE_BACKEND_FLAGS
 from drivetrain.config.file import KEYS, ConfigFile, load_config
 from drivetrain.config.sources import BACKEND_CONFIG_ENV, PLUGIN_OPTIONS_ENV
 from drivetrain.errors import ConfigurationError
-from drivetrain.launchers import free_port
+from drivetrain.launching.ports import free_port
 
 #: What ParallelismConfig reads in the processes (drivetrain.config.parallelism's ENV_PREFIX and USE_ENV).
 PARALLELISM_ENV_PREFIX = "DRIVETRAIN_PARALLELISM_CONFIG_"

@@ -1,7 +1,8 @@
 """Module paths of drivetrain 0.1 (plugin contract 1.0) that moved when the kernel was laid out in packages.
 
 Importing one still works, with a DeprecationWarning naming the new place: a plugin written for contract 1.0
-keeps loading, and says what to change. Accelerate's own paths are real modules, not listed here.
+keeps loading, and says what to change. Accelerate's own paths are not listed here: they are modules, or
+generated from their tables in :mod:`drivetrain.compat.paths`.
 """
 
 from __future__ import annotations

@@ -266,6 +266,45 @@ PLUGIN_NAMES_BY_PATH: dict[str, dict[str, str]] = {
     },
 }
 
+#: Table value for a module's ``logger`` (Accelerate's modules each have one): drivetrain's logger of that name.
+LOGGER = "@logger"
+
+#: ``drivetrain.data``'s loaders and samplers, which ``accelerate.data_loader`` holds.
+_DATA_LOADING = (
+    "BatchSamplerShard DataLoaderDispatcher DataLoaderShard IterableDatasetShard SeedableRandomSampler "
+    "SkipBatchSampler SkipDataLoader prepare_data_loader skip_first_batches"
+).split()
+
+#: drivetrain's own checkpoint names that ``drivetrain.checkpointing`` serves besides Accelerate's (scripts and
+#: docs/checkpointing.md use them), each where it lives in drivetrain.checkpoint.
+_CHECKPOINT_NAMES = {
+    **dict.fromkeys(
+        ["CHECKPOINTS_FOLDER", "Checkpointer", "clean_state_dict_for_safetensors", "save"],
+        "drivetrain.checkpoint.checkpointer",
+    ),
+    **dict.fromkeys(["atomic_write", "sha256_of_file"], "drivetrain.checkpoint.files"),
+    **dict.fromkeys(
+        ["MANIFEST_NAME", "is_complete", "read_manifest", "verify"], "drivetrain.checkpoint.manifest"
+    ),
+    "verify_checkpoint": "drivetrain.checkpoint.manifest:verify",  # an older name of verify, kept for scripts
+    "write_model_files": "drivetrain.checkpoint.model_files",
+    "complete_checkpoints": "drivetrain.checkpoint.rotation",
+    **dict.fromkeys(
+        [
+            "UNSAFE_OPT_OUT",
+            "deduplicate_shared",
+            "load_safetensors_into_module",
+            "safe_load",
+            "save_safetensors",
+        ],
+        "drivetrain.checkpoint.serialization",
+    ),
+    **dict.fromkeys(
+        ["read_training_objects", "write_model_weights", "write_training_objects"],
+        "drivetrain.checkpoint.training_objects",
+    ),
+}
+
 #: Accelerate's module paths that have no file in drivetrain: each is made, when imported, from its table here
 #: (name -> ``"module"`` holding the same name, or ``"module:attribute"``; see drivetrain.contract.reexport).
 #: The names listed above for the same path (kernel names that spell a backend, plugin names) are merged in.
@@ -276,6 +315,33 @@ _ROOT_MODULES: dict[str, dict[str, str]] = {
     "drivetrain.local_sgd": {},
     # module hooks (run around a module's forward, for offloading), not plugin hooks: the offload plugin's
     "drivetrain.hooks": {},
+    "drivetrain.checkpointing": {
+        **_CHECKPOINT_NAMES,
+        **dict.fromkeys(
+            ["save_custom_state", "load_custom_state"], "drivetrain.compat.accelerate_api.checkpointing"
+        ),
+        "logger": LOGGER,
+    },
+    "drivetrain.data_loader": {
+        **dict.fromkeys(_DATA_LOADING, "drivetrain.data"),
+        **dict.fromkeys(
+            ["DataLoaderStateMixin", "DataLoaderAdapter", "get_sampler"],
+            "drivetrain.compat.accelerate_api.data_loader",
+        ),
+        "logger": LOGGER,
+    },
+    "drivetrain.optimizer": {
+        "AcceleratedOptimizer": "drivetrain.training.optimizer",
+        **dict.fromkeys(
+            ["move_to_device", "patch_optimizer_step"], "drivetrain.compat.accelerate_api.optimizer"
+        ),
+    },
+    "drivetrain.launchers": {
+        **dict.fromkeys(["notebook_launcher", "debug_launcher"], "drivetrain.launching.forked"),
+        "test_launch": "drivetrain.compat.accelerate_api.launchers",
+    },
+    # holds nothing: ON_IMPORT warns
+    "drivetrain.memory_utils": {},
 }
 
 
@@ -368,12 +434,12 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
             "get_max_memory infer_auto_device_map init_empty_weights init_on_device load_checkpoint_and_dispatch "
             "load_checkpoint_in_model",
         ),
-        **_at("drivetrain.checkpointing", "clean_state_dict_for_safetensors save"),
+        **_at("drivetrain.checkpoint.checkpointer", "clean_state_dict_for_safetensors save"),
         **_at("drivetrain.tracking", "GeneralTracker on_main_process"),
-        **_at("drivetrain.launchers", "debug_launcher notebook_launcher"),
+        **_at("drivetrain.launching.forked", "debug_launcher notebook_launcher"),
         **_at("drivetrain.commands.launch", "prepare_multi_gpu_env prepare_simple_launcher_cmd_env"),
         "PrepareForLaunch": _LAUNCH_HELPERS,
-        **_at("drivetrain.environment", "clear_environment patch_environment"),
+        **_at("drivetrain.config.environment_variables", "clear_environment patch_environment"),
         "set_numa_affinity": "drivetrain.affinity",
         **_at(_ENVIRONMENT, _ENVIRONMENT_READERS),
         **_at(
@@ -425,7 +491,7 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
             "are_libraries_initialized check_cuda_float8_capability check_cuda_p2p_ib_support "
             "get_current_device_type get_driver_version get_gpu_info",
         ),
-        **_at("drivetrain.environment", "clear_environment patch_environment"),
+        **_at("drivetrain.config.environment_variables", "clear_environment patch_environment"),
         **_at("drivetrain.affinity", "override_numa_affinity set_numa_affinity"),
     },
     "drivetrain.utils.fsdp_utils": {"logger": LOGGER},
@@ -485,7 +551,7 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
         **_at(_OBJECTS, "get_pretty_name merge_dicts recursive_getattr"),
         **_at(_LOAD, "load np_core TORCH_SAFE_GLOBALS"),
         **_at(_MACHINE, "check_os_kernel get_free_port is_port_in_use logger"),
-        **_at("drivetrain.checkpointing", "clean_state_dict_for_safetensors save"),
+        **_at("drivetrain.checkpoint.checkpointer", "clean_state_dict_for_safetensors save"),
         "convert_bytes": "drivetrain.commands.estimate_memory",
         "extract_model_from_parallel": "drivetrain.training.modeling",
         "wait_for_everyone": _OPERATIONS,
@@ -501,8 +567,25 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
     "drivetrain.test_utils": _TEST_HELPERS,
     "drivetrain.test_utils.testing": _TEST_HELPERS,
 }
-GENERATED_MODULES: dict[str, dict[str, str]] = {**_ROOT_MODULES, **_UTILS_MODULES}
+#: drivetrain's own module paths (not Accelerate's) that have no file either, made the same way: kept for the
+#: scripts and documents that use them.
+OWN_MODULES: dict[str, dict[str, str]] = {
+    # the test helpers plugins' tests use (docs/plugins/testing.md)
+    "drivetrain.testing": dict.fromkeys(
+        ["launch_script", "checks_reported_ok", "assert_checks_passed", "install_plugin_for_test"],
+        "drivetrain.launching.testing",
+    ),
+    # ``python -m drivetrain.launch`` (RUN_AS_MAIN)
+    "drivetrain.launch": {"main": "drivetrain.commands.launch"},
+}
+GENERATED_MODULES: dict[str, dict[str, str]] = {**_ROOT_MODULES, **_UTILS_MODULES, **OWN_MODULES}
 
 #: Generated paths whose import does something in Accelerate: the module imported then (it warns, or installs
 #: a handler).
-ON_IMPORT: dict[str, str] = {"drivetrain.utils.rich": f"{_API}.rich_traceback"}
+ON_IMPORT: dict[str, str] = {
+    "drivetrain.memory_utils": "drivetrain.compat.accelerate_api.memory_utils",
+    "drivetrain.utils.rich": f"{_API}.rich_traceback",
+}
+
+#: Generated paths that ``python -m`` runs: path -> ``"module:function"``, whose result is the exit status.
+RUN_AS_MAIN: dict[str, str] = {"drivetrain.launch": "drivetrain.commands.launch:main"}

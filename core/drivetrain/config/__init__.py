@@ -6,4 +6,5 @@ parallelism.py      ParallelismConfig: the parallel dimensions of a run
 enums.py            DistributedType, PrecisionType and Accelerate's other enumerations
 sources.py          where a setting comes from (script > environment > config file > default)
 file.py             the launch config file: schema, Accelerate's format, reading and writing
+environment_variables.py  patch_environment / clear_environment: the environment changed for a block
 """

@@ -199,7 +199,7 @@ class TorchDynamoPlugin(Checked):
     def to_kwargs(self) -> dict[str, Any]:
         """The settings that differ from the defaults (Accelerate's ``KwargsHandler.to_kwargs``); defaults are
         taken with the ``ACCELERATE_DYNAMO_*`` variables cleared."""
-        from drivetrain.environment import clear_environment
+        from drivetrain.config.environment_variables import clear_environment
 
         with clear_environment():
             defaults = type(self)().to_dict()

@@ -14,7 +14,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 from collections.abc import Callable
-from types import ModuleType
+from types import CodeType, ModuleType
 from typing import Any
 
 from drivetrain.compat import distributions, install_hints, paths
@@ -95,8 +95,9 @@ def reexport(
 
 
 class _GeneratedModuleLoader(importlib.abc.Loader):
-    """Makes the module of one of Accelerate's paths from its table in :data:`compat.paths.GENERATED_MODULES`:
-    no file, only the table (``__getattr__`` resolves a name on first use, as :func:`reexport` does)."""
+    """Makes the module of one of Accelerate's paths (or of drivetrain's own, :data:`compat.paths.OWN_MODULES`)
+    from its table in :data:`compat.paths.GENERATED_MODULES`: no file, only the table (``__getattr__`` resolves a
+    name on first use, as :func:`reexport` does)."""
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         return ModuleType(spec.name)
@@ -117,8 +118,13 @@ class _GeneratedModuleLoader(importlib.abc.Loader):
                 return importlib.import_module(f"{name}.{attribute}")
             return resolve(attribute)
 
+        whose = (
+            f"drivetrain's own ``{name}``"
+            if name in paths.OWN_MODULES
+            else f"Accelerate's ``{accelerate_path(name)}``"
+        )
         module.__doc__ = (
-            f"Accelerate's ``{accelerate_path(name)}``, generated from its table in drivetrain.compat.paths: "
+            f"{whose}, generated from its table in drivetrain.compat.paths: "
             "each name resolves to where it lives in drivetrain (the kernel or the plugin providing it)."
         )
         module.__getattr__ = __getattr__  # type: ignore[method-assign]
@@ -127,6 +133,16 @@ class _GeneratedModuleLoader(importlib.abc.Loader):
         on_import = paths.ON_IMPORT.get(name)
         if on_import is not None:  # a path whose import does something in Accelerate (a warning, a handler)
             importlib.import_module(on_import)
+
+    def get_code(self, fullname: str) -> CodeType | None:
+        """What ``python -m <path>`` runs, for the paths in :data:`compat.paths.RUN_AS_MAIN` (runpy asks the
+        loader; importing the path never runs it): the function named there, its result the exit status."""
+        target = paths.RUN_AS_MAIN.get(fullname)
+        if target is None:
+            return None  # runpy then says there is no code to run
+        module_name, _, function = target.partition(":")
+        source = f"import importlib, sys\nsys.exit(importlib.import_module({module_name!r}).{function}())\n"
+        return compile(source, f"<{fullname}: {target}>", "exec")
 
 
 class GeneratedModuleFinder(importlib.abc.MetaPathFinder):

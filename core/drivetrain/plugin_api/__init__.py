@@ -34,7 +34,7 @@ from drivetrain.contract.environment import Collectives, DistributedEnvironment,
 from drivetrain.contract.hookspecs import CONTRACT_VERSION, hookimpl
 from drivetrain.contract.info import Capabilities, ExtensionRegistry, PluginInfo
 from drivetrain.errors import CheckpointError, ConfigurationError, DrivetrainError, PluginError, UsageError
-from drivetrain.launchers import free_port
+from drivetrain.launching.ports import free_port
 from drivetrain.operations.process_group import (
     join_process_group,
     release_at_shutdown,

@@ -217,7 +217,7 @@ def is_cuda_available() -> bool:
     """torch's NVML-based check, which leaves CUDA uninitialised (a forked worker can still use it)."""
     import torch
 
-    from drivetrain.environment import patch_environment
+    from drivetrain.config.environment_variables import patch_environment
 
     with patch_environment(PYTORCH_NVML_BASED_CUDA_CHECK="1"):
         return torch.cuda.is_available()

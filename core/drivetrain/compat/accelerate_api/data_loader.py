@@ -1,6 +1,7 @@
-"""Accelerate's module name for the data-loading classes (``accelerate.data_loader``); they live in
-:mod:`drivetrain.data`. This module adds Accelerate's base classes: :class:`DataLoaderStateMixin` and
-:class:`DataLoaderAdapter`, which drivetrain's prepared loaders count as (``isinstance`` holds)."""
+"""Accelerate's base classes and helper of ``accelerate.data_loader``: :class:`DataLoaderStateMixin` and
+:class:`DataLoaderAdapter`, which drivetrain's prepared loaders count as (``isinstance`` holds from the moment
+either class can be imported: they are registered here), and :func:`get_sampler`. ``drivetrain.data_loader``
+(generated from its table in drivetrain.compat.paths) serves them with the loaders of :mod:`drivetrain.data`."""
 
 from __future__ import annotations
 
@@ -8,9 +9,6 @@ import abc
 import contextlib
 from typing import Any
 
-from drivetrain.contract.reexport import LOGGER, reexport
-from drivetrain.data import *  # noqa: F403
-from drivetrain.data import __all__ as _data_names
 from drivetrain.data.loaders import _PreparedDataLoader
 
 
@@ -103,8 +101,3 @@ def get_sampler(dataloader: Any) -> Any:
     if isinstance(dataloader.sampler, BatchSampler):
         return getattr(dataloader.sampler, "sampler", None)
     return getattr(dataloader.batch_sampler, "sampler", None)
-
-
-_getattr, __dir__, _names = reexport(__name__, {"logger": LOGGER})
-__getattr__ = _getattr
-__all__ = sorted({*_data_names, *_names, "DataLoaderStateMixin", "DataLoaderAdapter", "get_sampler"})

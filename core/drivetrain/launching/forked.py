@@ -1,5 +1,6 @@
 """Starting a function in several processes from Python: ``notebook_launcher`` (a notebook cell, one or
-several machines) and ``debug_launcher`` (CPU processes on this machine, for tests).
+several machines) and ``debug_launcher`` (CPU processes on this machine, for tests). Accelerate's path for them
+is ``drivetrain.launchers`` (generated from its table in drivetrain.compat.paths); ``drivetrain`` exports both.
 
 Both fork the current process through torch's elastic launcher, so the function needs no pickling and sees
 the notebook's globals. CUDA cannot survive a fork: if it was initialised before, a clear error says so.
@@ -10,13 +11,13 @@ from __future__ import annotations
 import functools
 import gc
 import os
-import socket
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from drivetrain.environment import patch_environment
+from drivetrain.config.environment_variables import patch_environment
 from drivetrain.errors import DrivetrainError
+from drivetrain.launching.ports import free_port
 
 
 def _run_in_child(launcher_pid: int, function: Callable, args: tuple) -> Any:
@@ -214,13 +215,6 @@ def notebook_launcher(
     )
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on now (for a launcher's rendezvous on this machine)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host if host in ("127.0.0.1", "localhost", "0.0.0.0") else "", 0))
-        return sock.getsockname()[1]
-
-
 def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2) -> dict[int, Any]:
     """Run ``function(*args)`` in ``num_processes`` CPU processes (gloo on loopback) to debug distributed
     code without GPUs. Returns ``{rank: result}``."""
@@ -237,10 +231,3 @@ def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2)
         monitor_interval=0.1,
         env={"DRIVETRAIN_CPU": "1"},
     )
-
-
-def test_launch() -> None:
-    """Creates a ``PartialState`` (what ``accelerate test`` runs first to see that launching works)."""
-    from drivetrain.state import PartialState
-
-    PartialState()

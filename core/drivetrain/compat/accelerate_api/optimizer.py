@@ -1,12 +1,10 @@
-"""Accelerate's ``accelerate.optimizer`` path: :class:`AcceleratedOptimizer` lives in
-:mod:`drivetrain.training.optimizer`."""
+"""Accelerate's helper functions of ``accelerate.optimizer``; ``drivetrain.optimizer`` (generated from its table
+in drivetrain.compat.paths) serves them with :class:`~drivetrain.training.optimizer.AcceleratedOptimizer`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-
-from drivetrain.training.optimizer import AcceleratedOptimizer
 
 
 def move_to_device(state: Any, device: Any) -> Any:
@@ -33,6 +31,3 @@ def patch_optimizer_step(accelerated_optimizer: Any, method: Callable) -> Callab
         return method(*args, **kwargs)
 
     return patched_step
-
-
-__all__ = ["AcceleratedOptimizer", "move_to_device", "patch_optimizer_step"]

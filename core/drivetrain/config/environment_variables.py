@@ -1,4 +1,6 @@
-"""Temporarily changing environment variables (launchers and tests use these)."""
+"""Temporarily changing environment variables (launchers, tests, and a configuration object's defaults taken
+without the environment's settings use these). Accelerate's paths for them are ``drivetrain.utils`` and
+``drivetrain.utils.environment``."""
 
 from __future__ import annotations
 

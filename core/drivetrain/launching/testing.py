@@ -1,4 +1,6 @@
-"""Helpers for tests that need real processes (torch's elastic launcher, gloo on loopback)."""
+"""Helpers for tests that need real processes (torch's elastic launcher, gloo on loopback), for drivetrain's
+tests and plugins' (docs/plugins/testing.md). Scripts import them from ``drivetrain.testing``, a path generated
+from its table in drivetrain.compat.paths."""
 
 from __future__ import annotations
 
