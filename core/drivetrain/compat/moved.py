@@ -39,7 +39,7 @@ class _MovedModuleLoader(importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         warnings.warn(
-            f"{spec.name} moved to {self.new_name} (drivetrain's own module paths moved in contracts 1.1 and 1.2; plugins import from "
+            f"{spec.name} moved to {self.new_name} (a moved drivetrain path; plugins import from "
             "drivetrain.plugin_api, see docs/plugins/versioning.md)",
             DeprecationWarning,
             stacklevel=2,
