@@ -130,6 +130,12 @@ class _GeneratedModuleLoader(importlib.abc.Loader):
         module.__getattr__ = __getattr__  # type: ignore[method-assign]
         module.__dir__ = listing  # type: ignore[method-assign]
         module.__all__ = public  # type: ignore[attr-defined]
+        for child in submodules:
+            if child in public:
+                # importing the submodule later would bind the package's attribute to it: import it now and
+                # unbind it, so the name stays the table's (Accelerate's package imports its names over them)
+                importlib.import_module(f"{name}.{child}")
+                delattr(module, child)
         on_import = paths.ON_IMPORT.get(name)
         if on_import is not None:  # a path whose import does something in Accelerate (a warning, a handler)
             importlib.import_module(on_import)

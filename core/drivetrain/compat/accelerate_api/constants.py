@@ -49,7 +49,7 @@ TORCH_DISTRIBUTED_OPERATION_TYPES = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def _lazy(name: str) -> Any:
     if name in paths.ACCELERATE_BACKEND_CONSTANTS:
         return paths.ACCELERATE_BACKEND_CONSTANTS[name]
     if name == "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING":  # torch.nn only when asked for
@@ -60,3 +60,9 @@ def __getattr__(name: str) -> Any:
             torch.nn.ConvTranspose3d, torch.nn.Linear,
         )  # fmt: skip
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __getattr__(name: str) -> Any:
+    value = _lazy(name)
+    globals()[name] = value  # made once: a constant is the same object at every read
+    return value

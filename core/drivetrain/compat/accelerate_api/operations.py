@@ -19,12 +19,18 @@ def _dtype_codes() -> dict[Any, int]:
     }  # fmt: skip
 
 
-def __getattr__(name: str) -> Any:
+def _lazy(name: str) -> Any:
     if name == "TENSOR_TYPE_TO_INT":  # Accelerate's codes for sending a dtype inside an integer tensor
         return _dtype_codes()
     if name == "TENSOR_INT_TO_DTYPE":
         return {code: dtype for dtype, code in _dtype_codes().items()}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __getattr__(name: str) -> Any:
+    value = _lazy(name)
+    globals()[name] = value  # made once: a constant is the same object at every read
+    return value
 
 
 def is_accelerator_tensor(tensor: Any) -> bool:

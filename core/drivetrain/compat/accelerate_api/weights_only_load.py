@@ -42,9 +42,15 @@ def load(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
             torch.serialization.add_safe_globals(previous)
 
 
-def __getattr__(name: str) -> Any:
+def _lazy(name: str) -> Any:
     if name == "np_core":
         return _numpy_core()
     if name == "TORCH_SAFE_GLOBALS":
         return _safe_globals()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __getattr__(name: str) -> Any:
+    value = _lazy(name)
+    globals()[name] = value  # made once: a constant is the same object at every read
+    return value
