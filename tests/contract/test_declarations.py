@@ -161,9 +161,8 @@ def test_get_grad_scaler_fsdp_is_torchs_sharded_scaler_with_the_fsdp_plugin():
 
 # -- PluginInfo.autocast_dtype -----------------------------------------------------------------------------------
 def _autocast_of(monkeypatch, precision: str):
-    from drivetrain.utils import get_mixed_precision_context_manager
-
     from drivetrain.state import AcceleratorState
+    from drivetrain.utils import get_mixed_precision_context_manager
 
     state = types.SimpleNamespace(mixed_precision=precision, device=torch.device("cpu"))
 
