@@ -164,6 +164,7 @@ make:
 | `flat_dp_no_sync_ignored.py` | `no_sync()` does nothing | no_sync |
 | `flat_dp_first_model_only.py` | averages `accelerator.prepared.models[0]` only | no_sync (its second model is prepared by the same Accelerator) |
 | `flat_dp_unscaled_backward.py` | backward re-implemented without the fp16 GradScaler | multi_process_matches_combined_batch, adamw_schedule_matches_local ("scaler.scale(loss") |
+| `flat_dp_joinable.py` | declares `joinable=True`, but its wrapper is no torch `Joinable` | join_uneven_inputs ("not a torch Joinable") |
 | `flat_dp_deadlock.py` | its collectives' all-reduce receives before it sends: every process waits | collectives, reported as a hang (timed out, each process waiting in `recv`); every other property is still judged |
 
 **Summing without dividing is caught by one property, on purpose.** Adam normalises the gradients' scale and
@@ -189,7 +190,7 @@ def _where_table(properties) -> str:
     everything = PluginInfo(
         kind="backend",
         capabilities=Capabilities(
-            multi_process=True, precisions=("no", "bf16", "fp16"), portable_checkpoints=True
+            multi_process=True, precisions=("no", "bf16", "fp16"), portable_checkpoints=True, joinable=True
         ),
     )
     rows = ["| property | 1 process | 2 processes |", "|---|---|---|"]

@@ -1105,6 +1105,40 @@ def sharded_state(ctx: Context) -> str:
     return f"elements held per rank {counts} (whole: {whole})"
 
 
+def join_uneven_inputs(ctx: Context) -> str:
+    """A backend declaring ``Capabilities.joinable`` is plain data parallelism as torch's ``Join`` knows it:
+    its prepared models are ``Joinable`` (DDP), and process ``r`` training ``r + 1`` batches under
+    ``join_uneven_inputs`` neither hangs nor ends with processes holding different weights (DDP's join hook
+    shadows the missing all-reduces and hands every process the last one's model)."""
+    from torch.distributed.algorithms.join import Joinable
+
+    from drivetrain import utils as operations
+
+    accelerator = ctx.accelerator()
+    model, optimizer = prepared_with_sgd(accelerator, ctx)
+    if not isinstance(model, Joinable):
+        raise PropertyFailure(
+            f"the backend declares joinable=True but prepares a {type(model).__name__}, not a torch Joinable "
+            "(DistributedDataParallel is): torch's Join would refuse it; declare joinable=False"
+        )
+    # the optimizer too where it takes part in Join (a ZeroRedundancyOptimizer), as a script passes it
+    joinables = [
+        model,
+        *(o for o in (optimizer, getattr(optimizer, "optimizer", None)) if isinstance(o, Joinable)),
+    ]
+    with accelerator.join_uneven_inputs(joinables, even_batches=False):
+        train_steps(accelerator, model, optimizer, [ctx.batch(step) for step in range(ctx.rank + 1)])
+    every = [weights for _, weights in sorted(operations.gather_object([(ctx.rank, parameters_of(model))]))]
+    if any(max_difference(weights, every[0]) != 0 for weights in every[1:]):
+        raise PropertyFailure(
+            "after training different numbers of batches under join_uneven_inputs the processes hold "
+            f"different weights (max difference {max(max_difference(w, every[0]) for w in every[1:]):.3g}): "
+            "the prepared model's join hook must shadow the collectives of the processes still training and "
+            "synchronise the final model (DistributedDataParallel's does)"
+        )
+    return f"Join over {', '.join(type(j).__name__ for j in joinables)}; processes trained 1 to {ctx.processes} batches"
+
+
 #: What a check was doing, for a verdict when it raised something other than PropertyFailure (a torch error
 #: alone does not say which promise broke).
 DOING = {
@@ -1125,6 +1159,7 @@ DOING = {
     ),
     "prepare_synchronises_weights": "preparing a model whose processes built different initial weights",
     "sharded_state": "counting the model and AdamW state each process holds",
+    "join_uneven_inputs": "training different numbers of batches per process under join_uneven_inputs",
     "unwrap_model": "unwrap_model after a training step",
     "autocast": "forward passes under accelerator.autocast()",
     "second_accelerator": "training with a second Accelerator beside the first",
@@ -1143,6 +1178,7 @@ CHECKS: dict[str, Callable[[Context], str]] = {
     "collectives": collectives,
     "dataloader_modes": dataloader_modes,
     "checkpoint_resume": checkpoint_resume,
+    "join_uneven_inputs": join_uneven_inputs,
     "unwrap_model": unwrap_model,
     "autocast": autocast,
     "second_accelerator": second_accelerator,

@@ -118,6 +118,12 @@ PROPERTIES = (
         "or all of it on every process",
         "worker",
     ),
+    Property(
+        "join_uneven_inputs",
+        "a backend declaring joinable=True prepares torch Joinables: processes training different numbers of "
+        "batches under join_uneven_inputs all finish, holding the same weights",
+        "worker",
+    ),
     Property("unwrap_model", "unwrap_model returns the user's module, holding the trained weights", "worker"),
     Property("autocast", "autocast() computes in the requested dtype; prepared models return fp32", "worker"),
     Property(
@@ -165,7 +171,9 @@ def not_applicable(name: str, info: PluginInfo, processes: int) -> str | None:
             return "needs --processes 2 or more"
     if name == "checkpoint_portable" and not caps.portable_checkpoints:
         return "the backend declares portable_checkpoints=False (its checkpoints load only on itself)"
-    if name in ("sharded_state", "prepare_synchronises_weights") and processes < 2:
+    if name == "join_uneven_inputs" and not caps.joinable:
+        return "the backend declares joinable=False: join_uneven_inputs runs its block without torch's Join"
+    if name in ("sharded_state", "prepare_synchronises_weights", "join_uneven_inputs") and processes < 2:
         return "needs --processes 2 or more"
     if name == "no_sync" and not caps.local_gradients:
         return (

@@ -33,6 +33,11 @@ def check_spec(spec: str) -> tuple[str | None, PluginInfo | None]:
         )
     if not info.capabilities.devices:
         problems.append("capabilities.devices is empty")
+    if info.capabilities.joinable and not info.capabilities.multi_process:
+        problems.append(
+            "capabilities.joinable=True with multi_process=False: Join only matters across processes; "
+            "declare multi_process=True or joinable=False"
+        )
     marked = hook_implementations(module)
     for hook in HOOK_SPECS:
         function: Any = getattr(module, hook, None)

@@ -80,6 +80,7 @@ BROKEN_BACKENDS = {
         },
     ),
     "flat_dp_no_sync_ignored.py": (("no_sync",), 2, "inside no_sync()"),
+    "flat_dp_joinable.py": (("join_uneven_inputs",), 2, "not a torch Joinable"),
     "flat_dp_first_model_only.py": (
         ("no_sync",),
         2,
@@ -327,6 +328,16 @@ def test_contract_version_mismatch_is_a_clear_failure(tmp_path):
     from drivetrain.plugin_api import CONTRACT_VERSION
 
     assert f"implements contract 2.0, but this drivetrain implements contract {CONTRACT_VERSION}" in problem
+
+
+def test_joinable_needs_several_processes(tmp_path):
+    plugin = tmp_path / "joinable_alone.py"
+    plugin.write_text(
+        "from drivetrain.plugin_api import Capabilities, PluginInfo\nPLUGIN_INFO = PluginInfo(kind='backend', "
+        "capabilities=Capabilities(joinable=True))\n"
+    )
+    problem, info = check_spec(str(plugin))
+    assert info is not None and "capabilities.joinable=True with multi_process=False" in problem
 
 
 def test_cli_prints_one_verdict_per_property_and_fails_on_a_dirty_exit(tmp_path):

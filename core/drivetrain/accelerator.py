@@ -536,7 +536,12 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         from drivetrain.data.samplers import join_uneven_inputs
 
         return join_uneven_inputs(
-            joinables, self.prepared.dataloaders, even_batches, self.use_distributed, self.distributed_type
+            joinables,
+            self.prepared.dataloaders,
+            even_batches,
+            self.use_distributed,
+            self.distributed_type,
+            self.backend_plugin,
         )
 
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Any:

@@ -54,7 +54,7 @@ _WORD = re.compile(r"(?<![a-z0-9])(" + "|".join(BACKEND_WORDS) + r")(?![a-z0-9])
 _DISTRIBUTION = re.compile(r"pip install drivetrain-[a-z0-9]+")
 
 #: The compatibility tables: the one place where the kernel names backends (core/drivetrain/compat/).
-COMPAT_TABLES = ("paths", "install_hints", "cli_options", "availability", "distributions", "behaviour")
+COMPAT_TABLES = ("paths", "install_hints", "cli_options", "availability", "distributions")
 
 #: The exceptions, in one place: Accelerate's names that a script passes or compares against.
 ALLOWED = {
@@ -62,8 +62,9 @@ ALLOWED = {
     **{f"core/drivetrain/compat/{kind}.py": {"*"} for kind in COMPAT_TABLES},
     # Accelerate's enum values (DistributedType.DEEPSPEED, PrecisionType.FP8, ...).
     "core/drivetrain/config/enums.py": {"*"},
-    # Accelerate's ParallelismConfig property (the mesh dimensions a sharding backend runs over).
-    "core/drivetrain/config/parallelism.py": {"fsdp_dim_names"},
+    # Accelerate's ParallelismConfig property (the mesh dimensions a sharding backend runs over), and its
+    # sp_backend default (a fact of its API, valid without the plugin that runs it).
+    "core/drivetrain/config/parallelism.py": {"fsdp_dim_names", "deepspeed"},
     # Accelerate's Accelerator keyword arguments (each an alias of backend_config=), resolved into its settings.
     "core/drivetrain/config/accelerator_settings.py": {
         "deepspeed_plugin",

@@ -25,10 +25,15 @@ from drivetrain.plugin_api import (
 
 PLUGIN_INFO = PluginInfo(
     kind="backend",
-    contract="1.2",
+    contract="1.3",
     description="data parallel; all-reduces bf16-compressed gradients under mixed_precision='bf16'",
     capabilities=Capabilities(
-        multi_process=True, precisions=("no", "bf16"), devices=("cpu", "cuda"), portable_checkpoints=True
+        multi_process=True,
+        precisions=("no", "bf16"),
+        devices=("cpu", "cuda"),
+        portable_checkpoints=True,
+        # Its models are torch's DistributedDataParallel (a Joinable): join_uneven_inputs runs under Join.
+        joinable=True,
     ),
 )
 

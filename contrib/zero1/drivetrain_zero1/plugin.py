@@ -24,7 +24,7 @@ from drivetrain.plugin_api import (
 
 PLUGIN_INFO = PluginInfo(
     kind="backend",
-    contract="1.2",
+    contract="1.3",
     description="data parallel with the optimizer state sharded across processes (ZeRO stage 1)",
     capabilities=Capabilities(
         multi_process=True,
@@ -34,6 +34,8 @@ PLUGIN_INFO = PluginInfo(
         portable_checkpoints=True,
         precisions=("no", "bf16", "fp16"),
         devices=("cpu", "cuda"),
+        # Its models are torch's DistributedDataParallel (a Joinable): join_uneven_inputs runs under Join.
+        joinable=True,
     ),
 )
 

@@ -547,8 +547,9 @@ def load_offloaded_weights(
 
 
 def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwargs: Any = None) -> Any:
-    """The autocast context of the current state's mixed precision (fp16 -> float16; bf16 and 8-bit floats ->
-    bfloat16), or a context that does nothing without ``native_amp``."""
+    """The autocast context of the current state's mixed precision (fp16 -> float16, bf16 -> bfloat16, a
+    plugin's precision -> the ``autocast_dtype`` its precision plugin declares: bfloat16 for fp8), or a context
+    that does nothing without ``native_amp``."""
     if not native_amp:
         return contextlib.nullcontext()
     from drivetrain.state import AcceleratorState
@@ -559,29 +560,72 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
     device_type = state.device.type
     if precision == "fp16":
         return torch.autocast(device_type=device_type, dtype=torch.float16, **kwargs)
-    from drivetrain.compat import behaviour
-
-    if precision in behaviour.ACCELERATE_BF16_AUTOCAST_PRECISIONS:
+    if precision == "bf16":
         return torch.autocast(device_type=device_type, dtype=torch.bfloat16, **kwargs)
+    dtype = _declared_autocast_dtype(precision)
+    if dtype is not None:
+        return torch.autocast(device_type=device_type, dtype=dtype, **kwargs)
     return torch.autocast(device_type=device_type, **kwargs)
 
 
+def _declared_autocast_dtype(precision: str) -> torch.dtype | None:
+    """The dtype the precision plugin providing ``precision`` declares for autocast (``PluginInfo.autocast_dtype``),
+    None for the built-in precisions and a plugin that declares none. Raises a PluginError naming what to install
+    when no installed plugin provides ``precision``."""
+    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.selection import precision_plugin
+
+    registry = get_plugin_manager()
+    plugin = precision_plugin(registry, precision)
+    name = registry.info(plugin).autocast_dtype if plugin is not None else None
+    if name is None:
+        return None
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        from drivetrain.errors import PluginError
+
+        raise PluginError(
+            f"plugin {plugin!r}: PluginInfo.autocast_dtype={name!r} is not a floating torch dtype (e.g. 'bfloat16')"
+        )
+    return dtype
+
+
 def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> Any:
-    """The gradient scaler for fp16 on the machine's accelerator (``cuda`` when there is none); torch's sharded
-    scaler for a distributed type whose parameters are sharded."""
-    from drivetrain.compat import behaviour
+    """The gradient scaler for fp16 on the machine's accelerator (``cuda`` when there is none); for a
+    distributed type answered by a backend that declares its own (``PluginInfo.grad_scaler``: torch's sharded
+    scaler for FSDP), that one. A distributed type of a backend that is not installed raises a PluginError
+    naming the distribution to install."""
+    if distributed_type is not None:
+        scaler = _declared_grad_scaler(str(getattr(distributed_type, "value", distributed_type)))
+        if scaler is not None:
+            import importlib
 
-    if (
-        distributed_type is not None
-        and str(getattr(distributed_type, "value", distributed_type))
-        in behaviour.ACCELERATE_SHARDED_SCALER_TYPES
-    ):
-        import importlib
-
-        module, _, attribute = behaviour.SHARDED_GRAD_SCALER.partition(":")
-        return getattr(importlib.import_module(module), attribute)(**kwargs)
+            module, _, attribute = scaler.partition(":")
+            return getattr(importlib.import_module(module), attribute)(**kwargs)
     accelerator = getattr(torch, "accelerator", None)
     current = (
         accelerator.current_accelerator() if accelerator is not None and accelerator.is_available() else None
     )
     return torch.amp.GradScaler(current.type if current is not None else "cuda", **kwargs)
+
+
+def _declared_grad_scaler(distributed_type: str) -> str | None:
+    """The ``module:attribute`` of the gradient scaler the backend answering ``distributed_type`` declares, or
+    None (no declaration, or a type that names no backend)."""
+    from drivetrain.compat.install_hints import ACCELERATE_DISTRIBUTED_TYPES
+    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.errors import PluginError
+
+    registry = get_plugin_manager()
+    backend = registry.find_plugin(kind="backend", distributed_type=distributed_type)
+    if backend is not None:
+        return registry.info(backend).grad_scaler
+    distribution = ACCELERATE_DISTRIBUTED_TYPES.get(distributed_type)
+    installed = {record.distribution for record in registry.discovered().values()}
+    if distribution is not None and distribution not in installed:
+        # Which scaler it takes is the backend's declaration; without the plugin there is no answer to give.
+        raise PluginError(
+            f"get_grad_scaler(distributed_type={distributed_type}): no installed backend plugin answers "
+            f"DistributedType.{distributed_type}; install it with: pip install {distribution}"
+        )
+    return None

@@ -25,9 +25,9 @@ import json
 import math
 import os
 import warnings
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from drivetrain.compat.behaviour import SEQUENCE_PARALLEL_BACKENDS
 from drivetrain.config import sources
 from drivetrain.errors import ConfigurationError
 
@@ -37,6 +37,10 @@ MESH_DIMENSIONS = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
 #: The dimensions over which data is split.
 DATA_PARALLEL_DIMENSIONS = ("dp_replicate", "dp_shard")
 CONTEXT_PARALLEL_BACKENDS = ("torch",)
+#: ``sp_backend``'s default: a fact of Accelerate's API (its ``ParallelismConfig`` dataclass defaults to it), so
+#: it stays a constant, valid whether or not a plugin running it is installed. The other valid values are those
+#: the installed backends declare (``PluginInfo.sp_backend``).
+ACCELERATE_SP_BACKEND = "deepspeed"
 CP_COMM_STRATEGIES = ("allgather", "alltoall")
 #: Environment prefixes: drivetrain's (what ``drivetrain launch`` exports) and Accelerate's launcher's.
 ENV_PREFIX = "DRIVETRAIN_PARALLELISM_CONFIG_"
@@ -68,13 +72,38 @@ def _choice_value(name: str, value: Any, choices: tuple[str, ...]) -> str:
     return text
 
 
+#: The installed backends' ``sp_backend`` values, registered by ``drivetrain.contract.manager`` (this layer sits
+#: below the plugin registry and cannot ask it itself).
+_declared_sp_backends: Callable[[], Iterable[str]] | None = None
+
+
+def use_declared_sp_backends(declared: Callable[[], Iterable[str]]) -> None:
+    """Make ``declared()`` the source of the ``sp_backend`` values the installed backends declare."""
+    global _declared_sp_backends
+    _declared_sp_backends = declared
+
+
+def sequence_parallel_backends() -> tuple[str, ...]:
+    """The valid ``sp_backend`` values: Accelerate's default first, then what the installed backends declare
+    (imports every plugin module)."""
+    declared = tuple(_declared_sp_backends()) if _declared_sp_backends is not None else ()
+    return tuple(dict.fromkeys((ACCELERATE_SP_BACKEND, *declared)))
+
+
+def _sp_backend_value(value: Any) -> str:
+    # The default needs no plugin, and asking the registry would import every plugin module.
+    if str(value).strip().lower() == ACCELERATE_SP_BACKEND:
+        return ACCELERATE_SP_BACKEND
+    return _choice_value("sp_backend", value, sequence_parallel_backends())
+
+
 def _convert(name: str, value: Any) -> Any:
     if name == "cp_comm_strategy":
         return _choice_value(name, value, CP_COMM_STRATEGIES)
     if name == "cp_backend":
         return _choice_value(name, value, CONTEXT_PARALLEL_BACKENDS)
     if name == "sp_backend":
-        return _choice_value(name, value, SEQUENCE_PARALLEL_BACKENDS)
+        return _sp_backend_value(value)
     return _size_value(name, value)
 
 
@@ -251,7 +280,7 @@ class ParallelismConfig:
             elif setting is not None:
                 value = setting.value
             else:
-                value = {"cp_backend": "torch", "sp_backend": SEQUENCE_PARALLEL_BACKENDS[0]}.get(name, 1)
+                value = {"cp_backend": "torch", "sp_backend": ACCELERATE_SP_BACKEND}.get(name, 1)
             setattr(self, name, value)
         # every size is a whole number from here on (the loop above filled the Nones)
         assert self.tp_size is not None and self.cp_size is not None and self.sp_size is not None

@@ -64,6 +64,12 @@ class Capabilities:
     #: as in Accelerate). The conformance suite sets it, through the launcher's backend settings, to the max
     #: norm where its recipe clips and to 0 everywhere else (contract 1.2).
     clipping_setting: str | None = None
+    #: Plain data parallelism: every prepared model is a torch ``Joinable`` (``DistributedDataParallel``) whose
+    #: collectives torch's ``Join`` can shadow, so ``accelerator.join_uneven_inputs`` runs its block under
+    #: ``Join`` when this backend is in charge of the run's distributed type. False: it warns and runs the block
+    #: without it (sharded or compiled engines run collectives ``Join`` does not know). The conformance suite
+    #: trains uneven inputs under it and checks that the processes end with the same weights (contract 1.3).
+    joinable: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +109,19 @@ class PluginInfo:
     places_model: bool = False
     #: For backends whose engine handles mixed precision and loss scaling itself (DeepSpeed): no GradScaler.
     manages_precision: bool = False
+    #: For backends: the ``ParallelismConfig.sp_backend`` value that names the backend's own sequence
+    #: parallelism (``"deepspeed"``: Accelerate's ALST/Ulysses); ``ParallelismConfig`` accepts the values the
+    #: installed backends declare, besides Accelerate's default (contract 1.3).
+    sp_backend: str | None = None
+    #: For backends: the gradient scaler Accelerate's ``get_grad_scaler(distributed_type=...)`` builds for this
+    #: backend's ``distributed_type``, as ``"module:attribute"`` (``"torch.distributed.fsdp.sharded_grad_scaler:
+    #: ShardedGradScaler"``, as Accelerate gives for FSDP). None: torch's ``GradScaler`` on the machine's
+    #: accelerator (contract 1.3).
+    grad_scaler: str | None = None
+    #: For precision plugins: the torch dtype, by name (``"bfloat16"``), in which autocast computes under the
+    #: precisions the plugin provides: what Accelerate's ``get_mixed_precision_context_manager`` gives for them
+    #: (bfloat16 for fp8). None: torch's default autocast dtype of the device (contract 1.3).
+    autocast_dtype: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in PLUGIN_KINDS:

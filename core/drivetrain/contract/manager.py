@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from drivetrain.compat.install_hints import ACCELERATE_DISTRIBUTED_TYPES
-from drivetrain.config import sources
+from drivetrain.config import parallelism, sources
 from drivetrain.contract import hookspecs
 from drivetrain.contract.attribution import attribute
 from drivetrain.contract.calling import PluginStack
@@ -396,6 +396,25 @@ class PluginRegistry:
             None,
         )
 
+    def backend_answering(self, distributed_type: str, running: str) -> str | None:
+        """The backend in charge of Accelerate's ``distributed_type`` (``"FSDP"``) in a run of backend
+        ``running``: ``running`` for the types that name no backend (``MULTI_GPU``, ``MULTI_CPU``...: plain
+        processes, whatever runs them) and for the type it declares; otherwise the installed backend declaring
+        it, or None (the type belongs to a backend that is not installed)."""
+        from drivetrain.config.file import ACCELERATE_AUTOMATIC_TYPES
+
+        if (
+            distributed_type in ACCELERATE_AUTOMATIC_TYPES
+            or self.info(running).distributed_type == distributed_type
+        ):
+            return running
+        return self.find_plugin(kind="backend", distributed_type=distributed_type)
+
+    def sequence_parallel_backends(self) -> list[str]:
+        """The ``ParallelismConfig.sp_backend`` values the installed backends declare (``PluginInfo.sp_backend``),
+        in plugin name order (imports every plugin module)."""
+        return [info.sp_backend for _, info in self.loadable() if info.kind == "backend" and info.sp_backend]
+
     def backend_for_flag(self, flag: str) -> str | None:
         """The installed backend that declares Accelerate's launch flag ``flag`` (``"use_fsdp"``), or None."""
         return self.find_plugin(kind="backend", launch_flag=flag)
@@ -482,3 +501,5 @@ def _check_config_file(data: dict[str, Any], origin: str) -> tuple[dict[str, Any
 # The file named by DRIVETRAIN_CONFIG_FILE is checked against what the installed plugins declare, exactly as
 # `drivetrain launch --config_file` checks it; drivetrain.config sits below this layer and cannot ask itself.
 sources.use_config_file_check(_check_config_file)
+# ParallelismConfig(sp_backend=...) accepts the values the installed backends declare, asked the same way.
+parallelism.use_declared_sp_backends(lambda: get_plugin_manager().sequence_parallel_backends())

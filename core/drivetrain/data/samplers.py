@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 
-from drivetrain.compat.behaviour import JOINABLE_DISTRIBUTED_TYPES
 from drivetrain.config.enums import DistributedType
 
 
@@ -317,10 +316,12 @@ def join_uneven_inputs(
     even_batches: bool | None,
     use_distributed: bool,
     distributed_type: DistributedType,
+    backend_plugin: str,
 ) -> Iterator[None]:
     """``Accelerator.join_uneven_inputs``: torch's ``Join`` over ``joinables`` for the block, with the prepared
-    ``loaders``' ``even_batches`` set as asked; a warning and no join in one process or under a backend that is
-    not plain data parallelism. The warnings name the script's ``with`` line: the Accelerator returns this
+    ``loaders``' ``even_batches`` set as asked; a warning and no join in one process or when the backend in
+    charge of ``distributed_type`` (``backend_plugin`` for plain processes) does not declare
+    ``Capabilities.joinable``. The warnings name the script's ``with`` line: the Accelerator returns this
     context manager itself, so the caller is two frames up."""
     if not use_distributed:
         warnings.warn("join_uneven_inputs does nothing in a single process", stacklevel=3)
@@ -328,7 +329,7 @@ def join_uneven_inputs(
         return
     from torch.distributed.algorithms.join import Join
 
-    if distributed_type.value not in JOINABLE_DISTRIBUTED_TYPES:
+    if not _joinable(distributed_type, backend_plugin):
         warnings.warn(
             f"join_uneven_inputs is only supported for multi-GPU or multi-CPU data parallelism, not "
             f"{distributed_type}; the block runs without it",
@@ -339,6 +340,16 @@ def join_uneven_inputs(
         return
     with even_batches_set_to(loaders, even_batches), Join(joinables):
         yield
+
+
+def _joinable(distributed_type: DistributedType, backend_plugin: str) -> bool:
+    """Whether the backend in charge of ``distributed_type`` in a run of ``backend_plugin`` declares
+    ``Capabilities.joinable`` (a type whose backend is not installed: no)."""
+    from drivetrain.contract.manager import get_plugin_manager
+
+    registry = get_plugin_manager()
+    backend = registry.backend_answering(str(distributed_type.value), backend_plugin)
+    return backend is not None and registry.info(backend).capabilities.joinable
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""Everything a drivetrain plugin may import from the kernel: contract 1.2.
+"""Everything a drivetrain plugin may import from the kernel: contract 1.3.
 
 A plugin package imports from the kernel only this package (``from drivetrain import hookimpl`` works too).
 In-tree plugins follow the same rule as third parties, and ``tests/contract/test_architecture.py`` enforces it: when a

@@ -35,6 +35,8 @@ PLUGIN_INFO = PluginInfo(
         mesh_dimensions=("dp_replicate",),
         # Every rank holds the whole state; rank 0 writes it in the reference format.
         portable_checkpoints=True,
+        # Every prepared model is a DrivetrainDDP, a torch Joinable: join_uneven_inputs runs under Join.
+        joinable=True,
     ),
     select_for_multiprocess=True,
 )

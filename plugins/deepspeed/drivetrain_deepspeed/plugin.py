@@ -37,6 +37,8 @@ PLUGIN_INFO = PluginInfo(
     launch_flag="use_deepspeed",
     places_model=True,
     manages_precision=True,
+    # ParallelismConfig(sp_backend="deepspeed", sp_size=...): Ulysses sequence parallelism (ALST).
+    sp_backend="deepspeed",
 )
 
 

@@ -193,6 +193,16 @@ def test_runner_command_for_a_hostfile(tmp_path):
     assert "--master_addr 10.0.0.1 --master_port 29501" in joined and joined.endswith("train.py --lr 1")
 
 
+def test_the_plugin_declares_deepspeed_sequence_parallelism():
+    """ParallelismConfig's sp_backend values come from the backends' declarations (PluginInfo.sp_backend)."""
+    from drivetrain_deepspeed.plugin import PLUGIN_INFO
+
+    from drivetrain.contract.manager import get_plugin_manager
+
+    assert PLUGIN_INFO.sp_backend == "deepspeed"
+    assert "deepspeed" in get_plugin_manager().sequence_parallel_backends()
+
+
 def test_sequence_parallel_config_defaults_to_variable_lengths_and_checks_attention(monkeypatch):
     from drivetrain.utils import DeepSpeedSequenceParallelConfig, ParallelismConfig
 

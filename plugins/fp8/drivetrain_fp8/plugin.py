@@ -25,6 +25,8 @@ PLUGIN_INFO = PluginInfo(
     kind="precision",
     description="FP8 training: torchao float8 (CPU and GPU), NVIDIA TransformerEngine, Microsoft MS-AMP",
     precisions=("fp8",),
+    # Accelerate runs fp8 models under bf16 autocast: what is not fp8 computes in bf16.
+    autocast_dtype="bfloat16",
     capabilities=Capabilities(multi_process=True, precisions=("fp8",), devices=("cpu", "cuda")),
     optional_requires={
         "torchao": "fp8 backend ao, CPU and GPU; pip install torchao",
@@ -177,8 +179,9 @@ def _msamp_optimizer(optimizer: torch.optim.Optimizer, run: Fp8Run) -> Any:
 def autocast(
     accelerator: PluginAccelerator, autocast_kwargs: dict[str, Any]
 ) -> contextlib.AbstractContextManager | None:
-    # Accelerate runs fp8 models under bf16 autocast: what is not fp8 computes in bf16.
-    return torch.autocast(device_type=accelerator.device.type, dtype=torch.bfloat16, **autocast_kwargs)
+    # The dtype PLUGIN_INFO declares (bf16), which Accelerate's get_mixed_precision_context_manager also uses.
+    dtype = getattr(torch, PLUGIN_INFO.autocast_dtype or "bfloat16")
+    return torch.autocast(device_type=accelerator.device.type, dtype=dtype, **autocast_kwargs)
 
 
 @hookimpl

@@ -90,6 +90,17 @@ def test_prepared_model_trains_the_users_parameters_in_bf16_autocast():
     assert model.blocks[0].weight.grad is not None
 
 
+def test_accelerates_mixed_precision_context_manager_is_the_declared_bf16_autocast():
+    """Accelerate's utility asks the fp8 plugin's declaration (PluginInfo.autocast_dtype), as its hook does."""
+    from drivetrain.utils import get_mixed_precision_context_manager
+    from drivetrain_fp8.plugin import PLUGIN_INFO
+
+    Accelerator(mixed_precision="fp8")
+    assert PLUGIN_INFO.autocast_dtype == "bfloat16"
+    with get_mixed_precision_context_manager(native_amp=True):
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16 and torch.is_autocast_enabled("cpu")
+
+
 def test_preparing_twice_converts_once():
     accelerator = Accelerator(mixed_precision="fp8")
     model = accelerator.prepare(Net())

@@ -43,6 +43,8 @@ PLUGIN_INFO = PluginInfo(
     # The backend places parameters itself: each rank materialises only its shard (and with
     # cpu_ram_efficient_loading only rank 0 ever holds the full weights).
     places_model=True,
+    # Accelerate's get_grad_scaler(distributed_type=FSDP) gives torch's sharded scaler.
+    grad_scaler="torch.distributed.fsdp.sharded_grad_scaler:ShardedGradScaler",
 )
 
 

@@ -516,3 +516,15 @@ def test_a_launch_flag_conflicting_with_the_scripts_plugin_stops_the_job(tmp_pat
         "sharding_strategy='SHARD_GRAD_OP') in the script but 'NO_SHARD' from environment DRIVETRAIN_BACKEND_CONFIG"
     ) in result.stderr, result.stderr[-3000:]
     assert "process of global rank" in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.filterwarnings("ignore:torch.cuda.amp.GradScaler is enabled")
+def test_accelerates_get_grad_scaler_for_fsdp_is_torchs_sharded_scaler():
+    """Declared by the plugin (PluginInfo.grad_scaler), as Accelerate's get_grad_scaler gives for FSDP."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    from drivetrain.utils import DistributedType, get_grad_scaler
+
+    assert isinstance(
+        get_grad_scaler(distributed_type=DistributedType.FSDP, init_scale=8.0), ShardedGradScaler
+    )

@@ -33,7 +33,7 @@ from drivetrain.plugin_api.training import reference_backward
 PLUGIN_INFO = PluginInfo(
     kind="backend",
     # The contract version this plugin implements; drivetrain refuses a different major version.
-    contract="1.2",
+    contract="1.3",
     description="{{ cookiecutter.description }}",
     # What the conformance suite holds you to; properties outside these are reported "n/a".
     capabilities=Capabilities(
@@ -44,6 +44,9 @@ PLUGIN_INFO = PluginInfo(
         portable_checkpoints=True,
         precisions=("no", "bf16", "fp16"),
         devices=("cpu", "cuda"),
+        # Every prepared model is a torch Joinable (DistributedDataParallel), so accelerator.join_uneven_inputs
+        # runs its block under torch's Join; set False if wrap_model returns anything else (the suite checks).
+        joinable=True,
     ),
     # Third-party libraries to import lazily (``drivetrain plugins`` reports when they do not import).
     requires=(),
