@@ -16,7 +16,7 @@ def fresh_drivetrain_state(monkeypatch):
     import torch
 
     from drivetrain.checkpoint import finishing
-    from drivetrain.contract.manager import reset_plugin_manager
+    from drivetrain.contract.registry import reset_plugin_registry
     from drivetrain.state import reset_state
 
     for name in list(os.environ):
@@ -24,7 +24,7 @@ def fresh_drivetrain_state(monkeypatch):
             monkeypatch.delenv(name, raising=False)
     torch.set_num_threads(1)
     reset_state()
-    reset_plugin_manager()
+    reset_plugin_registry()
     yield
     # A test that ends right after save_state leaves the save finishing in the background: let it end
     # inside the test's time and folders, not during the next test.
@@ -35,4 +35,4 @@ def fresh_drivetrain_state(monkeypatch):
         if name.startswith("DRIVETRAIN_"):
             del os.environ[name]
     reset_state()
-    reset_plugin_manager()
+    reset_plugin_registry()

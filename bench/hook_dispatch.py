@@ -21,7 +21,7 @@ import torch
 
 from drivetrain import Accelerator, hookimpl, reset_state
 from drivetrain.plugin_api import PluginInfo
-from drivetrain.plugin_api.tooling import get_plugin_manager
+from drivetrain.plugin_api.tooling import get_plugin_registry
 
 
 class NoOpLoss:
@@ -51,7 +51,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    local = get_plugin_manager().load("local").module
+    local = get_plugin_registry().load("local").module
     arguments = dict(loss=NoOpLoss(), backward_kwargs={})
 
     reset_state()
@@ -62,7 +62,7 @@ def main() -> None:
         reset_state()
         names = []
         for index in range(extra):
-            get_plugin_manager().register(f"decline{index}", declining_plugin())
+            get_plugin_registry().register(f"decline{index}", declining_plugin())
             names.append(f"decline{index}")
         accelerator = Accelerator(cpu=True, plugins=names)
         stack = accelerator.state.plugins
@@ -76,7 +76,7 @@ def main() -> None:
             f"{extra} plugin(s) before local: per-step caller {per_step:6.2f} us, pluggy's hook caller {pluggy:6.2f} us"
         )
         for name in names:
-            get_plugin_manager().unregister(name)
+            get_plugin_registry().unregister(name)
 
 
 if __name__ == "__main__":

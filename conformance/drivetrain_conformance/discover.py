@@ -9,7 +9,7 @@ from pathlib import Path
 import tomllib
 
 from drivetrain.plugin_api import PluginError
-from drivetrain.plugin_api.tooling import check_requirements, get_plugin_manager
+from drivetrain.plugin_api.tooling import check_requirements, get_plugin_registry
 
 
 def repository_backends(
@@ -22,7 +22,7 @@ def repository_backends(
     A declared backend that is not installed, does not load, or whose library does not import (DeepSpeed
     without its CUDA toolchain, say) is left out with a warning, and recorded in ``unavailable``.
     """
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     names = ["local"]
     skipped = {} if unavailable is None else unavailable
     for folder in folders:

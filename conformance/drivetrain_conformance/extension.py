@@ -80,11 +80,11 @@ def run(args: argparse.Namespace) -> int:
     if timeout <= 0:
         raise UsageError(f"conformance: --timeout must be more than 0 seconds, got {args.timeout:g}")
     from drivetrain.plugin_api import PluginError
-    from drivetrain.plugin_api.tooling import get_plugin_manager
+    from drivetrain.plugin_api.tooling import get_plugin_registry
     from drivetrain_conformance.properties import unusable_plugin
     from drivetrain_conformance.targets import is_file_target
 
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     plugins = tuple(name.strip() for name in args.plugins.split(",") if name.strip())
     for name in (*args.backends, *plugins):
         if not is_file_target(name) and name not in manager.discovered():

@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from drivetrain.plugin_api.tooling import get_plugin_manager
+from drivetrain.plugin_api.tooling import get_plugin_registry
 from drivetrain_conformance.launching import START_STEP, Hang, Launch, launch
 from drivetrain_conformance.properties import (
     DEFAULT_TIMEOUT,
@@ -533,7 +533,7 @@ def run_suite(
         raise ValueError(f"processes must be >= 1, got {processes}")
     if timeout <= 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     for name in plugins:  # one installed for the launched processes only is checked there
         problem = unusable_plugin(name, manager.info(name)) if name in manager.discovered() else None
         if problem is not None:

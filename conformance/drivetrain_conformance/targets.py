@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from drivetrain.plugin_api import PluginError
-from drivetrain.plugin_api.tooling import get_plugin_manager
+from drivetrain.plugin_api.tooling import get_plugin_registry
 
 
 def is_file_target(spec: str) -> bool:
@@ -24,7 +24,7 @@ def target_name(spec: str) -> str:
 
 def load_target(spec: str) -> tuple[str, Any]:
     """Load (and for a file, register) the plugin; returns its name and module. Raises PluginError."""
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     name = target_name(spec)
     if not is_file_target(spec):
         return name, manager.load(name).module  # an unknown name raises, listing the installed ones

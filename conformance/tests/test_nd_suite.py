@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from drivetrain.contract.manager import get_plugin_manager
+from drivetrain.contract.registry import get_plugin_registry
 from drivetrain_conformance.nd_suite import ND_PROPERTIES, layouts, run_nd_suite
 from drivetrain_conformance.runner import NOT_APPLICABLE, PASS
 
 
 def test_layouts_follow_the_declared_dimensions():
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     fsdp, ddp, local = manager.info("fsdp"), manager.info("ddp"), manager.info("local")
     assert layouts(fsdp, 2) == [
         {"dp_replicate_size": 2},
@@ -30,7 +30,7 @@ def test_layouts_follow_the_declared_dimensions():
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("backend", ["fsdp", "ddp"])
 def test_backends_keep_the_nd_properties(backend):
-    report = run_nd_suite(backend, get_plugin_manager().info(backend), processes=2)
+    report = run_nd_suite(backend, get_plugin_registry().info(backend), processes=2)
     print(report.format())
     assert report.ok, report.format()
     statuses = {verdict.property: verdict.status for verdict in report.verdicts}

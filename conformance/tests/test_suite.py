@@ -320,7 +320,7 @@ def test_rendered_template_registers_its_pytest_marks(rendered_template):
 def test_contract_version_mismatch_is_a_clear_failure(tmp_path):
     plugin = tmp_path / "future_backend.py"
     plugin.write_text(
-        "from drivetrain.contract.manager import PluginInfo\nPLUGIN_INFO = PluginInfo(kind='backend', "
+        "from drivetrain.contract.registry import PluginInfo\nPLUGIN_INFO = PluginInfo(kind='backend', "
         "contract='2.0')\n"
     )
     problem, info = check_spec(str(plugin))

@@ -31,7 +31,7 @@ from drivetrain.config.enums import DistributedType, RNGType
 from drivetrain.config.kwargs_handlers import AutocastKwargs, GradScalerKwargs, KwargsHandler
 from drivetrain.config.parallelism import ParallelismConfig, TorchTensorParallelPlugin
 from drivetrain.contract.arguments import PreparedObjects, ShardingOptions
-from drivetrain.contract.manager import get_plugin_manager
+from drivetrain.contract.registry import get_plugin_registry
 from drivetrain.contract.selection import check_handlers_have_their_plugin
 from drivetrain.errors import ConfigurationError
 from drivetrain.operations.memory import empty_device_cache
@@ -130,7 +130,7 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         self._log_with = log_with
         self.trackers: list[Any] = []
 
-        check_handlers_have_their_plugin(get_plugin_manager(), self.kwargs_handlers, self._plugins.names)
+        check_handlers_have_their_plugin(get_plugin_registry(), self.kwargs_handlers, self._plugins.names)
         self._backward_hook = self._plugins.caller("backward")
         self._autocast_kwargs = (self._handler(AutocastKwargs) or AutocastKwargs()).to_kwargs()
 
@@ -149,7 +149,7 @@ class Accelerator(TrackingMixin, ProfilingMixin):
         state = dict(state)
         names = state.pop("_plugin_names")
         self.__dict__.update(state)
-        self._plugins = get_plugin_manager().stack(names)
+        self._plugins = get_plugin_registry().stack(names)
         self._backward_hook = self._plugins.caller("backward")
 
     def _handler(self, handler_class: type) -> Any:

@@ -19,7 +19,7 @@ from drivetrain.config.parallelism import DATA_PARALLEL_DIMENSIONS, ParallelismC
 from drivetrain.contract.calling import PluginStack
 from drivetrain.contract.environment import DistributedEnvironment, environment_world_size
 from drivetrain.contract.info import PluginInfo
-from drivetrain.contract.manager import PluginRegistry, get_plugin_manager
+from drivetrain.contract.registry import PluginRegistry, get_plugin_registry
 from drivetrain.contract.selection import AUTOMATIC_SOURCES, select_backend
 from drivetrain.errors import ConfigurationError, PluginError
 
@@ -54,7 +54,7 @@ def bootstrap(
 ) -> ProcessSetup:
     """Set this process up for a run: the steps below, each a function of its own, in the order they run."""
     place = process_env.process_place()  # the launcher's variables, checked before anything is set up
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     selection = select_backend(manager, backend, backend_config)
     parallelism = fit_parallelism(parallelism, selection.value, manager.info(selection.value))
     cpu_setting = sources.resolve(

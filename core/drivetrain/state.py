@@ -25,7 +25,7 @@ from drivetrain.config.enums import DistributedType, PrecisionType
 from drivetrain.contract.calling import PluginStack
 from drivetrain.contract.environment import Collectives, DistributedEnvironment, environment_world_size
 from drivetrain.contract.info import PluginInfo
-from drivetrain.contract.manager import get_plugin_manager
+from drivetrain.contract.registry import get_plugin_registry
 from drivetrain.contract.selection import (
     AUTOMATIC_SOURCES,
     backend_of_config,
@@ -188,7 +188,7 @@ class PartialState:
         named backend joins the process group already there and takes over, as Accelerate's AcceleratorState
         turns a PartialState's distributed type into DEEPSPEED or FSDP. Once an Accelerator was built on the
         automatic backend, another one is an error (prepared objects may hold the first one's wrappers)."""
-        manager = get_plugin_manager()
+        manager = get_plugin_registry()
         selection = select_backend(manager, backend, backend_config)
         stack = manager.stack([*self.device_plugins, selection.value])
         environment = join_process_group(
@@ -438,7 +438,7 @@ class AcceleratorState:
             backend_config if backend_config is not None else self.partial_state.backend_config
         )
         self.dynamo_plugin = dynamo_plugin
-        manager = get_plugin_manager()
+        manager = get_plugin_registry()
         provider = precision_plugin(manager, self.mixed_precision)
         #: the plugins the script named (``Accelerator(plugins=[...])``): a device plugin is active whenever it
         #: is installed, and changes what it does only when asked (named here, or by its own options)
@@ -620,7 +620,7 @@ def _names_torch_backend(backend: str | None) -> bool:
     names = [part.split(":")[-1] for part in backend.split(",")]
     if not all(name in TORCH_DISTRIBUTED_BACKENDS for name in names):
         return False
-    return backend not in get_plugin_manager().names()
+    return backend not in get_plugin_registry().names()
 
 
 def is_initialized() -> bool:

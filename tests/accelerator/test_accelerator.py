@@ -393,9 +393,9 @@ def test_requested_plugins_are_the_names_the_script_gave():
     import types
 
     from drivetrain.contract.info import PluginInfo
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
-    get_plugin_manager().register(
+    get_plugin_registry().register(
         "noop-feature", types.SimpleNamespace(PLUGIN_INFO=PluginInfo(kind="feature"))
     )
     assert Accelerator().requested_plugins == ()

@@ -271,10 +271,10 @@ def test_dispatch_model_on_loaded_model_writes_disk_weights(tmp_path) -> None:
 
 
 def test_missing_plugin_says_how_to_install(monkeypatch) -> None:
-    from drivetrain.contract.manager import reset_plugin_manager
+    from drivetrain.contract.registry import reset_plugin_registry
 
     monkeypatch.setenv("DRIVETRAIN_LOAD_PLUGINS", "local")
-    reset_plugin_manager()
+    reset_plugin_registry()
     try:
         with pytest.raises(Exception, match="pip install drivetrain-offload"):
             dispatch_model(
@@ -284,7 +284,7 @@ def test_missing_plugin_says_how_to_install(monkeypatch) -> None:
         assert model.hf_device_map == {"": "cpu"}
     finally:
         monkeypatch.delenv("DRIVETRAIN_LOAD_PLUGINS")
-        reset_plugin_manager()
+        reset_plugin_registry()
 
 
 def test_mapped_and_copied_loads_are_byte_identical(tmp_path) -> None:

@@ -16,7 +16,7 @@ import torch
 from drivetrain import Accelerator, hookimpl
 from drivetrain.contract.environment import DistributedEnvironment
 from drivetrain.contract.info import PluginInfo
-from drivetrain.contract.manager import get_plugin_manager
+from drivetrain.contract.registry import get_plugin_registry
 from drivetrain.state import GradientState, PartialState
 from drivetrain.utils import DataLoaderConfiguration, GradientAccumulationPlugin
 
@@ -65,7 +65,7 @@ def test_partial_state_hands_timeout_to_the_process_group_setup():
 
     plugin = types.SimpleNamespace(PLUGIN_INFO=PluginInfo(kind="backend"))
     plugin.setup_process_group = hookimpl(setup_process_group)
-    get_plugin_manager().register("toy", plugin)
+    get_plugin_registry().register("toy", plugin)
     timeout = datetime.timedelta(seconds=1800)
     PartialState(backend="toy", timeout=timeout)
     assert seen == [{"timeout": timeout}]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from drivetrain.contract.manager import HOOK_SPECS
+from drivetrain.contract.registry import HOOK_SPECS
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOK_DOCS = ROOT / "docs" / "hooks.md"

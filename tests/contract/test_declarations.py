@@ -13,7 +13,7 @@ import torch
 
 from drivetrain.config.enums import DistributedType
 from drivetrain.contract.info import Capabilities, PluginInfo
-from drivetrain.contract.manager import get_plugin_manager, reset_plugin_manager
+from drivetrain.contract.registry import get_plugin_registry, reset_plugin_registry
 from drivetrain.errors import ConfigurationError, PluginError
 
 SHARDED_GRAD_SCALER = "torch.distributed.fsdp.sharded_grad_scaler:ShardedGradScaler"
@@ -23,14 +23,14 @@ def _register(name: str, **declared) -> None:
     capabilities = declared.pop("capabilities", Capabilities())
     kind = declared.pop("kind", "backend")
     plugin = types.SimpleNamespace(PLUGIN_INFO=PluginInfo(kind=kind, capabilities=capabilities, **declared))
-    get_plugin_manager().register(name, plugin)
+    get_plugin_registry().register(name, plugin)
 
 
 @pytest.fixture
 def only_the_reference_backend(monkeypatch):
     """No installed plugin but ``local``: the test registers the ones it needs."""
     monkeypatch.setenv("DRIVETRAIN_LOAD_PLUGINS", "local")
-    reset_plugin_manager()
+    reset_plugin_registry()
 
 
 # -- Capabilities.joinable -------------------------------------------------------------------------------------
@@ -72,6 +72,21 @@ def test_a_backend_not_declaring_joinable_warns_and_runs_without_join(only_the_r
     assert any("only supported for multi-GPU" in message for message in messages), messages
 
 
+def test_a_backend_written_for_contract_1_2_keeps_joining_plain_multi_process_runs(
+    only_the_reference_backend, joins
+):
+    """1.2 had no declaration: the kernel joined every MULTI_* run. A minor version must not change that for a
+    plugin written before it; a sharded engine's own type still answers no."""
+    _register("old-ddp", contract="1.2", capabilities=Capabilities(multi_process=True))
+    assert _join_block(DistributedType.MULTI_CPU, "old-ddp") == []
+    assert joins == [["model"]]
+    _register(
+        "old-engine", contract="1.2", distributed_type="FSDP", capabilities=Capabilities(multi_process=True)
+    )
+    assert any("only supported" in message for message in _join_block(DistributedType.FSDP, "old-engine"))
+    assert joins == [["model"]]
+
+
 def test_the_backend_answering_a_named_distributed_type_decides(only_the_reference_backend, joins):
     """Accelerate's tests set ``state.distributed_type = FSDP`` in a DDP run and expect the warning: the type's
     own backend (declaring no joinable) answers, or nobody when it is not installed."""
@@ -83,7 +98,7 @@ def test_the_backend_answering_a_named_distributed_type_decides(only_the_referen
 
 
 def test_the_in_tree_data_parallel_backend_is_joinable_and_sharded_ones_are_not():
-    registry = get_plugin_manager()
+    registry = get_plugin_registry()
     names = registry.names()
     if "ddp" in names:
         assert registry.info("ddp").capabilities.joinable
@@ -154,7 +169,7 @@ def test_get_grad_scaler_fsdp_is_torchs_sharded_scaler_with_the_fsdp_plugin():
 
     from drivetrain.utils import get_grad_scaler
 
-    if "fsdp" not in get_plugin_manager().names():
+    if "fsdp" not in get_plugin_registry().names():
         pytest.skip("the fsdp plugin is not installed")
     assert isinstance(get_grad_scaler(distributed_type=DistributedType.FSDP), ShardedGradScaler)
 

@@ -15,7 +15,7 @@ import torch
 from drivetrain import hookimpl
 from drivetrain.contract.environment import DistributedEnvironment
 from drivetrain.contract.info import PluginInfo
-from drivetrain.contract.manager import get_plugin_manager
+from drivetrain.contract.registry import get_plugin_registry
 
 
 def _plugin(kind: str, **hooks):
@@ -27,7 +27,7 @@ def _plugin(kind: str, **hooks):
 
 def _toy_backend(**hooks):
     hooks.setdefault("setup_process_group", lambda: DistributedEnvironment())
-    get_plugin_manager().register("toy", _plugin("backend", **hooks))
+    get_plugin_registry().register("toy", _plugin("backend", **hooks))
 
 
 def test_hook_register_extensions_runs_once_at_load():
@@ -41,7 +41,7 @@ def test_hook_register_extensions_runs_once_at_load():
         registry.add_tracker("mine", Tracker)
         registry.add_command("hello", lambda parser: None, lambda args: 0, help="say hello")
 
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     manager.register("ext", _plugin("extension", register_extensions=register_extensions))
     assert len(calls) == 1
     assert manager.extensions.trackers["mine"] == ("ext", Tracker)
@@ -51,7 +51,7 @@ def test_hook_register_extensions_runs_once_at_load():
 def test_hook_register_extensions_refuses_a_name_taken_by_another_plugin():
     from drivetrain.errors import PluginError
 
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     manager.register(
         "a", _plugin("extension", register_extensions=lambda registry: registry.add_tracker("x", int))
     )
@@ -71,7 +71,7 @@ def test_hook_register_extensions_state_attribute_reaches_state_and_accelerator(
         registry.add_state_attribute("toy_everywhere", lambda state: state.num_processes, on_accelerator=True)
         registry.add_state_attribute("device", lambda state: "never used")  # the kernel's attribute wins
 
-    get_plugin_manager().register("toy_names", _plugin("extension", register_extensions=register_extensions))
+    get_plugin_registry().register("toy_names", _plugin("extension", register_extensions=register_extensions))
     accelerator = Accelerator(cpu=True, mixed_precision="bf16")
     assert accelerator.state.toy_setting == ("toy", "bf16")
     assert accelerator.state.toy_everywhere == 1 and accelerator.toy_everywhere == 1
@@ -90,7 +90,7 @@ def test_hook_detect_device_device_plugin_answers_before_the_backend():
         seen.append((local_process_index, cpu))
         return torch.device("meta")
 
-    get_plugin_manager().register("fake_device", _plugin("device", detect_device=detect_device))
+    get_plugin_registry().register("fake_device", _plugin("device", detect_device=detect_device))
     from drivetrain.state import PartialState
 
     state = PartialState(cpu=True)
@@ -109,7 +109,7 @@ def test_hook_detect_device_selects_the_backend_that_declares_the_device():
         seen.append((device.type, backend_config))
         return DistributedEnvironment()
 
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     manager.register(
         "fake_device", _plugin("device", detect_device=lambda cpu: None if cpu else torch.device("meta"))
     )
@@ -178,7 +178,7 @@ def test_hook_wrap_model_is_chained_features_before_backend():
         order.append(("backend", type(model).__name__, accelerator.backend))
         return Wrapper(model, "toy")
 
-    get_plugin_manager().register("conv", _plugin("precision", wrap_model=feature_wrap))
+    get_plugin_registry().register("conv", _plugin("precision", wrap_model=feature_wrap))
     _toy_backend(wrap_model=backend_wrap)
     from drivetrain import Accelerator
 
@@ -309,7 +309,7 @@ def test_hook_save_state_and_hook_load_state_are_called_with_prepared_objects(tm
 
 
 def test_hook_dispatch_module_local_handles_a_single_device_map():
-    local = get_plugin_manager().load("local").module
+    local = get_plugin_registry().load("local").module
     model = torch.nn.Sequential(torch.nn.Linear(2, 2))
     assert local.dispatch_module(model=model, device_map={"": "cpu"}, main_device="cpu") is model
     # An offloading map is not the reference backend's job: it declines.
@@ -326,7 +326,7 @@ def test_hook_dispatch_module_plugin_is_asked_by_dispatch_model(monkeypatch, tmp
         seen.append(device_map)
         return model
 
-    get_plugin_manager().register("placer", _plugin("feature", dispatch_module=dispatch_module))
+    get_plugin_registry().register("placer", _plugin("feature", dispatch_module=dispatch_module))
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
     big_modeling.dispatch_model(model, device_map={"0": "cpu", "1": "disk"}, offload_dir=str(tmp_path))
     assert seen and seen[0]["1"] == "disk"
@@ -479,7 +479,7 @@ def test_hook_implementations_may_not_reorder_themselves():
     plugin = types.SimpleNamespace(PLUGIN_INFO=PluginInfo(kind="feature"))
     plugin.wrap_model = hookimpl(tryfirst=True)(lambda model: None)
     with pytest.raises(PluginError, match="tryfirst=True.*order of plugins follows their kind"):
-        get_plugin_manager().register("eager", plugin)
+        get_plugin_registry().register("eager", plugin)
 
 
 def test_hook_styles_come_from_the_specs():

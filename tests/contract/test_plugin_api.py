@@ -18,7 +18,7 @@ import torch
 
 import drivetrain.plugin_api as plugin_api
 from drivetrain import hookimpl
-from drivetrain.contract.manager import get_plugin_manager
+from drivetrain.contract.registry import get_plugin_registry
 from drivetrain.plugin_api import DistributedEnvironment, PluginInfo
 from drivetrain.plugin_api._moved import ADDED_IN_1_2, REMOVED, moved
 from drivetrain.plugin_api.training import reference_backward
@@ -108,7 +108,7 @@ def test_a_contract_1_1_plugin_module_loads_and_runs(tmp_path, monkeypatch):
     monkeypatch.delitem(vars(plugin_api), "prepare_data_loader", raising=False)
     with pytest.warns(DeprecationWarning, match="drivetrain.plugin_api.data"):
         module = importlib.import_module("old_backend")
-    get_plugin_manager().register("old_backend", module)
+    get_plugin_registry().register("old_backend", module)
     from drivetrain import Accelerator
 
     accelerator = Accelerator(backend="old_backend")
@@ -169,7 +169,7 @@ def test_a_backend_adds_its_step_after_the_reference_backward():
         setup_process_group=hookimpl(lambda: DistributedEnvironment()),
         backward=backward,
     )
-    get_plugin_manager().register("stepping", plugin)
+    get_plugin_registry().register("stepping", plugin)
     from drivetrain import Accelerator
 
     accelerator = Accelerator(backend="stepping", gradient_accumulation_steps=2)
@@ -198,7 +198,7 @@ def test_unwrap_model_finds_the_module_in_a_wrapper_without_a_module_attribute()
         setup_process_group=hookimpl(lambda: DistributedEnvironment()),
         wrap_model=hookimpl(lambda model: Holder(model)),
     )
-    get_plugin_manager().register("holder", plugin)
+    get_plugin_registry().register("holder", plugin)
     from drivetrain import Accelerator
     from drivetrain.utils import extract_model_from_parallel
 

@@ -139,9 +139,9 @@ def test_plugins_that_close_stdout_or_start_a_non_daemon_thread_are_named_and_ha
     # A script that loads them still prints, and is told which plugin keeps its process alive (here for 2 s).
     script = textwrap.dedent(
         """
-        from drivetrain.contract.manager import get_plugin_manager
-        get_plugin_manager().load("closer")
-        get_plugin_manager().load("poller")
+        from drivetrain.contract.registry import get_plugin_registry
+        get_plugin_registry().load("closer")
+        get_plugin_registry().load("poller")
         print("STILL PRINTING")
         """
     )

@@ -12,7 +12,7 @@ import pytest
 from drivetrain import hookimpl
 from drivetrain.contract.exports import resolve_export
 from drivetrain.contract.info import PluginInfo
-from drivetrain.contract.manager import get_plugin_manager, validate_plugin
+from drivetrain.contract.registry import get_plugin_registry, validate_plugin
 from drivetrain.errors import PluginError
 
 
@@ -46,7 +46,7 @@ def test_import_drivetrain_does_not_import_torch_distributed_backends_eagerly():
 
 
 def test_local_is_discovered_through_its_entry_point():
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     record = manager.discovered()["local"]
     assert record.distribution == "drivetrain"
     assert record.value == "drivetrain.backends.local"
@@ -57,12 +57,12 @@ def test_local_is_discovered_through_its_entry_point():
 
 def test_load_plugins_env_restricts_discovery_but_keeps_local(monkeypatch):
     monkeypatch.setenv("DRIVETRAIN_LOAD_PLUGINS", "nonexistent")
-    assert get_plugin_manager().names() == ["local"]
+    assert get_plugin_registry().names() == ["local"]
 
 
 def test_unknown_plugin_lists_installed_ones_and_the_pip_command():
     with pytest.raises(PluginError) as info:
-        get_plugin_manager().load("fsdpp")
+        get_plugin_registry().load("fsdpp")
     message = str(info.value)
     assert "'fsdpp'" in message and "local" in message and "pip install drivetrain-fsdpp" in message
 
@@ -90,7 +90,7 @@ def test_wrong_argument_name_is_rejected_naming_the_argument():
 
     plugin.wrap_model = wrap_model
     with pytest.raises(PluginError) as info:
-        get_plugin_manager().register("typo", plugin)
+        get_plugin_registry().register("typo", plugin)
     message = str(info.value)
     assert "plugin 'typo'" in message and "hook 'wrap_model'" in message and "'acelerator'" in message
     assert "did you mean 'accelerator'" in message
@@ -117,7 +117,7 @@ def test_exception_in_a_hook_keeps_its_type_and_names_the_plugin():
         raise MemoryError("boom")
 
     plugin.wrap_model = wrap_model
-    get_plugin_manager().register("broken", plugin)
+    get_plugin_registry().register("broken", plugin)
     accelerator = Accelerator(plugins=["broken"])
     import torch
 

@@ -11,7 +11,7 @@ import pytest
 from drivetrain import hookimpl
 from drivetrain.contract.environment import DistributedEnvironment
 from drivetrain.contract.info import PluginInfo
-from drivetrain.contract.manager import get_plugin_manager
+from drivetrain.contract.registry import get_plugin_registry
 from drivetrain.errors import ConfigurationError, PluginError
 from drivetrain.state import AcceleratorState, PartialState, reset_state
 
@@ -30,7 +30,7 @@ def _register_toy_backend():
         return DistributedEnvironment()
 
     plugin.setup_process_group = setup_process_group
-    get_plugin_manager().register("toy", plugin)
+    get_plugin_registry().register("toy", plugin)
 
 
 def test_default_is_local():
@@ -132,7 +132,7 @@ def test_unknown_backend_lists_installed():
 
 def test_feature_plugin_cannot_be_a_backend():
     plugin = types.SimpleNamespace(PLUGIN_INFO=PluginInfo(kind="feature"))
-    get_plugin_manager().register("feat", plugin)
+    get_plugin_registry().register("feat", plugin)
     with pytest.raises(PluginError, match="not a distribution backend"):
         PartialState(backend="feat")
 

@@ -75,7 +75,7 @@ def test_plugins_all_shows_every_capability(capsys):
 
 def test_plugins_reports_missing_library(capsys):
     from drivetrain.contract.info import PluginInfo
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
     class Broken:
         PLUGIN_INFO = PluginInfo(
@@ -84,7 +84,7 @@ def test_plugins_reports_missing_library(capsys):
             optional_requires={"json": "reading JSON", "no_such_extra_xyz": "the extra backend"},
         )
 
-    get_plugin_manager().register("needs-lib", Broken())
+    get_plugin_registry().register("needs-lib", Broken())
     assert main(["plugins"]) == 0
     out = capsys.readouterr().out
     assert "needs-lib" in out and "UNAVAILABLE: no_such_library_xyz is not installed" in out
@@ -178,7 +178,7 @@ def test_help_groups_options_by_topic(capsys):
 
 def test_plugin_commands_are_listed_with_their_plugin_and_run(capsys):
     from drivetrain import hookimpl
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
     calls = []
 
@@ -193,7 +193,7 @@ def test_plugin_commands_are_listed_with_their_plugin_and_run(capsys):
                 help="merge some things",
             )
 
-    get_plugin_manager().register("merger", MergePlugin())
+    get_plugin_registry().register("merger", MergePlugin())
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "merge some things [plugin: merger]" in capsys.readouterr().out
@@ -232,10 +232,10 @@ def test_config_default_and_update_accelerate_file(config_dir, tmp_path, capsys)
         "tpu_env: []\ntpu_use_cluster: false\ntpu_use_sudo: false\nuse_cpu: false\n"
         "dynamo_config:\n  dynamo_backend: INDUCTOR\n"
     )
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
     # The installed fsdp plugin declares distributed_type FSDP and its section fsdp_config.
-    declarations = get_plugin_manager().config_declarations()
+    declarations = get_plugin_registry().config_declarations()
     loaded = load_config(accelerate_file, plugins=declarations)
     assert loaded.format == "accelerate"
     # Accelerate's always-written "no choice" values (mixed_precision: no, use_cpu: false) are dropped

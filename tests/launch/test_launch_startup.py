@@ -161,7 +161,7 @@ def test_a_backend_launcher_gets_every_plugin_option(tmp_path, monkeypatch):
     from drivetrain import hookimpl
     from drivetrain.commands.launch import main
     from drivetrain.contract.info import PluginInfo
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
     seen = []
 
@@ -178,7 +178,7 @@ def test_a_backend_launcher_gets_every_plugin_option(tmp_path, monkeypatch):
             )
 
     monkeypatch.setenv("DRIVETRAIN_CONFIG_DIR", str(tmp_path / "no-config"))
-    get_plugin_manager().register("fakebackend", FakeBackend())
+    get_plugin_registry().register("fakebackend", FakeBackend())
     assert main(["--backend", "fakebackend", "--num_processes", "3", "run.py", "-x"]) == 0
     assert main(["--backend", "fakebackend", "--fake_level", "high", "run.py"]) == 0
     assert seen == [("low", 3, ["run.py", "-x"]), ("high", None, ["run.py"])]

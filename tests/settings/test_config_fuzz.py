@@ -217,9 +217,9 @@ def _check_outcome(load, path, case: str) -> None:
 @pytest.fixture(scope="module")
 def declarations():
     """What the installed plugins declare (FSDP's section, Accelerate's distributed types, ...)."""
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
-    return get_plugin_manager().config_declarations()
+    return get_plugin_registry().config_declarations()
 
 
 def _from_environment(path):

@@ -22,7 +22,7 @@ from drivetrain.config.file import load_config
 from drivetrain.config.kwargs_handlers import GradScalerKwargs, InitProcessGroupKwargs
 from drivetrain.config.parallelism import TorchTensorParallelPlugin
 from drivetrain.contract.calling import tracing_enabled
-from drivetrain.contract.manager import get_plugin_manager
+from drivetrain.contract.registry import get_plugin_registry
 from drivetrain.contract.selection import select_backend
 from drivetrain.errors import ConfigurationError, PluginError
 from drivetrain.progress import progress_enabled
@@ -328,7 +328,7 @@ def test_a_drivetrain_and_an_accelerate_variable_that_agree_are_fine(monkeypatch
 
 
 def test_accelerates_backend_switches_select_the_backend_that_declares_the_flag(monkeypatch):
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     if manager.backend_for_flag("use_fsdp") is None:
         pytest.skip("drivetrain-fsdp is not installed")
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "1")
@@ -345,13 +345,13 @@ def test_accelerates_backend_switches_select_the_backend_that_declares_the_flag(
 def test_a_backend_switch_for_a_plugin_that_is_not_installed_names_the_distribution(monkeypatch):
     monkeypatch.setenv("DRIVETRAIN_LOAD_PLUGINS", "local")
     monkeypatch.setenv("ACCELERATE_USE_MEGATRON_LM", "true")
-    from drivetrain.contract.manager import reset_plugin_manager
+    from drivetrain.contract.registry import reset_plugin_registry
 
-    reset_plugin_manager()
+    reset_plugin_registry()
     with pytest.raises(
         PluginError, match="ACCELERATE_USE_MEGATRON_LM=true selects .* pip install drivetrain-megatron"
     ):
-        select_backend(get_plugin_manager(), None, None)
+        select_backend(get_plugin_registry(), None, None)
 
 
 def _launch(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -413,7 +413,7 @@ def test_an_unknown_config_key_is_the_same_error_through_launch_and_the_environm
     path = tmp_path / "config.yaml"
     path.write_text("mixed_precison: bf16\n")
     with pytest.raises(ConfigurationError) as through_launch:
-        load_config(path, plugins=get_plugin_manager().config_declarations)
+        load_config(path, plugins=get_plugin_registry().config_declarations)
     monkeypatch.setenv("DRIVETRAIN_CONFIG_FILE", str(path))
     with pytest.raises(ConfigurationError) as through_environment:
         Accelerator()

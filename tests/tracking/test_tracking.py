@@ -15,7 +15,7 @@ import torch
 
 from drivetrain import Accelerator, hookimpl
 from drivetrain.config.enums import LoggerType
-from drivetrain.contract.manager import get_plugin_manager
+from drivetrain.contract.registry import get_plugin_registry
 from drivetrain.errors import ConfigurationError
 from drivetrain.tracking import GeneralTracker, on_main_process, resolve_log_with, validate_log_with
 
@@ -82,9 +82,9 @@ def registered(monkeypatch):
             ]
         )
     )
-    get_plugin_manager().register("test-trackers", plugin)
+    get_plugin_registry().register("test-trackers", plugin)
     yield
-    get_plugin_manager().unregister("test-trackers")
+    get_plugin_registry().unregister("test-trackers")
 
 
 def test_named_tracker_lifecycle(tmp_path, registered):
@@ -211,7 +211,7 @@ MULTIPROCESS_SCRIPT = textwrap.dedent(
     sys.path.insert(0, {tests_dir!r})
     from test_tracking import JsonLinesTracker
     from drivetrain import Accelerator, hookimpl
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
     class EveryRank(JsonLinesTracker):
         name = "everyrank"
@@ -223,7 +223,7 @@ MULTIPROCESS_SCRIPT = textwrap.dedent(
 
     plugin = types.SimpleNamespace(register_extensions=hookimpl(
         lambda registry: [registry.add_tracker(c.name, c) for c in (JsonLinesTracker, EveryRank)]))
-    get_plugin_manager().register("test-trackers", plugin)
+    get_plugin_registry().register("test-trackers", plugin)
 
     accelerator = Accelerator(cpu=True, log_with=["jsonlines", "everyrank"], project_dir=sys.argv[1])
     accelerator.init_trackers("run", config={{"rank_seen": accelerator.process_index}})

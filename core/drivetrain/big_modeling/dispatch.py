@@ -21,7 +21,7 @@ from drivetrain.big_modeling.device_map import (
 )
 from drivetrain.big_modeling.loading import load_checkpoint_in_model
 from drivetrain.compat.distributions import OFFLOAD_DISTRIBUTION
-from drivetrain.contract.manager import get_plugin_manager
+from drivetrain.contract.registry import get_plugin_registry
 from drivetrain.errors import PluginError
 
 
@@ -35,7 +35,7 @@ def needs_offload_plugin(device_map: dict[str, Any], main_device: Any) -> bool:
 def offload_plugin_stack() -> Any:
     """The installed feature plugins that implement ``dispatch_module`` (drivetrain-offload, or a third
     party's), active together with the reference backend."""
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     dispatchers = [
         name for name in manager.plugins_of_kind("feature") if "dispatch_module" in manager.hooks_of(name)
     ]
@@ -85,7 +85,7 @@ def dispatch_model(
     ):
         raise ValueError("the device_map puts modules on 'disk'; pass offload_dir='path/to/folder'")
     use_plugin = force_hooks or needs_offload_plugin(device_map, main_device)
-    stack = offload_plugin_stack() if use_plugin else get_plugin_manager().stack([])
+    stack = offload_plugin_stack() if use_plugin else get_plugin_registry().stack([])
     dispatched = stack.call(
         "dispatch_module",
         model=model,

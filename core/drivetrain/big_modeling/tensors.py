@@ -572,10 +572,10 @@ def _declared_autocast_dtype(precision: str) -> torch.dtype | None:
     """The dtype the precision plugin providing ``precision`` declares for autocast (``PluginInfo.autocast_dtype``),
     None for the built-in precisions and a plugin that declares none. Raises a PluginError naming what to install
     when no installed plugin provides ``precision``."""
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
     from drivetrain.contract.selection import precision_plugin
 
-    registry = get_plugin_manager()
+    registry = get_plugin_registry()
     plugin = precision_plugin(registry, precision)
     name = registry.info(plugin).autocast_dtype if plugin is not None else None
     if name is None:
@@ -613,10 +613,10 @@ def _declared_grad_scaler(distributed_type: str) -> str | None:
     """The ``module:attribute`` of the gradient scaler the backend answering ``distributed_type`` declares, or
     None (no declaration, or a type that names no backend)."""
     from drivetrain.compat.install_hints import ACCELERATE_DISTRIBUTED_TYPES
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
     from drivetrain.errors import PluginError
 
-    registry = get_plugin_manager()
+    registry = get_plugin_registry()
     backend = registry.find_plugin(kind="backend", distributed_type=distributed_type)
     if backend is not None:
         return registry.info(backend).grad_scaler

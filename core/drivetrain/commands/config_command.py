@@ -18,7 +18,7 @@ from drivetrain.config.file import (
     load_config,
     save_config,
 )
-from drivetrain.contract.manager import get_plugin_manager
+from drivetrain.contract.registry import get_plugin_registry
 
 HELP = "Create the config file `drivetrain launch` reads (questions; or `default`, `update`)."
 
@@ -76,9 +76,9 @@ def _key(name: str) -> Callable[[str], Any]:
 def questionnaire(questions: Questions) -> dict[str, Any]:
     import torch
 
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     backends = []
     for name in manager.names():
         try:
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"drivetrain config saved at {path}")
         return 0
     if command == "update":
-        declarations = get_plugin_manager().config_declarations()
+        declarations = get_plugin_registry().config_declarations()
         config = load_config(args.config_file, required=True, plugins=declarations)
         path = save_config(config.values, config.path, declarations)
         note = " (converted from Accelerate's format)" if config.format == "accelerate" else ""

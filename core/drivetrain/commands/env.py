@@ -11,7 +11,7 @@ from shutil import which
 from typing import Any
 
 from drivetrain.commands.parsing import add_option
-from drivetrain.contract.manager import get_plugin_manager
+from drivetrain.contract.registry import get_plugin_registry
 
 HELP = "Show versions, plugins, the config file in effect and the hardware (paste it in bug reports)."
 
@@ -83,7 +83,7 @@ def collect(config_file: str | None) -> dict[str, Any]:
     from drivetrain.commands.plugins import plugin_records
     from drivetrain.config.file import default_config_path, load_config
 
-    config = load_config(config_file, plugins=get_plugin_manager().config_declarations)
+    config = load_config(config_file, plugins=get_plugin_registry().config_declarations)
     cuda = torch.cuda.is_available()
     report: dict[str, Any] = {
         "drivetrain": __version__,

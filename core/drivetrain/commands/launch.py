@@ -49,10 +49,10 @@ def launch(plan: LaunchPlan, args: argparse.Namespace | None = None) -> int:
     """Start the processes and wait for them; return the exit code."""
     backend = plan.chosen.get("backend")
     if backend is not None:
-        from drivetrain.contract.manager import get_plugin_manager
+        from drivetrain.contract.registry import get_plugin_registry
 
         # _check_backend loaded the backend's plugin, so the launcher it registers is known
-        launcher = get_plugin_manager().extensions.launchers.get(backend)
+        launcher = get_plugin_registry().extensions.launchers.get(backend)
         if launcher is not None:
             if args is not None and hasattr(args, KERNEL_ONLY):
                 # Parsed with the kernel's options only: the launcher gets every plugin option, at its default.

@@ -278,9 +278,9 @@ def _choice_option(flag: str, choices: Sequence[str]):
 def _add_plugin_options(parser: argparse.ArgumentParser) -> None:
     """Options plugins add through ``registry.add_launch_options``; each plugin gets its own help section.
     The destinations each plugin added are remembered, so their values can be handed to that plugin."""
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     for name in manager.names():
         try:
             manager.load(name)

@@ -127,9 +127,9 @@ def _parse_env(pairs: Sequence[str]) -> dict[str, str]:
 
 
 def _check_backend(name: str, source: str) -> None:
-    from drivetrain.contract.manager import get_plugin_manager, unknown_plugin_message
+    from drivetrain.contract.registry import get_plugin_registry, unknown_plugin_message
 
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     if name not in manager.discovered():
         raise UsageError(f"{source}: {unknown_plugin_message(name, manager.discovered())}")
     kind = manager.info(name).kind
@@ -143,11 +143,11 @@ def _check_backend(name: str, source: str) -> None:
 def _automatic_backend(world_size: int) -> str:
     """What the kernel will select when nothing names a backend (the rule of state.select_backend)."""
     from drivetrain.contract.info import REFERENCE_BACKEND
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
     if world_size <= 1:
         return REFERENCE_BACKEND
-    backend = get_plugin_manager().multiprocess_backend()
+    backend = get_plugin_registry().multiprocess_backend()
     if backend is None:
         raise UsageError(
             f"{world_size} processes need a multi-process backend, and none is installed "
@@ -159,9 +159,9 @@ def _automatic_backend(world_size: int) -> str:
 def backend_of_flag(flag: str) -> str:
     """The installed backend that declares Accelerate's flag ``--flag``; a UsageError naming the distribution
     to install when none does."""
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
-    backend = get_plugin_manager().backend_for_flag(flag)
+    backend = get_plugin_registry().backend_for_flag(flag)
     if backend is None:
         raise UsageError(
             f"--{flag} selects a backend plugin that is not installed: pip install {ACCELERATE_BACKEND_FLAGS[flag]}"
@@ -172,9 +172,9 @@ def backend_of_flag(flag: str) -> str:
 def resolve_plan(args: argparse.Namespace, environ: dict[str, str] | None = None) -> LaunchPlan:
     """Merge flags, SLURM, the config file and defaults into a :class:`LaunchPlan`; raise on bad values."""
     environ = dict(os.environ if environ is None else environ)
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     config: ConfigFile = load_config(args.config_file, plugins=manager.config_declarations)
     slurm = slurm_settings(environ)
 
@@ -381,9 +381,9 @@ def _merged(
 
 
 def _check_plugin_options(plugin: str, values: dict[str, Any], backend: str) -> None:
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
-    if get_plugin_manager().info(plugin).kind == "backend" and plugin != backend:
+    if get_plugin_registry().info(plugin).kind == "backend" and plugin != backend:
         names = ", ".join("--" + dest for dest in values)
         raise UsageError(
             f"{names}: option(s) of backend {plugin!r}, but the backend is {backend!r}; "

@@ -29,9 +29,9 @@ BUILTIN_COMMANDS = {
 def _plugin_commands(errors: list[str]) -> dict[str, tuple[str, object, object, str]]:
     """Load every plugin and return the subcommands they register. A plugin that fails to load is skipped
     here (``drivetrain plugins`` reports it)."""
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     for name in manager.names():
         try:
             manager.load(name)

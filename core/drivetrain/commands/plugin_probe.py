@@ -1,7 +1,7 @@
 """What ``drivetrain plugins`` shows of each plugin (:func:`plugin_record`), built where no plugin can take the
 listing down.
 
-The kernel imports a plugin module on a helper thread with a time limit (contract/manager.py), which stops
+The kernel imports a plugin module on a helper thread with a time limit (contract/registry.py), which stops
 a plugin that raises, exits or sleeps. It cannot stop one that hangs in C code holding the GIL (the waiting
 thread never runs again) or one that ends the process (``os._exit``, a signal to itself, a crash). So the
 listing imports the plugins in a child process and watches it: each plugin is announced before its import
@@ -36,7 +36,7 @@ def probe_records(names: list[str], detailed: bool) -> dict[str, dict[str, Any]]
     """Records (as :func:`plugin_record` builds them) of the entry-point plugins
     ``names``, each imported in a child process. A plugin that hangs or ends that process is recorded as
     broken."""
-    from drivetrain.contract.manager import import_time_limit
+    from drivetrain.contract.registry import import_time_limit
     from drivetrain.errors import PluginError
 
     limit = import_time_limit()
@@ -57,7 +57,7 @@ def probe_records(names: list[str], detailed: bool) -> dict[str, dict[str, Any]]
 
 def plugin_record(manager: Any, name: str, detailed: bool) -> dict[str, Any]:
     """What the listing shows of plugin ``name`` (importing it in this process)."""
-    from drivetrain.contract.manager import check_requirements, missing_library
+    from drivetrain.contract.registry import check_requirements, missing_library
     from drivetrain.errors import PluginError
 
     record = manager.discovered()[name]
@@ -110,9 +110,9 @@ def _plain(value: Any) -> Any:
 
 def broken_record(name: str, problem: str) -> dict[str, Any]:
     """The listing's record of a plugin whose import took its process down."""
-    from drivetrain.contract.manager import PluginImportTimeout, get_plugin_manager, import_failure
+    from drivetrain.contract.registry import PluginImportTimeout, get_plugin_registry, import_failure
 
-    record = get_plugin_manager().discovered()[name]
+    record = get_plugin_registry().discovered()[name]
     return {
         "name": name,
         "distribution": record.distribution,
@@ -220,13 +220,13 @@ def main(argv: list[str]) -> int:
     import torch  # noqa: F401  the kernel's own dependency: its import time is not a plugin's
 
     from drivetrain import rank_guard
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
     out = os.fdopen(int(argv[0]), "w", buffering=1, encoding="utf-8")
     if not rank_guard.die_with_parent(int(argv[1])):  # a listing killed outright takes this child with it
         return 1
     detailed = "--all" in argv[2:]
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     for name in [arg for arg in argv[2:] if arg != "--all"]:
         out.write(json.dumps({"start": name}) + "\n")
         out.write(json.dumps({"record": plugin_record(manager, name, detailed)}, default=str) + "\n")

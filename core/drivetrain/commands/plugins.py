@@ -27,11 +27,11 @@ def plugin_records(hook: str | None = None, detailed: bool = False) -> list[dict
     installed through entry points are imported in a child process (plugin_probe.py), so that one that
     hangs or ends its process is listed as broken rather than taking the listing with it."""
     from drivetrain.commands.plugin_probe import plugin_record, probe_records
-    from drivetrain.contract.manager import HOOK_SPECS, get_plugin_manager
+    from drivetrain.contract.registry import HOOK_SPECS, get_plugin_registry
 
     if hook is not None and hook not in HOOK_SPECS:
         raise UsageError(f"--hook: unknown hook {hook!r}; hooks: {', '.join(sorted(HOOK_SPECS))}")
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     discovered = manager.discovered()
     installed = [name for name in manager.names() if discovered[name].entry_point is not None]
     probed = probe_records(installed, detailed) if installed else {}

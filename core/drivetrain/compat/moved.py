@@ -30,6 +30,7 @@ MOVED = {
     "drivetrain.modeling": "drivetrain.training.modeling",
     "drivetrain.profiling": "drivetrain.training.profiling",
     "drivetrain.environment": "drivetrain.config.environment_variables",
+    "drivetrain.contract.manager": "drivetrain.contract.registry",
 }
 
 

@@ -191,7 +191,7 @@ _ACCELERATE_NO_CHOICE = {"mixed_precision": "no", "use_cpu": False, "debug": Fal
 @dataclasses.dataclass
 class PluginDeclarations:
     """What the installed plugins declare about the config file (built by
-    ``drivetrain.contract.manager.PluginRegistry.config_declarations``)."""
+    ``drivetrain.contract.registry.PluginRegistry.config_declarations``)."""
 
     #: Accelerate's ``distributed_type`` -> (backend plugin, the section holding its settings or None)
     distributed_types: dict[str, tuple[str, str | None]] = dataclasses.field(default_factory=dict)

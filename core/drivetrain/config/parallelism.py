@@ -72,7 +72,7 @@ def _choice_value(name: str, value: Any, choices: tuple[str, ...]) -> str:
     return text
 
 
-#: The installed backends' ``sp_backend`` values, registered by ``drivetrain.contract.manager`` (this layer sits
+#: The installed backends' ``sp_backend`` values, registered by ``drivetrain.contract.registry`` (this layer sits
 #: below the plugin registry and cannot ask it itself).
 _declared_sp_backends: Callable[[], Iterable[str]] | None = None
 

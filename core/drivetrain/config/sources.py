@@ -141,7 +141,7 @@ def config_file() -> FileSettings | None:
     data = _read_config_file(path, stat.st_mtime, stat.st_size)
     if _config_file_check is None:
         raise RuntimeError(
-            "drivetrain.contract.manager registers the config file's check; import drivetrain first"
+            "drivetrain.contract.registry registers the config file's check; import drivetrain first"
         )
     values, format_name = _config_file_check(data, f"config file {path}")
     return FileSettings(path=path, values=values, format=format_name)

@@ -11,7 +11,7 @@ from typing import Any
 from drivetrain.compat.distributions import UNPUBLISHED_DISTRIBUTIONS
 from drivetrain.compat.install_hints import PLUGIN_EXPORTS
 from drivetrain.contract.info import EXPORTS_GROUP
-from drivetrain.contract.manager import get_plugin_manager
+from drivetrain.contract.registry import get_plugin_registry
 from drivetrain.errors import PluginError
 
 
@@ -24,7 +24,7 @@ def registered_attribute(name: str, state: Any, owner: str, on_accelerator: bool
     missing = AttributeError(f"{owner!r} object has no attribute {name!r}")
     if name.startswith("_"):  # private and dunder lookups (copy, pickle, hasattr probes) never load plugins
         raise missing
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     entry = manager.extensions.state_attributes.get(name)
     if entry is None:
         for plugin in manager.names():

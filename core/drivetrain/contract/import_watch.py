@@ -1,6 +1,6 @@
 """What a plugin's import may leave behind in the importing process, undone or named.
 
-The manager imports a plugin module with a time limit and catches whatever it raises (manager.py). Two
+The manager imports a plugin module with a time limit and catches whatever it raises (registry.py). Two
 more things a module can do while importing hurt every command and script of the process later:
 
 - **close ``sys.stdout`` / ``sys.stderr``**: every later ``print`` fails ("I/O operation on closed

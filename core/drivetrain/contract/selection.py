@@ -14,7 +14,7 @@ from drivetrain.compat.install_hints import ACCELERATE_BACKEND_FLAGS, PRECISION_
 from drivetrain.config import sources
 from drivetrain.contract.environment import environment_world_size
 from drivetrain.contract.info import REFERENCE_BACKEND
-from drivetrain.contract.manager import PluginRegistry
+from drivetrain.contract.registry import PluginRegistry
 from drivetrain.errors import ConfigurationError, PluginError
 
 #: How ``select_backend`` describes a backend nobody asked for (the device may still pick another one).

@@ -32,11 +32,11 @@ def _run_in_child(launcher_pid: int, function: Callable, args: tuple) -> Any:
         os._exit(1)
     # The parent's shared state (a PartialState built in a notebook cell) describes one process; the child
     # must build its own from the launcher's environment.
-    from drivetrain.contract.manager import reset_plugin_manager
+    from drivetrain.contract.registry import reset_plugin_registry
     from drivetrain.state import reset_state
 
     reset_state()
-    reset_plugin_manager()
+    reset_plugin_registry()
     try:
         return function(*args)
     except BaseException as exc:

@@ -11,7 +11,7 @@ from drivetrain.config.backend_config import BackendConfigReader
 from drivetrain.config.backend_config import resolve as _resolve_backend_config
 from drivetrain.config.kwargs_handlers import KwargsHandler
 from drivetrain.config.sources import BACKEND_CONFIG_ENV, CONFIG_FILE_ENV, to_bool
-from drivetrain.contract.manager import get_plugin_manager
+from drivetrain.contract.registry import get_plugin_registry
 from drivetrain.contract.selection import backend_settings as _backend_settings
 from drivetrain.contract.selection import file_backend_settings as _file_backend_settings
 from drivetrain.contract.selection import launched_backend_settings as _launched_backend_settings
@@ -32,14 +32,14 @@ def backend_settings(backend: str) -> tuple[str | None, dict[str, Any]]:
     object: what ``drivetrain launch`` handed over (the backend's flags and config-file section), else the
     config file named by ``DRIVETRAIN_CONFIG_FILE`` (Accelerate's ``PluginInfo.config_section`` section, or
     ``backend_config`` when ``backend:`` names the backend). ``(None, {})`` when there are none."""
-    return _backend_settings(get_plugin_manager(), backend)
+    return _backend_settings(get_plugin_registry(), backend)
 
 
 def plugin_options(plugin: str) -> dict[str, Any]:
     """Plugin ``plugin``'s launch options and config-file keys, by name: what ``drivetrain launch`` handed to
     this process, else the keys the plugin claimed (``registry.add_config_keys``) in the config file named by
     ``DRIVETRAIN_CONFIG_FILE``, checked by the plugin. ``{}`` when there are none."""
-    return _plugin_options(get_plugin_manager(), plugin)
+    return _plugin_options(get_plugin_registry(), plugin)
 
 
 def resolve_backend_config(reader: BackendConfigReader, given: Any) -> Any:
@@ -61,7 +61,7 @@ def resolve_backend_config(reader: BackendConfigReader, given: Any) -> Any:
     for backend, earlier, environment, config in resolved:
         if backend == reader.backend and earlier is given and environment == handed_over:
             return config
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     config = _resolve_backend_config(
         reader,
         given,

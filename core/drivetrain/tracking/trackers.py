@@ -133,9 +133,9 @@ def registered_trackers() -> dict[str, tuple[str, type]]:
     Loads every plugin module (never their third-party libraries). A plugin that fails to load is reported
     as a warning and skipped, so one broken plugin does not take tracking down with it.
     """
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     for name in manager.names():
         try:
             manager.load(name)

@@ -197,10 +197,10 @@ def test_the_plugin_declares_deepspeed_sequence_parallelism():
     """ParallelismConfig's sp_backend values come from the backends' declarations (PluginInfo.sp_backend)."""
     from drivetrain_deepspeed.plugin import PLUGIN_INFO
 
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
     assert PLUGIN_INFO.sp_backend == "deepspeed"
-    assert "deepspeed" in get_plugin_manager().sequence_parallel_backends()
+    assert "deepspeed" in get_plugin_registry().sequence_parallel_backends()
 
 
 def test_sequence_parallel_config_defaults_to_variable_lengths_and_checks_attention(monkeypatch):

@@ -227,11 +227,11 @@ def test_enable_ram_efficient_loading(monkeypatch):
 
 def test_exports_and_cli_command():
     import drivetrain
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
     assert drivetrain.FullyShardedDataParallelPlugin is FullyShardedDataParallelPlugin
     assert drivetrain.merge_fsdp_weights is merge_fsdp_weights
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     assert manager.info("fsdp").kind == "backend" and manager.info("fsdp").places_model
     manager.load("fsdp")
     assert manager.extensions.commands["merge-weights"][0] == "fsdp"

@@ -14,7 +14,7 @@ from drivetrain_ipex import plugin as ipex_plugin
 from drivetrain import Accelerator, InitProcessGroupKwargs
 from drivetrain.plugin_api import ConfigurationError, PluginError
 from drivetrain.plugin_api.state import PartialState
-from drivetrain.plugin_api.tooling import get_plugin_manager
+from drivetrain.plugin_api.tooling import get_plugin_registry
 
 
 def _launched_options(monkeypatch, options: dict) -> None:
@@ -23,7 +23,7 @@ def _launched_options(monkeypatch, options: dict) -> None:
 
 
 def test_the_plugin_is_a_device_plugin_listed_in_both_entry_point_groups():
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     assert "ipex" in manager.device_plugins()
     assert manager.info("ipex").kind == "device"
     assert manager.distribution_of("ipex") == "drivetrain-ipex"

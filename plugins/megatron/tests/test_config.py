@@ -108,9 +108,9 @@ def test_combinations_that_cannot_run():
 
 
 def test_launch_flags_reach_the_plugin(monkeypatch):
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     manager.load("megatron")
     parser = argparse.ArgumentParser()
     for owner, add_arguments in manager.extensions.launch_options:

@@ -20,7 +20,7 @@ from drivetrain_mps import plugin as mps_plugin
 from drivetrain import Accelerator
 from drivetrain.plugin_api import ConfigurationError, PluginInfo
 from drivetrain.plugin_api.state import PartialState
-from drivetrain.plugin_api.tooling import get_plugin_manager
+from drivetrain.plugin_api.tooling import get_plugin_registry
 
 ON_A_MAC_WITH_MPS = torch.backends.mps.is_available()
 
@@ -33,7 +33,7 @@ def fake_mps(monkeypatch):
 
 
 def test_the_plugin_is_a_device_plugin_listed_in_both_entry_point_groups():
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     assert "mps" in manager.device_plugins()
     assert manager.info("mps").kind == "device"
     assert manager.distribution_of("mps") == "drivetrain-mps"
@@ -102,7 +102,7 @@ def test_a_precision_mps_cannot_run_is_a_one_line_error(fake_mps):
     """fp8 needs a precision plugin; with one installed (a stand-in here), the mps device still refuses it at
     prepare(), before any forward pass."""
     precision_plugin = types.SimpleNamespace(PLUGIN_INFO=PluginInfo(kind="precision", precisions=("fp8",)))
-    get_plugin_manager().register("stand-in-fp8", precision_plugin)
+    get_plugin_registry().register("stand-in-fp8", precision_plugin)
     accelerator = Accelerator(mixed_precision="fp8", device_placement=False)
     with pytest.raises(ConfigurationError) as error:
         accelerator.prepare(torch.nn.Linear(2, 2))

@@ -27,7 +27,7 @@ from typing import Any
 
 from drivetrain.plugin_api import ConfigurationError, UsageError
 from drivetrain.plugin_api.settings import plugin_options, to_bool
-from drivetrain.plugin_api.tooling import get_plugin_manager
+from drivetrain.plugin_api.tooling import get_plugin_registry
 
 PLUGIN = "xla"
 
@@ -184,7 +184,7 @@ def pod_command(args: Any, options: dict[str, Any], script_argv: list[str]) -> l
 def file_options(config_file: str | None = None) -> dict[str, Any]:
     """This plugin's launch options and config-file keys (``config_file`` instead of the one
     ``DRIVETRAIN_CONFIG_FILE`` names, when given), checked."""
-    get_plugin_manager().load(PLUGIN)  # its config keys are claimed when it is loaded
+    get_plugin_registry().load(PLUGIN)  # its config keys are claimed when it is loaded
     if config_file is None:
         return plugin_options(PLUGIN)
     previous = os.environ.get("DRIVETRAIN_CONFIG_FILE")

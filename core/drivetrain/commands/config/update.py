@@ -23,9 +23,9 @@ def update_command_parser(parser: Any, parents: list[argparse.ArgumentParser]) -
 def update_config(args: argparse.Namespace) -> Path:
     """Rewrite the file; returns its path."""
     from drivetrain.config.file import load_config, save_config
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
-    declarations = get_plugin_manager().config_declarations()
+    declarations = get_plugin_registry().config_declarations()
     config = load_config(getattr(args, "config_file", None), required=True, plugins=declarations)
     return save_config(config.values, config.path, declarations)
 

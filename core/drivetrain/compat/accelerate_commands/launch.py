@@ -118,14 +118,14 @@ def _drop_options_of_unselected_backends(args: argparse.Namespace) -> None:
     (``fsdp_offload_params=False``, ``megatron_lm_tp_degree=1``) and reads a backend's options only when that
     backend is selected; here such values would count as given for a backend that is not. So the options of a
     backend plugin the namespace does not select go back to drivetrain's defaults."""
-    from drivetrain.contract.manager import get_plugin_manager
+    from drivetrain.contract.registry import get_plugin_registry
 
     selected = {
         supervision.backend_of_flag(flag) for flag in ACCELERATE_BACKEND_FLAGS if getattr(args, flag, False)
     }
     if args.backend is not None:
         selected.add(args.backend)
-    manager = get_plugin_manager()
+    manager = get_plugin_registry()
     defaults = getattr(args, "_plugin_option_defaults", {})
     for dest, plugin in getattr(args, "_plugin_option_owners", {}).items():
         if plugin not in selected and manager.info(plugin).kind == "backend":

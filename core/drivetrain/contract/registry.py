@@ -196,7 +196,7 @@ class PluginRegistry:
     ``PluginManager``: it keeps one of those holding every loaded plugin, and each
     :class:`~drivetrain.contract.calling.PluginStack` keeps its own for the active plugins only.
 
-    One instance per process (:func:`get_plugin_manager`); :func:`reset_plugin_manager` forgets it.
+    One instance per process (:func:`get_plugin_registry`); :func:`reset_plugin_registry` forgets it.
     Plugins can also be registered directly (``register(name, module_or_object)``), which tests and
     notebooks use.
     """
@@ -471,35 +471,41 @@ def check_requirements(info: PluginInfo) -> str | None:
     return next((problem for problem in map(missing_library, info.requires) if problem), None)
 
 
-_manager: PluginRegistry | None = None
+_registry: PluginRegistry | None = None
 
 
-def get_plugin_manager() -> PluginRegistry:
+def get_plugin_registry() -> PluginRegistry:
     """The process's plugin registry (created on first use; discovery reads metadata only)."""
-    global _manager
-    if _manager is None:
-        _manager = PluginRegistry()
-    return _manager
+    global _registry
+    if _registry is None:
+        _registry = PluginRegistry()
+    return _registry
 
 
 #: The class's name before contract 1.2 (it read as pluggy's); kept for code that imports it.
 PluginManager = PluginRegistry
 
 
-def reset_plugin_manager() -> None:
+def reset_plugin_registry() -> None:
     """Forget every discovered and registered plugin (the next use discovers again)."""
-    global _manager
-    _manager = None
+    global _registry
+    _registry = None
+
+
+#: The functions' names before contract 1.3 (they return the registry, not pluggy's manager); kept for code that
+#: calls them.
+get_plugin_manager = get_plugin_registry
+reset_plugin_manager = reset_plugin_registry
 
 
 def _check_config_file(data: dict[str, Any], origin: str) -> tuple[dict[str, Any], str]:
     from drivetrain.config.file import normalise
 
-    return normalise(data, origin, get_plugin_manager().config_declarations())
+    return normalise(data, origin, get_plugin_registry().config_declarations())
 
 
 # The file named by DRIVETRAIN_CONFIG_FILE is checked against what the installed plugins declare, exactly as
 # `drivetrain launch --config_file` checks it; drivetrain.config sits below this layer and cannot ask itself.
 sources.use_config_file_check(_check_config_file)
 # ParallelismConfig(sp_backend=...) accepts the values the installed backends declare, asked the same way.
-parallelism.use_declared_sp_backends(lambda: get_plugin_manager().sequence_parallel_backends())
+parallelism.use_declared_sp_backends(lambda: get_plugin_registry().sequence_parallel_backends())
