@@ -5,10 +5,10 @@ with Accelerate's values (checkpoints and config files interchange). Those that 
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 from drivetrain.compat import availability, paths
+from drivetrain.compat.accelerate_api.versions import OPERATIONS
 
 SAFE_MODEL_NAME = "model"
 SAMPLER_NAME = "sampler"
@@ -26,14 +26,8 @@ MITA_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.1.0"
 BETA_TP_AVAILABLE_PYTORCH_VERSION = "2.3.0"
 BETA_TP_AVAILABLE_TRANSFORMERS_VERSION = "4.52.0"
 BETA_CP_AVAILABLE_PYTORCH_VERSION = "2.6.0"
-STR_OPERATION_TO_FUNC = {
-    ">": operator.gt,
-    ">=": operator.ge,
-    "==": operator.eq,
-    "!=": operator.ne,
-    "<=": operator.le,
-    "<": operator.lt,
-}
+#: the operators a version requirement may use: the table compare_versions reads
+STR_OPERATION_TO_FUNC = OPERATIONS
 #: The options of torch's launcher (``torch.distributed.run``) that ``launch`` passes through.
 TORCH_LAUNCH_PARAMS = [
     "nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "standalone",
