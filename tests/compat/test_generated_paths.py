@@ -89,3 +89,20 @@ def test_importing_drivetrain_launch_runs_nothing():
     result = _run("import drivetrain.launch, sys; print(drivetrain.launch.main.__module__)")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "drivetrain.commands.launch"
+
+
+def test_the_import_hook_sits_before_the_file_system_and_after_finders_put_ahead_on_purpose():
+    """Before PathFinder: a folder left where drivetrain/utils was (a stale __pycache__) must not import as an
+    empty namespace package. After a finder installed first (the peer harness serves its own test_utils)."""
+    code = (
+        "import importlib.abc, importlib.machinery, sys\n"
+        "class Harness(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, *args): return None\n"
+        "sys.meta_path.insert(0, Harness())\n"
+        "import drivetrain\n"
+        "from drivetrain.contract.reexport import GeneratedModuleFinder\n"
+        "kinds = [type(f).__name__ if not isinstance(f, type) else f.__name__ for f in sys.meta_path]\n"
+        "print(kinds.index('Harness') < kinds.index('GeneratedModuleFinder') < kinds.index('PathFinder'))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "True", result.stdout + result.stderr

@@ -168,6 +168,11 @@ class GeneratedModuleFinder(importlib.abc.MetaPathFinder):
 def install() -> None:
     """Put the finder on ``sys.meta_path`` once (``import drivetrain`` does)."""
     if not any(isinstance(finder, GeneratedModuleFinder) for finder in sys.meta_path):
-        # first: a folder left where one of these paths used to be a package (a stale __pycache__ after an
-        # upgrade) would otherwise be imported as an empty namespace package
-        sys.meta_path.insert(0, GeneratedModuleFinder())
+        # before the file system's finder: a folder left where one of these paths used to be a package (a stale
+        # __pycache__ after an upgrade) would otherwise be imported as an empty namespace package. After any
+        # finder put ahead of it on purpose (a test harness serving its own drivetrain.test_utils).
+        position = next(
+            (index for index, finder in enumerate(sys.meta_path) if finder is importlib.machinery.PathFinder),
+            len(sys.meta_path),
+        )
+        sys.meta_path.insert(position, GeneratedModuleFinder())
