@@ -505,7 +505,8 @@ _UTILS_MODULES: dict[str, dict[str, str]] = {
         **_at(_MACHINE, "get_free_port is_port_in_use"),
     },
     "drivetrain.utils.launch": {
-        **_at(_LAUNCH_HELPERS, "PrepareForLaunch env_var_path_add"),
+        # _convert_nargs_to_dict: private, but Accelerate's own tests import it from this path
+        **_at(_LAUNCH_HELPERS, "PrepareForLaunch env_var_path_add _convert_nargs_to_dict"),
         # drivetrain launch's own helpers (the launcher sits above this layer: resolved by name on first use)
         **_at("drivetrain.commands.launch", "prepare_multi_gpu_env prepare_simple_launcher_cmd_env"),
     },

@@ -69,7 +69,9 @@ def reexport(
     accelerate_module = accelerate_path(module_name)
     full = {**table, **paths.KERNEL_NAMES_BY_PATH.get(accelerate_module, {})}
     owned = paths.PLUGIN_NAMES_BY_PATH.get(accelerate_module, {})
-    public = sorted({*full, *owned})
+    public = sorted(
+        name for name in {*full, *owned} if not name.startswith("_")
+    )  # private names resolve, unlisted
 
     def __getattr__(name: str) -> Any:
         target = full.get(name)
