@@ -410,6 +410,23 @@ class PluginRegistry:
             return running
         return self.find_plugin(kind="backend", distributed_type=distributed_type)
 
+    def joins(self, distributed_type: str, running: str) -> bool:
+        """Whether ``join_uneven_inputs`` runs under torch's ``Join`` for ``distributed_type`` in a run of backend
+        ``running``: the backend answering the type (:meth:`backend_answering`) declares
+        ``Capabilities.joinable``. A plugin written before contract 1.3 could not declare it and keeps 1.2's rule
+        (every multi-process run of plain processes, ``MULTI_*``, joined), so a minor version changes nothing
+        for it."""
+        backend = self.backend_answering(distributed_type, running)
+        if backend is None:
+            return False
+        info = self.info(backend)
+        if info.capabilities.joinable:
+            return True
+        written_for = tuple(int(part) for part in info.contract.split(".")[:2])
+        return (
+            written_for < (1, 3) and info.capabilities.multi_process and distributed_type.startswith("MULTI_")
+        )
+
     def sequence_parallel_backends(self) -> list[str]:
         """The ``ParallelismConfig.sp_backend`` values the installed backends declare (``PluginInfo.sp_backend``),
         in plugin name order (imports every plugin module)."""

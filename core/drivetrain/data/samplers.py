@@ -343,25 +343,11 @@ def join_uneven_inputs(
 
 
 def _joinable(distributed_type: DistributedType, backend_plugin: str) -> bool:
-    """Whether the backend in charge of ``distributed_type`` in a run of ``backend_plugin`` declares
-    ``Capabilities.joinable`` (a type whose backend is not installed: no)."""
+    """Whether the backend in charge of ``distributed_type`` in a run of ``backend_plugin`` joins (the
+    registry's rule: ``Capabilities.joinable``; a type whose backend is not installed: no)."""
     from drivetrain.contract.registry import get_plugin_registry
 
-    registry = get_plugin_registry()
-    backend = registry.backend_answering(str(distributed_type.value), backend_plugin)
-    if backend is None:
-        return False
-    info = registry.info(backend)
-    if info.capabilities.joinable:
-        return True
-    # A plugin written before contract 1.3 could not declare it: it keeps 1.2's rule (the kernel joined every
-    # multi-process run of plain processes), so a minor version changes nothing for it.
-    written_for = tuple(int(part) for part in info.contract.split(".")[:2])
-    return (
-        written_for < (1, 3)
-        and info.capabilities.multi_process
-        and str(distributed_type.value).startswith("MULTI_")
-    )
+    return get_plugin_registry().joins(str(distributed_type.value), backend_plugin)
 
 
 @contextlib.contextmanager
